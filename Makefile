@@ -1,0 +1,83 @@
+# tfpipe: two commands do all set-up on a fresh machine.
+#   make demo   build what is missing, then run the example DAG tfpipe_digits through Airflow
+#   make test   build what is missing, then run the whole test suite
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+CACHE := $(CURDIR)/.cache
+
+export AIRFLOW_HOME ?= $(CURDIR)/.airflow
+export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export AIRFLOW__CORE__UNIT_TEST_MODE := False
+export TFPIPE_HOME ?= $(CURDIR)/.demo
+export PATH := $(VENV)/bin:$(PATH)
+
+DAG ?= tfpipe_digits
+CONF ?= {}
+PYTEST_ARGS ?=
+# The image reference is content-derived; read it after `image` ran.
+IMAGE_REF = $$(cat $(CACHE)/trainer-image)
+
+.PHONY: help demo run test test-host test-trainer image docker venv airflow-db data bench clean
+
+help:
+	@echo "make demo                        run the example pipeline tfpipe_digits end to end"
+	@echo "make run DAG=<id> CONF='<json>'   run one DAG run of any DAG in dags/"
+	@echo "make test                        run every test (host, Airflow, containers, in-image)"
+	@echo "make image                       build (or reuse) the trainer image"
+	@echo "make bench                       side-by-side speed ratios (not a test)"
+
+docker:
+	@scripts/ensure-docker.sh
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: requirements/host.lock pyproject.toml
+	@echo "[venv] creating $(VENV) with pinned dependencies (about a minute)"
+	@$(PYTHON) -c 'import sys; sys.exit("Python >= 3.10 is required, found " + sys.version.split()[0]) if sys.version_info < (3, 10) else None'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --disable-pip-version-check -r requirements/host.lock 2> >(grep -v "^WARNING: Location" >&2)
+	@$(PY) -m pip install -q --disable-pip-version-check --no-deps -e . 2> >(grep -v "^WARNING: Location" >&2)
+	@touch $@
+
+image: docker
+	@docker/build-image.sh >/dev/null
+
+airflow-db: $(AIRFLOW_HOME)/.migrated
+$(AIRFLOW_HOME)/.migrated: $(VENV)/.installed
+	@echo "[airflow] migrating the metadata DB in $(AIRFLOW_HOME)"
+	@mkdir -p $(AIRFLOW_HOME)
+	@airflow db migrate >$(AIRFLOW_HOME)/migrate.log 2>&1 || (tail -30 $(AIRFLOW_HOME)/migrate.log; exit 1)
+	@touch $@
+
+data: $(TFPIPE_HOME)/data/digits/digits.csv
+$(TFPIPE_HOME)/data/digits/digits.csv: $(VENV)/.installed scripts/make_digits.py
+	@$(PY) scripts/make_digits.py $(TFPIPE_HOME)/data/digits
+
+demo: DAG = tfpipe_digits
+demo: run
+
+run: venv image airflow-db data
+	@echo "[run] $(DAG) with conf $(CONF) on image $(IMAGE_REF)"
+	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m tfpipe.cli run $(DAG) --conf '$(CONF)' 2>$(CACHE)/last-run.log \
+	  || (echo "[run] failed; Airflow log: $(CACHE)/last-run.log" >&2; tail -40 $(CACHE)/last-run.log >&2; exit 1)
+
+test: venv image airflow-db data test-trainer test-host
+
+test-trainer: image
+	@echo "[test] trainer tests inside the TF 2.9 image"
+	@tests/trainer/run-in-image.sh -q $(PYTEST_ARGS)
+
+test-host: venv image airflow-db data
+	@echo "[test] host tests: provider, DAGs, Airflow runs with real containers"
+	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: venv image airflow-db data
+	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) bench/run.py
+
+clean:
+	rm -rf $(AIRFLOW_HOME) $(TFPIPE_HOME)/work $(TFPIPE_HOME)/models $(CACHE)/last-run.log

@@ -1,0 +1,32 @@
+"""Airflow DAG: manually triggered digits experiments: every hyperparameter comes from the trigger form.
+
+No schedule: trigger it from the UI (the form shows epochs, batch size, learning rate, model,
+optimizer, seed, mixed precision, warm start and GPUs, and rejects bad values) or with
+``make run DAG=tfpipe_digits_manual CONF='{"epochs": 5, "learning_rate": 0.01}'``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tfpipe import PipelineConfig, training_pipeline
+
+HOME = os.environ.get("TFPIPE_HOME") or str(Path(__file__).resolve().parent.parent / ".demo")
+
+dag = training_pipeline(
+    PipelineConfig(
+        dag_id="tfpipe_digits_manual",
+        description="Digits experiments: set epochs, learning rate, model and GPUs when triggering",
+        schedule=None,
+        tags=("tfpipe", "experiment"),
+        image={"ref": os.environ.get("TFPIPE_IMAGE") or "tfpipe/trainer:0.1.0"},
+        volumes={"data": f"{HOME}/data", "work": f"{HOME}/work", "models": f"{HOME}/models"},
+        data={"path": "digits/digits.csv"},
+        training={"model": "mlp", "epochs": 10},
+        # experiments publish under their own name, never over the production model
+        export={"model_name": "digits_experiments"},
+        evaluation={"threshold": 0.9},
+        retry_delay_seconds=float(os.environ.get("TFPIPE_RETRY_DELAY", "30")),
+    )
+)

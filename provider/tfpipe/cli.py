@@ -1,0 +1,117 @@
+"""``tfpipe run DAG_ID --conf JSON``: one DAG run through Airflow, summarised as one JSON line.
+
+It runs the DAG with Airflow's own ``dag.test()`` (the scheduler's dependency loop, real task
+runner, the metadata DB at ``$AIRFLOW_HOME``), so retries, skips, Params validation and XCom all
+behave as in a deployment. The last line printed is::
+
+    {"dag_id": ..., "run_id": ..., "state": "success", "model_dir": ..., "metrics": {...}, "tasks": {...}}
+
+``model_dir`` is the exported version as a path on the engine's host. The exit status is 0 only
+when the run succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _load_dag(dag_id: str, dags_folder: str):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=dags_folder)
+    if bag.import_errors:
+        for path, err in bag.import_errors.items():
+            print(f"tfpipe: DAG import error in {path}:\n{err}", file=sys.stderr)
+    dag = bag.get_dag(dag_id)
+    if dag is None:
+        known = ", ".join(sorted(bag.dag_ids)) or "none"
+        raise SystemExit(f"tfpipe: no DAG {dag_id!r} in {dags_folder} (found: {known})")
+    return dag
+
+
+def ensure_pools(dag: Any) -> None:
+    """Create the pools the DAG's tasks use when missing (a task in a missing pool never runs)."""
+    from airflow.models.pool import Pool
+
+    for name in sorted({t.pool for t in dag.tasks if t.pool and t.pool != Pool.DEFAULT_POOL_NAME}):
+        if Pool.get_pool(name) is None:
+            Pool.create_or_update_pool(name, 1, "created by tfpipe: one training job at a time", False)
+
+
+def _host_path(container_path: str | None, dag: Any) -> str | None:
+    """Map a container path under /models back to the host path of the models volume."""
+    if not container_path:
+        return None
+    from tfpipe import contract
+
+    for task in dag.tasks:
+        volumes = getattr(task, "volumes", None)
+        if volumes is not None and container_path.startswith(contract.CONTAINER_MODELS + "/"):
+            return volumes.models + container_path[len(contract.CONTAINER_MODELS):]
+    return container_path
+
+
+def summarize(dag: Any, dag_run: Any) -> dict[str, Any]:
+    """The run's state, every task's state and result, the exported model and its metrics."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    tasks: dict[str, Any] = {}
+    results: dict[str, Any] = {}
+    with create_session() as session:
+        for ti in dag_run.get_task_instances(session=session):
+            tasks[ti.task_id] = {"state": str(ti.state.value if hasattr(ti.state, "value") else ti.state),
+                                 "try_number": ti.try_number}
+        query = XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag.dag_id, key="return_value")
+        for row in session.scalars(query):
+            results[row.task_id] = XComModel.deserialize_value(row)
+    export = results.get("export") or {}
+    evaluation = results.get("evaluate") or {}
+    metrics = export.get("metrics") or evaluation.get("metrics") or {}
+    state = dag_run.state.value if hasattr(dag_run.state, "value") else str(dag_run.state)
+    return {
+        "dag_id": dag.dag_id,
+        "run_id": dag_run.run_id,
+        "state": state,
+        "model_dir": _host_path(export.get("model_dir"), dag),
+        "metrics": metrics,
+        "blessed": (evaluation.get("blessing") or {}).get("blessed"),
+        "tasks": tasks,
+    }
+
+
+def run(dag_id: str, conf: dict[str, Any] | None, dags_folder: str) -> dict[str, Any]:
+    """Run one DAG run of ``dag_id`` with ``conf`` and return its summary."""
+    dag = _load_dag(dag_id, dags_folder)
+    ensure_pools(dag)
+    dag_run = dag.test(run_conf=conf or None)
+    return summarize(dag, dag_run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``tfpipe`` command."""
+    parser = argparse.ArgumentParser(prog="tfpipe", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_p = sub.add_parser("run", help="run one DAG run and print a JSON summary line")
+    run_p.add_argument("dag_id")
+    run_p.add_argument("--conf", default="{}", help="run parameters as a JSON object")
+    run_p.add_argument("--dags-folder", default=os.environ.get("AIRFLOW__CORE__DAGS_FOLDER", str(Path("dags"))))
+    args = parser.parse_args(argv)
+    try:
+        conf = json.loads(args.conf or "{}")
+    except json.JSONDecodeError as err:
+        parser.error(f"--conf is not valid JSON ({err}); pass an object such as '{{\"epochs\": 5}}'")
+    if not isinstance(conf, dict):
+        parser.error("--conf must be a JSON object such as '{\"epochs\": 5}'")
+    summary = run(args.dag_id, conf, args.dags_folder)
+    print(json.dumps(summary, sort_keys=False, default=str), flush=True)
+    return 0 if summary["state"] == "success" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

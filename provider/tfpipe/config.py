@@ -1,0 +1,588 @@
+"""Pipeline configuration: frozen dataclasses, one per concern, validated when constructed.
+
+Everything here runs at DAG-parse time, so it does no I/O: it checks shapes, types and ranges
+and raises :class:`~tfpipe.exceptions.TfpipeConfigError` with a message that names the field
+and says how to fix it. Paths are paths **on the Docker engine's host** (the engine may not be
+the worker's host), so they are checked for form only, never for existence.
+
+Build a config from keyword arguments, or from a plain mapping (YAML/JSON) with
+:meth:`PipelineConfig.from_dict`, which also rejects unknown keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, ClassVar
+
+from tfpipe.exceptions import TfpipeConfigError
+
+BUILTIN_MODELS = ("mlp", "cnn", "resnet50")
+OPTIMIZERS = ("adam", "sgd", "rmsprop")
+DATA_FORMATS = ("csv", "images")
+METRICS = ("accuracy",)
+GPU_FALLBACKS = ("fail", "cpu")
+
+#: Tags that move: an image referenced by one of these is not reproducible.
+FLOATING_TAGS = frozenset({"latest", "stable", "nightly", "gpu", "latest-gpu", "devel", "devel-gpu", "edge"})
+DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/var/run", "/run")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_MEM = re.compile(r"^\d+(\.\d+)?[bkmgBKMG]?$")
+_CUSTOM_MODEL = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def _fail(field_name: str, problem: str, fix: str) -> TfpipeConfigError:
+    return TfpipeConfigError(f"{field_name}: {problem}. Fix: {fix}.")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_positive_int(field_name: str, value: Any) -> None:
+    """Raise unless ``value`` is an integer >= 1."""
+    if not _is_int(value) or value < 1:
+        raise _fail(field_name, f"must be a whole number >= 1, got {value!r}", f"set {field_name} to 1 or more")
+
+
+def check_fraction(field_name: str, value: Any, *, low_open: bool = False, high_open: bool = False) -> None:
+    """Raise unless ``value`` is a number in [0, 1] (bounds optionally open)."""
+    ok = _is_number(value) and (value > 0 if low_open else value >= 0) and (value < 1 if high_open else value <= 1)
+    if not ok:
+        lo, hi = "(0" if low_open else "[0", "1)" if high_open else "1]"
+        raise _fail(field_name, f"must be a number in {lo}, {hi}, got {value!r}", f"pick a value in {lo}, {hi}")
+
+
+def check_choice(field_name: str, value: Any, choices: tuple[str, ...]) -> None:
+    """Raise unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise _fail(field_name, f"unknown value {value!r}", f"use one of {', '.join(map(repr, choices))}")
+
+
+def check_name(field_name: str, value: Any) -> None:
+    """Raise unless ``value`` is a safe identifier for file and container names."""
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise _fail(
+            field_name,
+            f"must be a name of letters, digits, '.', '_' or '-', got {value!r}",
+            "rename it, e.g. 'digits'",
+        )
+
+
+def check_image_ref(field_name: str, ref: Any, *, allow_floating_tag: bool = False) -> None:
+    """Raise unless ``ref`` names a pinned image: a digest, or a version tag that is not floating.
+
+    A floating tag (``latest``, ``gpu``, ...) or no tag at all silently changes what runs; the
+    seeds this project grew from trace cuDNN mismatches to exactly that. Opt out with
+    ``allow_floating_tag=True``.
+    """
+    if not isinstance(ref, str) or not ref.strip() or any(c.isspace() for c in ref):
+        raise _fail(field_name, f"must be an image reference string, got {ref!r}", "e.g. 'tfpipe/trainer:0.1.0'")
+    if "@sha256:" in ref:
+        digest = ref.split("@sha256:", 1)[1]
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise _fail(field_name, f"digest in {ref!r} is not 64 hex digits", "copy the digest from `docker inspect`")
+        return
+    if allow_floating_tag:
+        return
+    last = ref.rsplit("/", 1)[-1]
+    tag = last.split(":", 1)[1] if ":" in last else None
+    if tag is None:
+        raise _fail(
+            field_name,
+            f"image {ref!r} has no tag, so Docker uses the floating 'latest'",
+            "pin a version tag (e.g. ':2.9.3-gpu') or a digest ('@sha256:...'), "
+            "or pass allow_floating_tag=True",
+        )
+    if tag.lower() in FLOATING_TAGS or not any(ch.isdigit() for ch in tag):
+        raise _fail(
+            field_name,
+            f"tag {tag!r} of {ref!r} is floating (it can point at a different image tomorrow)",
+            "pin a version tag (e.g. ':2.9.3-gpu') or a digest ('@sha256:...'), "
+            "or pass allow_floating_tag=True",
+        )
+
+
+def check_host_path(field_name: str, value: Any) -> str:
+    """Validate a host path for a bind mount and return it normalised.
+
+    Refuses relative paths (they would resolve against the engine's working directory), the
+    root directory and the Docker socket or its directory (mounting either hands the container
+    control of the engine).
+    """
+    if not isinstance(value, str) or not value:
+        raise _fail(field_name, f"must be an absolute host path, got {value!r}", "e.g. '/srv/tfpipe/data'")
+    if not value.startswith("/"):
+        raise _fail(
+            field_name,
+            f"{value!r} is relative; a mount path is a path on the Docker engine's host",
+            "give an absolute path such as '/srv/tfpipe/data'",
+        )
+    norm = posixpath.normpath(value)
+    if norm == "/":
+        raise _fail(field_name, "mounting '/' exposes the whole host", "mount a dedicated directory")
+    if norm in DOCKER_SOCKETS or norm.endswith("docker.sock"):
+        raise _fail(
+            field_name,
+            f"{norm!r} is (or holds) the Docker socket; a container with it controls the engine",
+            "mount a data directory instead",
+        )
+    return norm
+
+
+def check_relative_path(field_name: str, value: Any) -> None:
+    """Raise unless ``value`` is a path relative to a mount that stays inside it."""
+    if not isinstance(value, str) or not value:
+        raise _fail(field_name, f"must be a path relative to the data volume, got {value!r}", "e.g. 'digits/digits.csv'")
+    norm = posixpath.normpath(value)
+    if value.startswith("/") or norm == ".." or norm.startswith("../"):
+        raise _fail(
+            field_name,
+            f"{value!r} leaves the data volume",
+            "give a path relative to volumes.data, without a leading '/' or '..'",
+        )
+
+
+@dataclass(frozen=True)
+class _Section:
+    """Base of every config section: strict construction from mappings."""
+
+    section: ClassVar[str] = ""
+
+    @classmethod
+    def from_dict(cls, mapping: Mapping[str, Any] | None, *, where: str | None = None):
+        """Build from a plain mapping, rejecting unknown keys with a did-you-mean hint."""
+        where = where or cls.section
+        if mapping is None:
+            return cls()
+        if isinstance(mapping, cls):
+            return mapping
+        if not isinstance(mapping, Mapping):
+            raise _fail(where, f"must be a mapping, got {type(mapping).__name__}", f"write {where} as key: value pairs")
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in mapping:
+            if key not in names:
+                close = difflib.get_close_matches(str(key), names, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(names)}"
+                raise _fail(f"{where}.{key}", "unknown key", f"remove it ({hint})")
+        try:
+            return cls(**dict(mapping))
+        except TypeError as err:  # a required field is missing
+            raise _fail(where, str(err), f"give every required key of {where}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able copy (tuples become lists)."""
+        return json_ready(dataclasses.asdict(self))
+
+
+def json_ready(value: Any) -> Any:
+    """Convert tuples and mappings recursively into JSON-native lists and dicts."""
+    if isinstance(value, Mapping):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class ImageConfig(_Section):
+    """The trainer image.
+
+    :param ref: image reference, pinned by version tag or digest.
+    :param allow_floating_tag: accept ``latest`` or an untagged reference (not reproducible).
+    """
+
+    section: ClassVar[str] = "image"
+    ref: str = ""
+    allow_floating_tag: bool = False
+
+    def __post_init__(self) -> None:
+        check_image_ref("image.ref", self.ref, allow_floating_tag=self.allow_floating_tag)
+
+
+@dataclass(frozen=True)
+class VolumesConfig(_Section):
+    """Host directories (on the Docker engine's host) mounted into every stage.
+
+    :param data: raw inputs, mounted read-only at ``/data``.
+    :param work: prepared datasets, run directories and checkpoints, read-write at ``/work``.
+    :param models: exported model versions, read-write at ``/models``.
+    """
+
+    section: ClassVar[str] = "volumes"
+    data: str = ""
+    work: str = ""
+    models: str = ""
+
+    def __post_init__(self) -> None:
+        paths = {}
+        for name in ("data", "work", "models"):
+            norm = check_host_path(f"volumes.{name}", getattr(self, name))
+            object.__setattr__(self, name, norm)
+            paths[name] = norm
+        for a, b in (("work", "data"), ("models", "data")):
+            if paths[a] == paths[b]:
+                raise _fail(
+                    f"volumes.{a}",
+                    f"is the same directory as volumes.{b}, which is mounted read-only",
+                    f"give volumes.{a} its own directory",
+                )
+
+
+@dataclass(frozen=True)
+class DataConfig(_Section):
+    """Where the raw data is and how prep reads and splits it.
+
+    :param path: file or directory relative to ``volumes.data``.
+    :param format: ``csv`` (tabular) or ``images`` (one sub-folder per class).
+    :param label: label column (csv).
+    :param features: feature columns as ``{"name", "type"}`` mappings; ``None`` = every other column, float.
+    :param key: column that identifies an example for the split; ``None`` = the row content.
+    :param image_size: ``(height, width)`` images are resized to.
+    :param channels: 1 (grayscale) or 3 (RGB).
+    :param eval_fraction: share of examples held out for evaluation.
+    :param split_seed: salt of the split hash (change it to draw another split).
+    :param shard_size: examples per TFRecord shard.
+    """
+
+    section: ClassVar[str] = "data"
+    path: str = ""
+    format: str = "csv"
+    label: str = "label"
+    features: tuple | None = None
+    key: str | None = None
+    image_size: tuple = (32, 32)
+    channels: int = 1
+    eval_fraction: float = 0.2
+    split_seed: int = 42
+    shard_size: int = 1000
+
+    def __post_init__(self) -> None:
+        check_relative_path("data.path", self.path)
+        check_choice("data.format", self.format, DATA_FORMATS)
+        if not isinstance(self.label, str) or not self.label:
+            raise _fail("data.label", f"must name the label column, got {self.label!r}", "e.g. label='label'")
+        if self.features is not None:
+            if not isinstance(self.features, (list, tuple)) or not self.features:
+                raise _fail("data.features", "must be a non-empty list or None", "list the feature columns or omit it")
+            cleaned = []
+            for i, feat in enumerate(self.features):
+                feat = {"name": feat, "type": "float"} if isinstance(feat, str) else feat
+                if not isinstance(feat, Mapping) or set(feat) - {"name", "type"} or not isinstance(feat.get("name"), str):
+                    raise _fail(f"data.features[{i}]", f"must be a column name or {{name, type}}, got {feat!r}",
+                                "e.g. {'name': 'age', 'type': 'float'}")
+                check_choice(f"data.features[{i}].type", feat.get("type", "float"), ("float", "int"))
+                cleaned.append({"name": feat["name"], "type": feat.get("type", "float")})
+            object.__setattr__(self, "features", tuple(cleaned))
+        if self.key is not None and (not isinstance(self.key, str) or not self.key):
+            raise _fail("data.key", f"must be a column name or None, got {self.key!r}", "omit it to split by row content")
+        size = self.image_size
+        if (not isinstance(size, (list, tuple)) or len(size) != 2 or not all(_is_int(v) and 8 <= v <= 4096 for v in size)):
+            raise _fail("data.image_size", f"must be [height, width] with 8..4096 each, got {size!r}", "e.g. [64, 64]")
+        object.__setattr__(self, "image_size", tuple(size))
+        check_choice("data.channels", self.channels, (1, 3))  # type: ignore[arg-type]
+        check_fraction("data.eval_fraction", self.eval_fraction, low_open=True, high_open=True)
+        if not _is_int(self.split_seed):
+            raise _fail("data.split_seed", f"must be an integer, got {self.split_seed!r}", "e.g. 42")
+        check_positive_int("data.shard_size", self.shard_size)
+
+
+@dataclass(frozen=True)
+class TrainingConfig(_Section):
+    """Model and hyperparameters; every field can be overridden per run from the trigger form.
+
+    :param model: ``mlp``, ``cnn``, ``resnet50`` or ``package.module:function`` on ``code_path``.
+    :param model_kwargs: extra keyword arguments for the model builder.
+    :param code_path: container path added to ``sys.path`` for a custom model.
+    :param epochs: target number of epochs (training resumes *until* it).
+    :param batch_size: global batch size.
+    :param learning_rate: optimizer learning rate.
+    :param optimizer: ``adam``, ``sgd`` or ``rmsprop``.
+    :param seed: seed of initialisation and shuffling.
+    :param checkpoint_every_steps: also checkpoint every N steps (epoch ends always checkpoint).
+    :param keep_checkpoints: how many checkpoints to keep.
+    :param mixed_precision: train in ``mixed_float16`` (GPUs with tensor cores).
+    :param cache: cache parsed examples in memory.
+    :param shuffle_buffer: shuffle buffer size in examples.
+    :param warm_start: a new run initialises from the newest blessed model.
+    """
+
+    section: ClassVar[str] = "training"
+    model: str = "mlp"
+    model_kwargs: Mapping = field(default_factory=dict)
+    code_path: str | None = None
+    epochs: int = 10
+    batch_size: int = 64
+    learning_rate: float = 0.001
+    optimizer: str = "adam"
+    seed: int = 42
+    checkpoint_every_steps: int = 100
+    keep_checkpoints: int = 3
+    mixed_precision: bool = False
+    cache: bool = True
+    shuffle_buffer: int = 10000
+    warm_start: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not (self.model in BUILTIN_MODELS or _CUSTOM_MODEL.match(self.model)):
+            raise _fail(
+                "training.model",
+                f"unknown model {self.model!r}",
+                f"use one of {', '.join(BUILTIN_MODELS)} or 'package.module:function' with code_path",
+            )
+        if ":" in self.model and not self.code_path:
+            raise _fail("training.code_path", f"custom model {self.model!r} needs code_path",
+                        "set code_path to the container directory that holds the package")
+        if self.code_path is not None and (not isinstance(self.code_path, str) or not self.code_path.startswith("/")):
+            raise _fail("training.code_path", f"must be an absolute container path, got {self.code_path!r}",
+                        "e.g. '/data/code'")
+        if not isinstance(self.model_kwargs, Mapping):
+            raise _fail("training.model_kwargs", "must be a mapping", "e.g. {'hidden_units': [128, 64]}")
+        for name in ("epochs", "batch_size", "checkpoint_every_steps", "keep_checkpoints", "shuffle_buffer"):
+            check_positive_int(f"training.{name}", getattr(self, name))
+        if self.epochs > 100000:
+            raise _fail("training.epochs", f"{self.epochs} is not a plausible epoch count", "use at most 100000")
+        if not _is_number(self.learning_rate) or not 0 < self.learning_rate <= 10:
+            raise _fail("training.learning_rate", f"must be a number in (0, 10], got {self.learning_rate!r}",
+                        "e.g. 0.001")
+        check_choice("training.optimizer", self.optimizer, OPTIMIZERS)
+        if not _is_int(self.seed) or self.seed < 0:
+            raise _fail("training.seed", f"must be an integer >= 0, got {self.seed!r}", "e.g. 42")
+        for name in ("mixed_precision", "cache", "warm_start"):
+            if not isinstance(getattr(self, name), bool):
+                raise _fail(f"training.{name}", f"must be true or false, got {getattr(self, name)!r}", "use a boolean")
+
+    #: Fields a run may override from the trigger form (``dag_run.conf`` / Params).
+    TUNABLE: ClassVar[tuple[str, ...]] = (
+        "model", "epochs", "batch_size", "learning_rate", "optimizer", "seed",
+        "checkpoint_every_steps", "mixed_precision", "warm_start",
+    )
+
+
+@dataclass(frozen=True)
+class EvaluationConfig(_Section):
+    """The blessing gate.
+
+    :param metric: metric compared (``accuracy``).
+    :param threshold: absolute minimum of the metric.
+    :param tolerance: how much worse than the current production model a candidate may be.
+    """
+
+    section: ClassVar[str] = "evaluation"
+    metric: str = "accuracy"
+    threshold: float = 0.9
+    tolerance: float = 0.01
+
+    def __post_init__(self) -> None:
+        check_choice("evaluation.metric", self.metric, METRICS)
+        check_fraction("evaluation.threshold", self.threshold)
+        check_fraction("evaluation.tolerance", self.tolerance)
+
+
+@dataclass(frozen=True)
+class ExportConfig(_Section):
+    """Versioned SavedModel export.
+
+    :param model_name: directory under ``volumes.models`` (TF Serving's model name).
+    :param keep_versions: how many versions to keep.
+    """
+
+    section: ClassVar[str] = "export"
+    model_name: str = "model"
+    keep_versions: int = 5
+
+    def __post_init__(self) -> None:
+        check_name("export.model_name", self.model_name)
+        check_positive_int("export.keep_versions", self.keep_versions)
+
+
+@dataclass(frozen=True)
+class ResourcesConfig(_Section):
+    """Container resources and isolation.
+
+    :param gpus: ``None`` (CPU), ``"all"``, a count, or a list of device ids.
+    :param gpu_fallback: when GPUs are asked for but the engine has no NVIDIA runtime:
+        ``"fail"`` with a message naming the fix, or ``"cpu"`` to run on the CPU.
+    :param gpu_stages: stages that get the GPUs (training and evaluation by default).
+    :param mem_limit: container memory limit (``"8g"``); ``None`` = no limit.
+    :param shm_size: ``/dev/shm`` size; tf.data worker threads need more than Docker's 64 MB.
+    :param user: ``uid:gid`` the stages run as (non-root, so mounted files belong to the user).
+    :param network_mode: Docker network (``"none"`` isolates training from the network).
+    """
+
+    section: ClassVar[str] = "resources"
+    gpus: Any = None
+    gpu_fallback: str = "fail"
+    gpu_stages: tuple = ("train", "evaluate")
+    mem_limit: str | None = None
+    shm_size: str = "1g"
+    user: str = "1000:1000"
+    network_mode: str = "bridge"
+
+    def __post_init__(self) -> None:
+        from tfpipe.specs import GpuRequest  # local: specs imports this module
+
+        GpuRequest.parse(self.gpus, field_name="resources.gpus")
+        check_choice("resources.gpu_fallback", self.gpu_fallback, GPU_FALLBACKS)
+        if not isinstance(self.gpu_stages, (list, tuple)) or any(s not in STAGE_NAMES for s in self.gpu_stages):
+            raise _fail("resources.gpu_stages", f"must list stages of {STAGE_NAMES}, got {self.gpu_stages!r}",
+                        "e.g. ['train', 'evaluate']")
+        object.__setattr__(self, "gpu_stages", tuple(self.gpu_stages))
+        for name in ("mem_limit", "shm_size"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and _MEM.match(value)):
+                raise _fail(f"resources.{name}", f"must be a size like '2g' or '512m', got {value!r}", "e.g. '2g'")
+        if not isinstance(self.user, str) or not re.fullmatch(r"\d+(:\d+)?", self.user):
+            raise _fail("resources.user", f"must be 'uid:gid' in numbers, got {self.user!r}", "e.g. '1000:1000'")
+        if not isinstance(self.network_mode, str) or not self.network_mode:
+            raise _fail("resources.network_mode", f"must be a Docker network name, got {self.network_mode!r}",
+                        "e.g. 'bridge' or 'none'")
+        if self.network_mode == "host":
+            raise _fail("resources.network_mode", "'host' shares the host's network stack", "use 'bridge' or 'none'")
+
+    @property
+    def uid_gid(self) -> tuple[int, int]:
+        """The numeric user and group."""
+        uid, _, gid = self.user.partition(":")
+        return int(uid), int(gid or uid)
+
+
+STAGE_NAMES = ("prep", "train", "evaluate", "export")
+
+
+def _check_schedule(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise _fail("schedule", f"must be a cron expression, a preset like '@daily', or None, got {value!r}",
+                    "e.g. '0 3 * * *'")
+    presets = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly", "@annually",
+               "@midnight", "@continuous"}
+    if value.startswith("@"):
+        if value not in presets:
+            raise _fail("schedule", f"unknown preset {value!r}", f"use one of {', '.join(sorted(presets))}")
+        return
+    from croniter import croniter  # ships with Airflow; imported lazily to keep parsing cheap
+
+    if len(value.split()) != 5 or not croniter.is_valid(value):
+        raise _fail("schedule", f"{value!r} is not a valid 5-field cron expression",
+                    "use minute hour day-of-month month day-of-week, e.g. '0 3 * * *'")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """A whole training pipeline: prep -> train -> evaluate -> export.
+
+    :param dag_id: the DAG's id.
+    :param image: the trainer image (see :class:`ImageConfig`).
+    :param volumes: host directories (see :class:`VolumesConfig`).
+    :param data: raw data and split (see :class:`DataConfig`).
+    :param training: model and hyperparameters (see :class:`TrainingConfig`).
+    :param evaluation: blessing gate (see :class:`EvaluationConfig`).
+    :param export: model name and retention (see :class:`ExportConfig`).
+    :param resources: GPUs, memory, user, network (see :class:`ResourcesConfig`).
+    :param schedule: cron expression or preset; ``None`` = manual only (unless ``data_asset``).
+    :param data_asset: URI of an Airflow Asset whose updates trigger retraining.
+    :param model_asset: URI of the Asset that export emits; ``None`` = ``tfpipe://<model_name>``.
+    :param retries: retries of the training task (the other stages get one).
+    :param retry_delay_seconds: first retry delay; doubles with each try.
+    :param gpu_pool: Airflow pool of the training tasks.
+    :param docker_url: the Docker engine (may be remote).
+    :param start_date: first schedulable date.
+    :param tags: DAG tags.
+    :param description: one-line DAG description.
+    """
+
+    dag_id: str
+    image: ImageConfig
+    volumes: VolumesConfig
+    data: DataConfig
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    schedule: str | None = None
+    data_asset: str | None = None
+    model_asset: str | None = None
+    retries: int = 3
+    retry_delay_seconds: float = 30.0
+    gpu_pool: str = "gpu"
+    docker_url: str = "unix://var/run/docker.sock"
+    start_date: datetime = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    tags: tuple = ("tfpipe",)
+    description: str = "TensorFlow training pipeline: prep -> train -> evaluate -> export"
+
+    _SECTIONS: ClassVar[dict[str, type[_Section]]] = {
+        "image": ImageConfig,
+        "volumes": VolumesConfig,
+        "data": DataConfig,
+        "training": TrainingConfig,
+        "evaluation": EvaluationConfig,
+        "export": ExportConfig,
+        "resources": ResourcesConfig,
+    }
+
+    def __post_init__(self) -> None:
+        check_name("dag_id", self.dag_id)
+        for name, kind in self._SECTIONS.items():
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                object.__setattr__(self, name, kind.from_dict(value))
+        _check_schedule(self.schedule)
+        for name in ("data_asset", "model_asset"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or "://" not in value):
+                raise _fail(name, f"must be an asset URI like 'file:///srv/raw/digits', got {value!r}",
+                            "give a URI with a scheme")
+        if not _is_int(self.retries) or not 0 <= self.retries <= 20:
+            raise _fail("retries", f"must be a whole number in 0..20, got {self.retries!r}", "e.g. 3")
+        if not _is_number(self.retry_delay_seconds) or self.retry_delay_seconds < 0:
+            raise _fail("retry_delay_seconds", f"must be >= 0, got {self.retry_delay_seconds!r}", "e.g. 30")
+        check_name("gpu_pool", self.gpu_pool)
+        if not isinstance(self.docker_url, str) or "://" not in self.docker_url:
+            raise _fail("docker_url", f"must be a URL like 'unix://var/run/docker.sock' or 'tcp://host:2376', "
+                        f"got {self.docker_url!r}", "set the engine's URL")
+        if self.data.format == "images" and self.training.model == "mlp":
+            raise _fail("training.model", "'mlp' is for tabular (csv) data, data.format is 'images'",
+                        "use 'cnn' or 'resnet50'")
+        if self.data.format == "csv" and self.training.model in ("cnn", "resnet50"):
+            raise _fail("training.model", f"{self.training.model!r} needs images, data.format is 'csv'", "use 'mlp'")
+        object.__setattr__(self, "tags", tuple(self.tags))
+
+    @classmethod
+    def from_dict(cls, mapping: Mapping[str, Any]) -> PipelineConfig:
+        """Build a pipeline config from a plain mapping (e.g. loaded from YAML), strictly."""
+        if not isinstance(mapping, Mapping):
+            raise _fail("pipeline", f"must be a mapping, got {type(mapping).__name__}", "pass a dict")
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in mapping:
+            if key not in names:
+                close = difflib.get_close_matches(str(key), names, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(names)}"
+                raise _fail(str(key), "unknown key", f"remove it ({hint})")
+        for required in ("dag_id", "image", "volumes", "data"):
+            if required not in mapping:
+                raise _fail(required, "is missing", f"add {required} to the pipeline config")
+        kwargs = dict(mapping)
+        for name, kind in cls._SECTIONS.items():
+            if name in kwargs:
+                kwargs[name] = kind.from_dict(kwargs[name])
+        return cls(**kwargs)
+
+    @property
+    def model_asset_uri(self) -> str:
+        """The URI of the model asset export emits."""
+        return self.model_asset or f"tfpipe://models/{self.export.model_name}"
+
+    def with_training(self, **overrides: Any) -> PipelineConfig:
+        """A copy with training fields replaced (validated again)."""
+        return dataclasses.replace(self, training=dataclasses.replace(self.training, **overrides))

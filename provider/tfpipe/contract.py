@@ -1,0 +1,1 @@
+../../trainer/contract.py

@@ -1,0 +1,49 @@
+"""Exceptions raised by tfpipe on the Airflow side."""
+
+from __future__ import annotations
+
+from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException
+
+
+class TfpipeConfigError(ValueError):
+    """A pipeline or operator argument is wrong; the message names the field and the fix.
+
+    Raised at DAG-parse time, so a bad config shows up as a DAG import error in the UI
+    instead of a failed run.
+    """
+
+
+class GpuUnavailableError(AirflowFailException):
+    """GPUs were requested but the Docker engine cannot provide them (no NVIDIA runtime)."""
+
+
+class StageFailedError(AirflowException):
+    """A stage container failed with a code Airflow should retry (crash, kill, OOM).
+
+    :param exit_code: the container's exit code.
+    :param oom_killed: whether the kernel's out-of-memory killer ended it.
+    :param logs: the container's output lines.
+    """
+
+    def __init__(self, message: str, *, exit_code: int | None, oom_killed: bool = False,
+                 logs: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.oom_killed = oom_killed
+        self.logs = logs or []
+
+
+class StageRejectedError(AirflowFailException):
+    """A stage container rejected its input (bad data, bad config, diverged training).
+
+    Retrying cannot fix it, so the task fails without using its retries.
+    """
+
+    def __init__(self, message: str, *, exit_code: int, logs: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.logs = logs or []
+
+
+class DockerEngineUnreachableError(AirflowException):
+    """The Docker engine at ``docker_url`` did not answer."""

@@ -1,0 +1,140 @@
+"""The DAG factory: a :class:`~tfpipe.config.PipelineConfig` becomes prep -> train -> evaluate -> export.
+
+The graph is first planned as plain :class:`~tfpipe.specs.StageSpec` objects
+(:func:`tfpipe.specs.plan_pipeline`), then each spec becomes an operator here, so the graph can
+be tested without a scheduler and another backend only replaces :func:`operator_from_spec`.
+
+Usage in a DAG file::
+
+    from tfpipe import PipelineConfig, training_pipeline
+
+    dag = training_pipeline(PipelineConfig(dag_id="churn", image={"ref": "tfpipe/trainer:0.1.0"}, ...))
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow.providers.common.compat.sdk import DAG, Asset, Param
+
+from tfpipe.config import BUILTIN_MODELS, OPTIMIZERS, PipelineConfig
+from tfpipe.operators import OPERATORS, TfpipeStageOperator
+from tfpipe.specs import StageSpec, plan_pipeline
+
+GPU_PARAM_PATTERN = r"^(all|none|[0-9]+|[0-9]+(,[0-9]+)+)$"
+
+
+def pipeline_params(cfg: PipelineConfig) -> dict[str, Param]:
+    """Run parameters shown by the UI's trigger form, validated by JSON schema before a run starts."""
+    t = cfg.training
+    models = [m for m in BUILTIN_MODELS if (m == "mlp") == (cfg.data.format == "csv")]
+    if t.model not in models:
+        models.append(t.model)
+    return {
+        "epochs": Param(t.epochs, type="integer", minimum=1, maximum=100000,
+                        title="Epochs", description="Target number of epochs; a resumed run trains until it."),
+        "batch_size": Param(t.batch_size, type="integer", minimum=1, maximum=65536,
+                            title="Batch size", description="Global batch size (split across GPUs)."),
+        "learning_rate": Param(t.learning_rate, type="number", exclusiveMinimum=0, maximum=10,
+                               title="Learning rate"),
+        "model": Param(t.model, type="string", enum=models, title="Model",
+                       description="Built-in model, or the configured custom model."),
+        "optimizer": Param(t.optimizer, type="string", enum=list(OPTIMIZERS), title="Optimizer"),
+        "seed": Param(t.seed, type="integer", minimum=0, title="Seed"),
+        "mixed_precision": Param(t.mixed_precision, type="boolean", title="Mixed precision (mixed_float16)"),
+        "warm_start": Param(t.warm_start, type="boolean", title="Warm start",
+                            description="Initialise from the newest blessed model instead of from scratch."),
+        "gpus": Param(None, type=["null", "string"], pattern=GPU_PARAM_PATTERN, title="GPUs",
+                      description="Empty = as configured; 'none' = CPU; 'all'; a count such as '2'; or ids '0,1'."),
+    }
+
+
+def _doc_md(cfg: PipelineConfig) -> str:
+    return f"""### {cfg.dag_id}
+
+{cfg.description}
+
+**prep -> train -> evaluate -> export**, each stage a container of `{cfg.image.ref}`.
+
+| volume | host path | in the container |
+| --- | --- | --- |
+| data (read-only) | `{cfg.volumes.data}` | `/data` |
+| work | `{cfg.volumes.work}` | `/work` (datasets, `runs/<dag>/<run>/`, checkpoints) |
+| models | `{cfg.volumes.models}` | `/models/{cfg.export.model_name}/<version>/` |
+
+Training checkpoints live under the run (never the try): a retried or cleared `train` resumes
+from its newest checkpoint; a new run starts fresh unless `warm_start` is set. Evaluation
+blesses a candidate with {cfg.evaluation.metric} >= {cfg.evaluation.threshold} and no worse than the
+current model by more than {cfg.evaluation.tolerance}; otherwise export is skipped.
+
+Trigger parameters: `epochs`, `batch_size`, `learning_rate`, `model`, `optimizer`, `seed`,
+`mixed_precision`, `warm_start`, `gpus`.
+"""
+
+
+def _schedule(cfg: PipelineConfig) -> Any:
+    if cfg.data_asset and cfg.schedule:
+        from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable
+
+        return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cfg.schedule, timezone="UTC"),
+                                   assets=[Asset(cfg.data_asset)])
+    if cfg.data_asset:
+        return [Asset(cfg.data_asset)]
+    return cfg.schedule
+
+
+def operator_from_spec(spec: StageSpec, cfg: PipelineConfig) -> TfpipeStageOperator:
+    """Turn one backend-neutral stage spec into its Docker operator."""
+    kwargs: dict[str, Any] = {}
+    if spec.retries > 1:
+        kwargs.update(retry_exponential_backoff=2.0, max_retry_delay=timedelta(hours=1))
+    if spec.pool:
+        kwargs["pool"] = spec.pool
+    if spec.outlets:
+        kwargs["outlets"] = [Asset(uri) for uri in spec.outlets]
+    return OPERATORS[spec.stage](
+        task_id=spec.task_id,
+        image=spec.image,
+        stage_config=spec.config,
+        volumes=cfg.volumes,
+        gpus=cfg.resources.gpus if spec.gpus else None,
+        gpu_fallback=spec.gpu_fallback,
+        allow_floating_tag=cfg.image.allow_floating_tag,
+        user=spec.user,
+        shm_size=spec.shm_size,
+        mem_limit=spec.mem_limit,
+        network_mode=spec.network_mode,
+        environment=dict(spec.environment),
+        docker_url=cfg.docker_url,
+        retries=spec.retries,
+        retry_delay=timedelta(seconds=cfg.retry_delay_seconds),
+        doc_md=spec.doc_md,
+        **kwargs,
+    )
+
+
+def training_pipeline(cfg: PipelineConfig, **dag_kwargs: Any) -> DAG:
+    """Build the training DAG for ``cfg``; extra keyword arguments go to ``DAG``."""
+    if not isinstance(cfg, PipelineConfig):
+        cfg = PipelineConfig.from_dict(cfg)
+    options: dict[str, Any] = dict(
+        dag_id=cfg.dag_id,
+        schedule=_schedule(cfg),
+        start_date=cfg.start_date,
+        catchup=False,
+        max_active_runs=1,
+        params=pipeline_params(cfg),
+        doc_md=_doc_md(cfg),
+        description=cfg.description,
+        tags=list(cfg.tags),
+    )
+    options.update(dag_kwargs)
+    dag = DAG(**options)
+    with dag:
+        specs = plan_pipeline(cfg)
+        operators = {spec.task_id: operator_from_spec(spec, cfg) for spec in specs}
+        for spec in specs:
+            for upstream in spec.upstream:
+                operators[upstream] >> operators[spec.task_id]
+    return dag

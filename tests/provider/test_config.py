@@ -1,0 +1,140 @@
+"""Pipeline config validation: good configs build, bad ones name the field and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from tfpipe.config import PipelineConfig, TrainingConfig, check_image_ref
+from tfpipe.exceptions import TfpipeConfigError
+
+GOOD = {
+    "dag_id": "digits",
+    "image": {"ref": "tfpipe/trainer:0.1.0"},
+    "volumes": {"data": "/srv/tfpipe/data", "work": "/srv/tfpipe/work", "models": "/srv/tfpipe/models"},
+    "data": {"path": "digits/digits.csv"},
+}
+
+
+def with_(path: str, value):
+    """A copy of GOOD with one dotted key set (``None`` sentinel deletes it)."""
+    import copy
+
+    cfg = copy.deepcopy(GOOD)
+    node = cfg
+    *parents, leaf = path.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    if value is DELETE:
+        node.pop(leaf, None)
+    else:
+        node[leaf] = value
+    return cfg
+
+
+DELETE = object()
+
+
+def test_good_config_builds_with_defaults():
+    cfg = PipelineConfig.from_dict(GOOD)
+    assert cfg.training.epochs == 10
+    assert cfg.resources.user == "1000:1000"
+    assert cfg.volumes.work == "/srv/tfpipe/work"
+    assert cfg.model_asset_uri == "tfpipe://models/model"
+
+
+def test_config_is_frozen():
+    cfg = PipelineConfig.from_dict(GOOD)
+    with pytest.raises(Exception):
+        cfg.training.epochs = 3  # type: ignore[misc]
+
+
+# (mutation, substrings the message must contain: the field and the fix)
+BAD_CONFIGS = [
+    (with_("trainig", {}), ["trainig", "did you mean 'training'"]),
+    (with_("training.epoch", 3), ["training.epoch", "did you mean 'epochs'"]),
+    (with_("training.epochs", 0), ["training.epochs", ">= 1"]),
+    (with_("training.epochs", -5), ["training.epochs", ">= 1"]),
+    (with_("training.epochs", "10"), ["training.epochs", "whole number"]),
+    (with_("training.epochs", 2.5), ["training.epochs", "whole number"]),
+    (with_("training.batch_size", 0), ["training.batch_size", ">= 1"]),
+    (with_("training.learning_rate", 0), ["training.learning_rate", "(0, 10]"]),
+    (with_("training.learning_rate", "fast"), ["training.learning_rate"]),
+    (with_("training.optimizer", "adamw"), ["training.optimizer", "'adam'"]),
+    (with_("training.model", "transformer"), ["training.model", "mlp"]),
+    (with_("training.model", "pkg.mod:build"), ["training.code_path", "code_path"]),
+    (with_("training.mixed_precision", "yes"), ["training.mixed_precision", "boolean"]),
+    (with_("image.ref", "tfpipe/trainer"), ["image.ref", "no tag", "allow_floating_tag"]),
+    (with_("image.ref", "tfpipe/trainer:latest"), ["image.ref", "floating", "digest"]),
+    (with_("image.ref", "tensorflow/tensorflow:gpu"), ["image.ref", "floating"]),
+    (with_("image.ref", "repo/img@sha256:abc"), ["image.ref", "64 hex"]),
+    (with_("volumes.data", "data"), ["volumes.data", "relative", "absolute"]),
+    (with_("volumes.work", "/"), ["volumes.work", "'/'"]),
+    (with_("volumes.data", "/var/run/docker.sock"), ["volumes.data", "Docker socket"]),
+    (with_("volumes.models", "/var/run"), ["volumes.models", "Docker socket"]),
+    (with_("volumes.work", "/srv/tfpipe/data"), ["volumes.work", "read-only"]),
+    (with_("volumes", DELETE), ["volumes", "missing"]),
+    (with_("data.path", DELETE), ["data.path"]),
+    (with_("data.path", "/etc/passwd"), ["data.path", "leaves the data volume"]),
+    (with_("data.path", "../secrets"), ["data.path", "leaves the data volume"]),
+    (with_("data.format", "parquet"), ["data.format", "'csv'"]),
+    (with_("data.eval_fraction", 1.0), ["data.eval_fraction", "(0, 1)"]),
+    (with_("data.image_size", [32]), ["data.image_size", "[height, width]"]),
+    (with_("data.channels", 2), ["data.channels"]),
+    (with_("schedule", "every day"), ["schedule", "cron"]),
+    (with_("schedule", "61 * * * *"), ["schedule", "cron"]),
+    (with_("schedule", "@sometimes"), ["schedule", "preset"]),
+    (with_("resources.gpus", "many"), ["resources.gpus", "'all'"]),
+    (with_("resources.gpus", -1), ["resources.gpus", ">= 1"]),
+    (with_("resources.gpus", ["zero"]), ["resources.gpus", "device ids"]),
+    (with_("resources.gpu_fallback", "tpu"), ["resources.gpu_fallback", "'cpu'"]),
+    (with_("resources.user", "root"), ["resources.user", "uid:gid"]),
+    (with_("resources.network_mode", "host"), ["resources.network_mode", "'none'"]),
+    (with_("resources.mem_limit", "lots"), ["resources.mem_limit", "'2g'"]),
+    (with_("evaluation.threshold", 1.5), ["evaluation.threshold", "[0, 1]"]),
+    (with_("evaluation.tolerance", -0.1), ["evaluation.tolerance", "[0, 1]"]),
+    (with_("export.model_name", "my model"), ["export.model_name", "letters"]),
+    (with_("export.keep_versions", 0), ["export.keep_versions", ">= 1"]),
+    (with_("dag_id", "bad id!"), ["dag_id"]),
+    (with_("retries", -1), ["retries", "0..20"]),
+    (with_("data_asset", "not-a-uri"), ["data_asset", "URI"]),
+    (with_("docker_url", "localhost"), ["docker_url", "unix://"]),
+]
+
+
+@pytest.mark.reliability
+@pytest.mark.parametrize("mapping,expected", BAD_CONFIGS, ids=[str(i) for i in range(len(BAD_CONFIGS))])
+def test_bad_config_names_field_and_fix(mapping, expected):
+    with pytest.raises(TfpipeConfigError) as err:
+        PipelineConfig.from_dict(mapping)
+    message = str(err.value)
+    for part in expected:
+        assert part in message, f"{part!r} not in {message!r}"
+    assert "Fix:" in message
+
+
+def test_model_must_fit_data_format():
+    with pytest.raises(TfpipeConfigError, match="training.model.*needs images"):
+        PipelineConfig.from_dict(with_("training.model", "cnn"))
+    cfg = with_("data.format", "images")
+    cfg["training"] = {"model": "cnn"}
+    assert PipelineConfig.from_dict(cfg).training.model == "cnn"
+
+
+@pytest.mark.parametrize("ref", [
+    "tensorflow/tensorflow:2.9.3-gpu",
+    "tfpipe/trainer:79d004e88bf7",
+    "registry.example:5000/team/trainer:1.2",
+    "tensorflow/tensorflow@sha256:" + "a" * 64,
+])
+def test_pinned_images_are_accepted(ref):
+    check_image_ref("image.ref", ref)
+
+
+def test_floating_tag_opt_in():
+    cfg = with_("image", {"ref": "tfpipe/trainer:latest", "allow_floating_tag": True})
+    assert PipelineConfig.from_dict(cfg).image.ref.endswith(":latest")
+
+
+def test_training_tunables_are_fields():
+    names = {f for f in TrainingConfig.__dataclass_fields__}
+    assert set(TrainingConfig.TUNABLE) <= names

@@ -1,0 +1,137 @@
+"""Pure builders: stage specs, configs, container names, labels, mounts, GPU requests."""
+
+from __future__ import annotations
+
+import pytest
+from docker.types import DeviceRequest
+
+from tfpipe import contract
+from tfpipe.config import PipelineConfig
+from tfpipe.exceptions import TfpipeConfigError
+from tfpipe.specs import (
+    GpuRequest,
+    container_labels,
+    container_name,
+    plan_pipeline,
+    prepare_dirs_command,
+    resolve_stage_config,
+    writable_dirs,
+)
+
+from .test_config import GOOD
+
+
+@pytest.fixture
+def cfg() -> PipelineConfig:
+    return PipelineConfig.from_dict({**GOOD, "resources": {"gpus": "all"}, "retries": 4})
+
+
+def test_plan_is_four_chained_stages(cfg):
+    specs = plan_pipeline(cfg)
+    assert [s.stage for s in specs] == ["prep", "train", "evaluate", "export"]
+    assert [s.upstream for s in specs] == [(), ("prep",), ("train",), ("evaluate",)]
+    assert [s.command for s in specs] == [("python3", "-m", "trainer", s) for s in contract.STAGES]
+
+
+def test_retries_and_pool_only_on_training(cfg):
+    by_stage = {s.stage: s for s in plan_pipeline(cfg)}
+    assert by_stage["train"].retries == 4 and by_stage["train"].pool == "gpu"
+    assert by_stage["prep"].retries == 1 and by_stage["prep"].pool is None
+
+
+def test_gpus_go_to_training_and_evaluation_only(cfg):
+    by_stage = {s.stage: s for s in plan_pipeline(cfg)}
+    assert by_stage["train"].gpus == GpuRequest(count=-1)
+    assert by_stage["evaluate"].gpus == GpuRequest(count=-1)
+    assert by_stage["prep"].gpus is None and by_stage["export"].gpus is None
+
+
+def test_mounts_data_read_only_others_read_write(cfg):
+    mounts = {m.target: m for m in plan_pipeline(cfg)[0].mounts}
+    assert mounts["/data"].read_only and mounts["/data"].source == "/srv/tfpipe/data"
+    assert not mounts["/work"].read_only and not mounts["/models"].read_only
+    docker_mount = mounts["/data"].to_docker()
+    assert docker_mount["ReadOnly"] is True and docker_mount["Type"] == "bind"
+
+
+def test_tf_defaults_in_environment(cfg):
+    env = plan_pipeline(cfg)[1].environment
+    assert env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    assert env["CUDA_CACHE_PATH"].startswith("/work/")
+
+
+def test_export_emits_model_asset(cfg):
+    assert plan_pipeline(cfg)[3].outlets == ("tfpipe://models/model",)
+
+
+@pytest.mark.parametrize("value,expected", [
+    (None, None), ("none", None), ("", None), (0, None),
+    ("all", GpuRequest(count=-1)), (2, GpuRequest(count=2)), ("2", GpuRequest(count=2)),
+    (["0", "1"], GpuRequest(device_ids=("0", "1"))), ("0,1", GpuRequest(device_ids=("0", "1"))),
+    (["GPU-8a3c"], GpuRequest(device_ids=("GPU-8a3c",))),
+])
+def test_gpu_spec_parsing(value, expected):
+    assert GpuRequest.parse(value) == expected
+
+
+@pytest.mark.parametrize("value", ["many", -2, True, ["x"], 1.5, {"count": 1}])
+def test_bad_gpu_specs(value):
+    with pytest.raises(TfpipeConfigError, match="gpus"):
+        GpuRequest.parse(value)
+
+
+def test_gpu_requests_become_docker_device_requests():
+    (req,) = GpuRequest(count=-1).to_docker()
+    assert isinstance(req, DeviceRequest) and req["Count"] == -1 and req["Capabilities"] == [["gpu"]]
+    (req,) = GpuRequest(device_ids=("0", "3")).to_docker()
+    assert req["DeviceIDs"] == ["0", "3"]
+
+
+def test_container_name_is_deterministic_per_run_and_task():
+    a = container_name("tfpipe_digits", "manual__2026-11-29T18:00:00+00:00", "train")
+    assert a == container_name("tfpipe_digits", "manual__2026-11-29T18:00:00+00:00", "train")
+    assert a != container_name("tfpipe_digits", "manual__2026-11-29T18:00:01+00:00", "train")
+    assert a != container_name("tfpipe_digits", "manual__2026-11-29T18:00:00+00:00", "prep")
+    assert len(a) < 128 and all(c.isalnum() or c in "_.-" for c in a)
+
+
+def test_labels_carry_identity():
+    labels = container_labels(dag_id="d", run_id="r", task_id="train", try_number=3, stage="train")
+    assert labels == {"tfpipe.dag_id": "d", "tfpipe.run_id": "r", "tfpipe.task_id": "train",
+                      "tfpipe.map_index": "-1", "tfpipe.try_number": "3", "tfpipe.stage": "train"}
+
+
+def test_resolved_config_follows_the_contract(cfg):
+    spec = plan_pipeline(cfg)[1]
+    config = resolve_stage_config(spec.config, dag_id="d", run_id="manual__x:y+z", task_id="train",
+                                  try_number=2, image=cfg.image.ref, overrides={"epochs": 3, "gpus": "all"})
+    assert contract.validate_stage_config(config) is config
+    assert config["training"]["epochs"] == 3
+    assert config["run"]["try_number"] == 2
+    assert config["paths"]["run_dir"] == "/work/runs/d/manual__x_y_z"
+    # keyed by run, never by try
+    again = resolve_stage_config(spec.config, dag_id="d", run_id="manual__x:y+z", task_id="train",
+                                 try_number=3, image=cfg.image.ref)
+    assert again["paths"]["run_dir"] == config["paths"]["run_dir"]
+
+
+def test_overrides_are_validated(cfg):
+    spec = plan_pipeline(cfg)[1]
+    with pytest.raises(TfpipeConfigError, match="training.epochs"):
+        resolve_stage_config(spec.config, dag_id="d", run_id="r", task_id="train", try_number=1,
+                             image=cfg.image.ref, overrides={"epochs": 0})
+
+
+def test_writable_dirs_per_stage(cfg):
+    spec = plan_pipeline(cfg)[0]
+    run = "/work/runs/d/r"
+    assert "/work/datasets" in writable_dirs("prep", spec.config, run)
+    assert "/models/model" in writable_dirs("export", spec.config, run)
+    assert "/models/model" not in writable_dirs("train", spec.config, run)
+    assert run in writable_dirs("evaluate", spec.config, run)
+
+
+def test_prepare_command_creates_and_chowns_only_listed_dirs():
+    cmd = prepare_dirs_command(["/work/runs/d/r", "/work/datasets"], "1000:1000")
+    assert cmd[:2] == ["sh", "-c"] and cmd[-2:] == ["/work/runs/d/r", "/work/datasets"]
+    assert "chown 1000:1000" in cmd[2] and "-R" not in cmd[2]
