@@ -63,8 +63,8 @@ demo: run
 
 run: venv image airflow-db data
 	@echo "[run] $(DAG) with conf $(CONF) on image $(IMAGE_REF)"
-	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m tfpipe.cli run $(DAG) --conf '$(CONF)' 2>$(CACHE)/last-run.log \
-	  || (echo "[run] failed; Airflow log: $(CACHE)/last-run.log" >&2; tail -40 $(CACHE)/last-run.log >&2; exit 1)
+	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m tfpipe.cli run $(DAG) --conf '$(CONF)' 2> >(tee $(CACHE)/last-run.log >&2) \
+	  || (echo "[run] $(DAG) did not succeed; full log: $(CACHE)/last-run.log" >&2; exit 1)
 
 test: venv image airflow-db data test-trainer test-host
 

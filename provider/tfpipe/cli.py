@@ -80,17 +80,28 @@ def summarize(dag: Any, dag_run: Any) -> dict[str, Any]:
         "state": state,
         "model_dir": _host_path(export.get("model_dir"), dag),
         "metrics": metrics,
-        "blessed": (evaluation.get("blessing") or {}).get("blessed"),
+        "blessed": evaluation.get("blessed"),
         "tasks": tasks,
     }
 
 
 def run(dag_id: str, conf: dict[str, Any] | None, dags_folder: str) -> dict[str, Any]:
-    """Run one DAG run of ``dag_id`` with ``conf`` and return its summary."""
-    dag = _load_dag(dag_id, dags_folder)
-    ensure_pools(dag)
-    dag_run = dag.test(run_conf=conf or None)
-    return summarize(dag, dag_run)
+    """Run one DAG run of ``dag_id`` with ``conf`` and return its summary.
+
+    Airflow's logs (task logs included) go to stderr, so stdout carries only the summary line.
+    """
+    saved_stdout = os.dup(1)
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    try:
+        dag = _load_dag(dag_id, dags_folder)
+        ensure_pools(dag)
+        dag_run = dag.test(run_conf=conf or None)
+        return summarize(dag, dag_run)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved_stdout, 1)
+        os.close(saved_stdout)
 
 
 def main(argv: list[str] | None = None) -> int:

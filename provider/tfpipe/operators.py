@@ -44,6 +44,7 @@ from tfpipe.specs import (
 )
 
 _NO_GPU_DRIVER = "could not select device driver"
+_NO_BIND_SOURCE = "bind source path does not exist"
 _LOG_TAIL = 30
 
 
@@ -65,6 +66,8 @@ class TfpipeStageOperator(DockerOperator):
         the run overrides it.
     :param gpu_fallback: ``"fail"`` (default) or ``"cpu"``: what to do when GPUs are requested
         but the engine has no NVIDIA runtime.
+    :param gpu_stage: whether a run's ``gpus`` Param applies to this task (default: train and
+        evaluate); prep and export read and write files and need no GPU.
     :param allow_floating_tag: accept an unpinned image such as ``:latest``.
     :param user: ``uid:gid`` the stage runs as; non-root so files on mounts belong to the user.
     :param shm_size: ``/dev/shm`` size, e.g. ``"1g"`` (tf.data needs more than Docker's 64 MB).
@@ -89,6 +92,7 @@ class TfpipeStageOperator(DockerOperator):
         volumes: VolumesConfig | Mapping[str, str],
         gpus: Any = None,
         gpu_fallback: str = "fail",
+        gpu_stage: bool | None = None,
         allow_floating_tag: bool = False,
         user: str = "1000:1000",
         shm_size: str | None = "1g",
@@ -116,6 +120,7 @@ class TfpipeStageOperator(DockerOperator):
         self.volumes = volumes
         self.gpu_request = GpuRequest.parse(gpus)
         self.gpu_fallback = resources.gpu_fallback
+        self.gpu_stage = self.stage in resources.gpu_stages if gpu_stage is None else bool(gpu_stage)
         self.stage_config = dict(stage_config)
         self.prepare_volumes = prepare_volumes
         mounts = [
@@ -158,8 +163,9 @@ class TfpipeStageOperator(DockerOperator):
                 dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
                 try_number=ti.try_number, image=self.image, overrides=params,
             )
-            gpus = GpuRequest.parse(params["gpus"], field_name="params.gpus") if params.get("gpus") is not None \
-                else self.gpu_request
+            gpus = self.gpu_request
+            if self.gpu_stage and params.get("gpus") not in (None, ""):
+                gpus = GpuRequest.parse(params["gpus"], field_name="params.gpus")
         except (TfpipeConfigError, contract.ContractError) as err:
             raise AirflowFailException(f"{self.task_id}: invalid run parameters: {err}") from err
 
@@ -194,6 +200,12 @@ class TfpipeStageOperator(DockerOperator):
         try:
             return self._run_and_map_exit(context)
         except APIError as err:
+            if _NO_BIND_SOURCE in str(err):
+                raise AirflowFailException(
+                    f"{self.stage}: a volume directory does not exist on the Docker engine's host ({err.explanation}). "
+                    f"Fix: create it there (volumes: data={self.volumes.data}, work={self.volumes.work}, "
+                    f"models={self.volumes.models}); the data volume must hold the raw data."
+                ) from err
             if not gpus or _NO_GPU_DRIVER not in str(err):
                 raise
             self._remove_container()
@@ -281,8 +293,10 @@ class TfpipeStageOperator(DockerOperator):
 
     def _prepare_dirs(self, dirs: tuple[str, ...]) -> None:
         """Create ``dirs`` on the engine's host and hand them to ``self.user``, from a root container."""
+        # Binds (unlike mounts) make the engine create a missing source directory, so a fresh
+        # host needs no set-up; the stage containers then mount the prepared directories.
         host_config = self.cli.create_host_config(
-            mounts=[m.to_docker() for m in self.mount_specs if not m.read_only],
+            binds={m.source: {"bind": m.target, "mode": "rw"} for m in self.mount_specs if not m.read_only},
             network_mode="none", auto_remove=False,
         )
         helper = self.cli.create_container(

@@ -100,6 +100,7 @@ def operator_from_spec(spec: StageSpec, cfg: PipelineConfig) -> TfpipeStageOpera
         volumes=cfg.volumes,
         gpus=cfg.resources.gpus if spec.gpus else None,
         gpu_fallback=spec.gpu_fallback,
+        gpu_stage=spec.stage in cfg.resources.gpu_stages,
         allow_floating_tag=cfg.image.allow_floating_tag,
         user=spec.user,
         shm_size=spec.shm_size,

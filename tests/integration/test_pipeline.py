@@ -1,0 +1,102 @@
+"""The example pipeline through Airflow (dag.test) with every stage a real TF 2.9 container."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_dag
+
+pytestmark = pytest.mark.integration
+
+
+def _created_containers(client, since: float, dag_id: str) -> list[dict]:
+    events = client.events(since=int(since), until=int(time.time()) + 1, decode=True,
+                           filters={"type": "container", "event": "create", "label": f"tfpipe.dag_id={dag_id}"})
+    return [e["Actor"]["Attributes"] for e in events]
+
+
+def test_digits_pipeline_end_to_end(tfpipe_home: Path, trainer_image: str, docker_client):
+    started = time.time()
+    summary, log = run_dag("tfpipe_digits", {}, home=tfpipe_home, image=trainer_image)
+    assert summary["state"] == "success", log[-8000:]
+    assert summary["tasks"] == {t: {"state": "success", "try_number": 1}
+                                for t in ("prep", "train", "evaluate", "export")}
+    assert summary["metrics"]["accuracy"] >= 0.95
+
+    model_dir = Path(summary["model_dir"])
+    assert model_dir.parent == tfpipe_home / "models" / "digits" and model_dir.name == "1"
+    assert (model_dir / "saved_model.pb").is_file()
+    metadata = json.loads((model_dir / "metadata.json").read_text())
+    assert metadata["run_id"] == summary["run_id"] and metadata["dag_id"] == "tfpipe_digits"
+    assert metadata["evaluation"]["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["accuracy"])
+    assert len(metadata["attempts"]) == 1
+
+    # every stage ran in a labelled, deterministically named container, and none is left behind
+    created = [a for a in _created_containers(docker_client, started, "tfpipe_digits")
+               if a.get("tfpipe.run_id") == summary["run_id"]]
+    helpers = [a for a in created if a.get("tfpipe.role") == "prepare-volumes"]
+    created = [a for a in created if "tfpipe.role" not in a]
+    assert len(helpers) == 4, "each stage prepares its directories from a container on the engine"
+    assert sorted(a["tfpipe.stage"] for a in created) == ["evaluate", "export", "prep", "train"]
+    for attrs in created:
+        assert attrs["tfpipe.run_id"] == summary["run_id"] and attrs["tfpipe.try_number"] == "1"
+        assert attrs["name"].startswith(f"tfpipe-tfpipe_digits-{attrs['tfpipe.task_id']}-")
+    assert docker_client.containers.list(all=True, filters={"label": "tfpipe.dag_id=tfpipe_digits"}) == []
+
+    # a second run on unchanged data: prep's fingerprint cache hit, a new version, nothing overwritten
+    summary2, log2 = run_dag("tfpipe_digits", {"epochs": 3}, home=tfpipe_home, image=trainer_image)
+    assert summary2["state"] == "success", log2[-8000:]
+    assert "cache hit" in log2
+    assert summary2["run_id"] != summary["run_id"]
+    if summary2["model_dir"]:
+        assert Path(summary2["model_dir"]).name == "2"
+    assert (model_dir / "saved_model.pb").is_file()
+
+
+NOT_BLESSED_DAG = '''
+"""Airflow DAG for tests: GPUs requested with CPU fallback, and a gate no model passes."""
+import os
+from tfpipe import PipelineConfig, training_pipeline
+
+HOME = os.environ["TFPIPE_HOME"]
+dag = training_pipeline(PipelineConfig(
+    dag_id="tfpipe_test_gate",
+    image={"ref": os.environ["TFPIPE_IMAGE"]},
+    volumes={"data": f"{HOME}/data", "work": f"{HOME}/work", "models": f"{HOME}/models"},
+    data={"path": "digits/digits.csv"},
+    training={"model": "mlp", "epochs": 2},
+    evaluation={"threshold": 0.9999},
+    export={"model_name": "gate"},
+    resources={"gpus": "all", "gpu_fallback": "cpu"},
+    retry_delay_seconds=1,
+))
+'''
+
+
+def test_not_blessed_skips_export_and_gpu_fallback_runs_on_cpu(tfpipe_home, trainer_image, tmp_path):
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "tfpipe_test_gate.py").write_text(NOT_BLESSED_DAG)
+    summary, log = run_dag("tfpipe_test_gate", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    assert summary["state"] == "success", log[-8000:]
+    assert summary["tasks"]["evaluate"]["state"] == "success"
+    assert summary["tasks"]["export"]["state"] == "skipped"
+    assert summary["blessed"] is False and summary["model_dir"] is None
+    assert "gpu_fallback='cpu'" in log
+    assert not (tfpipe_home / "models" / "gate").exists() or not any(
+        p.name.isdigit() for p in (tfpipe_home / "models" / "gate").iterdir())
+
+
+def test_gpu_request_without_nvidia_runtime_names_the_fix(tfpipe_home, trainer_image, docker_client):
+    if "nvidia" in (docker_client.info().get("Runtimes") or {}):
+        pytest.skip("this engine has an NVIDIA runtime; the missing-GPU path cannot be shown here")
+    summary, log = run_dag("tfpipe_digits_manual", {"gpus": "all", "epochs": 1}, home=tfpipe_home,
+                           image=trainer_image)
+    assert summary["state"] == "failed"
+    assert summary["tasks"]["train"]["state"] == "failed"
+    assert summary["tasks"]["train"]["try_number"] == 1, "a missing GPU runtime must not be retried"
+    assert "NVIDIA Container Toolkit" in log and "gpu_fallback='cpu'" in log
