@@ -66,18 +66,58 @@ def tfpipe_home(tmp_path: Path) -> Path:
     # Stage containers write as uid 1000; the tmp tree is removed by pytest as root.
 
 
-def run_dag(dag_id: str, conf: dict | None, *, home: Path, image: str, extra_env: dict | None = None,
-            dags_folder: Path | None = None, timeout: int = 900) -> tuple[dict, str]:
-    """Run one DAG run through `tfpipe run` in a fresh interpreter; return (summary, log)."""
+def dag_command(dag_id: str, conf: dict | None, *, home: Path, image: str, extra_env: dict | None = None,
+                dags_folder: Path | None = None, rerun: str | None = None) -> tuple[list[str], dict]:
+    """The `tfpipe run` command line and environment for one DAG run (or re-run)."""
     env = {**os.environ, "TFPIPE_HOME": str(home), "TFPIPE_IMAGE": image, "TFPIPE_RETRY_DELAY": "1",
-           **(extra_env or {})}
+           "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     cmd = [sys.executable, "-m", "tfpipe.cli", "run", dag_id, "--conf", json.dumps(conf or {})]
     if dags_folder:  # dag.test() syncs the configured bundle, so point Airflow at it too
         cmd += ["--dags-folder", str(dags_folder)]
         env["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags_folder)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if rerun:
+        cmd += ["--rerun", rerun]
+    return cmd, env
+
+
+def parse_summary(stdout: str, stderr: str = "", returncode: int | None = None) -> dict:
+    """The JSON summary line `tfpipe run` prints last."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if not lines:
-        raise AssertionError(f"tfpipe run printed no summary (exit {proc.returncode}):\n"
-                             f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
-    return json.loads(lines[-1]), proc.stdout + proc.stderr
+        raise AssertionError(f"tfpipe run printed no summary (exit {returncode}):\n"
+                             f"{stdout[-3000:]}\n{stderr[-6000:]}")
+    return json.loads(lines[-1])
+
+
+def run_dag(dag_id: str, conf: dict | None, *, timeout: int = 900, **kwargs) -> tuple[dict, str]:
+    """Run one DAG run through `tfpipe run` in a fresh interpreter; return (summary, log)."""
+    cmd, env = dag_command(dag_id, conf, **kwargs)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return parse_summary(proc.stdout, proc.stderr, proc.returncode), proc.stdout + proc.stderr
+
+
+def write_dag(folder: Path, dag_id: str, **config) -> Path:
+    """Write a test DAG file: the digits pipeline with ``config`` overrides."""
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = {
+        "data": {"path": "digits/digits.csv"},
+        "training": {"model": "mlp", "epochs": 15, "batch_size": 32, "learning_rate": 0.002},
+        "evaluation": {"threshold": 0.9},
+        "export": {"model_name": dag_id},
+        "retry_delay_seconds": 1,
+        **config,
+    }
+    path = folder / f"{dag_id}.py"
+    path.write_text(f'''"""Airflow DAG written by a test."""
+import os
+from tfpipe import PipelineConfig, training_pipeline
+
+HOME = os.environ["TFPIPE_HOME"]
+dag = training_pipeline(PipelineConfig.from_dict({{
+    "dag_id": {dag_id!r},
+    "image": {{"ref": os.environ["TFPIPE_IMAGE"]}},
+    "volumes": {{"data": f"{{HOME}}/data", "work": f"{{HOME}}/work", "models": f"{{HOME}}/models"}},
+    **{settings!r},
+}}))
+''')
+    return path

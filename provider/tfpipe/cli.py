@@ -1,4 +1,4 @@
-"""``tfpipe run DAG_ID --conf JSON``: one DAG run through Airflow, summarised as one JSON line.
+"""``tfpipe run DAG_ID [--conf JSON | --rerun RUN_ID]``: one DAG run through Airflow, as one JSON line.
 
 It runs the DAG with Airflow's own ``dag.test()`` (the scheduler's dependency loop, real task
 runner, the metadata DB at ``$AIRFLOW_HOME``), so retries, skips, Params validation and XCom all
@@ -85,8 +85,35 @@ def summarize(dag: Any, dag_run: Any) -> dict[str, Any]:
     }
 
 
-def run(dag_id: str, conf: dict[str, Any] | None, dags_folder: str) -> dict[str, Any]:
-    """Run one DAG run of ``dag_id`` with ``conf`` and return its summary.
+def _reenter(dag_id: str, run_id: str) -> dict[str, Any]:
+    """Prepare an existing run for re-running, as the UI's "Clear" on a run does.
+
+    Tasks still marked running or queued belong to a worker that died (a SIGKILLed ``tfpipe run``,
+    a lost machine): they are failed first, as the scheduler does once their heartbeat times out.
+    Returns the ``dag.test`` arguments that find this same run again (its run id derives from
+    them); ``dag.test`` then clears the run and runs it again, each task with a new try number.
+    """
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+
+    with create_session() as session:
+        runs = DagRun.find(dag_id=dag_id, run_id=run_id, session=session)
+        if not runs:
+            raise SystemExit(f"tfpipe: no run {run_id!r} of DAG {dag_id!r} to re-run")
+        dag_run = runs[0]
+        for ti in dag_run.get_task_instances(session=session):
+            if ti.state in (TaskInstanceState.RUNNING, TaskInstanceState.QUEUED,
+                            TaskInstanceState.RESTARTING, TaskInstanceState.SCHEDULED):
+                print(f"tfpipe: {ti.task_id} try {ti.try_number} was left {ti.state} by a dead worker: "
+                      "marking it failed before the re-run", file=sys.stderr)
+                ti.set_state(TaskInstanceState.FAILED, session=session)
+        return {"logical_date": dag_run.logical_date, "run_after": dag_run.run_after,
+                "run_conf": dag_run.conf or None}
+
+
+def run(dag_id: str, conf: dict[str, Any] | None, dags_folder: str, rerun: str | None = None) -> dict[str, Any]:
+    """Run one DAG run of ``dag_id`` with ``conf`` (or re-run run ``rerun``) and return its summary.
 
     Airflow's logs (task logs included) go to stderr, so stdout carries only the summary line.
     """
@@ -96,7 +123,12 @@ def run(dag_id: str, conf: dict[str, Any] | None, dags_folder: str) -> dict[str,
     try:
         dag = _load_dag(dag_id, dags_folder)
         ensure_pools(dag)
-        dag_run = dag.test(run_conf=conf or None)
+        if rerun:
+            dag_run = dag.test(**_reenter(dag_id, rerun))
+            if dag_run.run_id != rerun:
+                raise SystemExit(f"tfpipe: re-running {rerun!r} created another run {dag_run.run_id!r}")
+        else:
+            dag_run = dag.test(run_conf=conf or None)
         return summarize(dag, dag_run)
     finally:
         sys.stdout.flush()
@@ -112,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     run_p.add_argument("dag_id")
     run_p.add_argument("--conf", default="{}", help="run parameters as a JSON object")
     run_p.add_argument("--dags-folder", default=os.environ.get("AIRFLOW__CORE__DAGS_FOLDER", str(Path("dags"))))
+    run_p.add_argument("--rerun", metavar="RUN_ID",
+                       help="clear an existing run and run it again (training resumes from its checkpoints)")
     args = parser.parse_args(argv)
     try:
         conf = json.loads(args.conf or "{}")
@@ -119,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--conf is not valid JSON ({err}); pass an object such as '{{\"epochs\": 5}}'")
     if not isinstance(conf, dict):
         parser.error("--conf must be a JSON object such as '{\"epochs\": 5}'")
-    summary = run(args.dag_id, conf, args.dags_folder)
+    summary = run(args.dag_id, conf, args.dags_folder, rerun=args.rerun)
     print(json.dumps(summary, sort_keys=False, default=str), flush=True)
     return 0 if summary["state"] == "success" else 1
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_dag
+from tests.conftest import run_dag, write_dag
 
 pytestmark = pytest.mark.integration
 
@@ -57,30 +57,11 @@ def test_digits_pipeline_end_to_end(tfpipe_home: Path, trainer_image: str, docke
     assert (model_dir / "saved_model.pb").is_file()
 
 
-NOT_BLESSED_DAG = '''
-"""Airflow DAG for tests: GPUs requested with CPU fallback, and a gate no model passes."""
-import os
-from tfpipe import PipelineConfig, training_pipeline
-
-HOME = os.environ["TFPIPE_HOME"]
-dag = training_pipeline(PipelineConfig(
-    dag_id="tfpipe_test_gate",
-    image={"ref": os.environ["TFPIPE_IMAGE"]},
-    volumes={"data": f"{HOME}/data", "work": f"{HOME}/work", "models": f"{HOME}/models"},
-    data={"path": "digits/digits.csv"},
-    training={"model": "mlp", "epochs": 2},
-    evaluation={"threshold": 0.9999},
-    export={"model_name": "gate"},
-    resources={"gpus": "all", "gpu_fallback": "cpu"},
-    retry_delay_seconds=1,
-))
-'''
-
-
 def test_not_blessed_skips_export_and_gpu_fallback_runs_on_cpu(tfpipe_home, trainer_image, tmp_path):
     dags = tmp_path / "dags"
-    dags.mkdir()
-    (dags / "tfpipe_test_gate.py").write_text(NOT_BLESSED_DAG)
+    # GPUs requested with CPU fallback, and a gate no model passes
+    write_dag(dags, "tfpipe_test_gate", training={"model": "mlp", "epochs": 2},
+              evaluation={"threshold": 0.9999}, resources={"gpus": "all", "gpu_fallback": "cpu"})
     summary, log = run_dag("tfpipe_test_gate", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
     assert summary["state"] == "success", log[-8000:]
     assert summary["tasks"]["evaluate"]["state"] == "success"

@@ -1,0 +1,208 @@
+"""Resume from checkpoints on failure, proven against real kills.
+
+Each scenario runs a DAG through Airflow (``tfpipe run`` = ``dag.test()``) with the real Docker
+engine and the TF 2.9 image, and kills something for real: the training container
+(``docker kill``, SIGKILL) or the whole Airflow process (SIGKILL to its process group, so
+``on_kill`` never runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, dag_command, parse_summary, run_dag, write_dag
+
+pytestmark = [pytest.mark.integration, pytest.mark.resume]
+
+EPOCHS = 40
+CKPT_EVERY = 10
+TRAINING = {"model": "mlp", "epochs": EPOCHS, "batch_size": 32, "learning_rate": 0.002,
+            "checkpoint_every_steps": CKPT_EVERY, "seed": 7}
+
+
+def _wait_for(predicate, timeout: float, what: str, poll: float = 0.1):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _run_dir(home: Path, dag_id: str) -> Path | None:
+    runs = sorted((home / "work" / "runs" / dag_id).glob("*")) if (home / "work" / "runs" / dag_id).exists() else []
+    return runs[-1] if runs else None
+
+
+def _training_container(client, dag_id: str):
+    found = client.containers.list(filters={"label": [f"tfpipe.dag_id={dag_id}", "tfpipe.stage=train"],
+                                            "status": "running"})
+    found = [c for c in found if "tfpipe.role" not in c.labels]
+    return found[0] if found else None
+
+
+def _checkpointed_mid_training(home: Path, dag_id: str, min_epochs: int = 2):
+    """True once the running attempt has saved checkpoints and finished ``min_epochs`` epochs."""
+    run_dir = _run_dir(home, dag_id)
+    if not run_dir:
+        return False
+    try:
+        attempts = json.loads((run_dir / "attempts.json").read_text())
+    except (OSError, ValueError):
+        return False
+    current = attempts[-1] if attempts else {}
+    return current.get("status") == "running" and current.get("last_checkpoint") and \
+        current.get("epochs_run", 0) >= min_epochs
+
+
+class _TrainingContainerSampler(threading.Thread):
+    """Samples how many training containers of a DAG run at once."""
+
+    def __init__(self, client, dag_id: str):
+        super().__init__(daemon=True)
+        self.client, self.dag_id = client, dag_id
+        self.max_running = 0
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            running = self.client.containers.list(
+                filters={"label": [f"tfpipe.dag_id={self.dag_id}", "tfpipe.stage=train"], "status": "running"})
+            self.max_running = max(self.max_running, len([c for c in running if "tfpipe.role" not in c.labels]))
+            time.sleep(0.1)
+
+
+def _attempts(home: Path, model_dir: str) -> list[dict]:
+    return json.loads((Path(model_dir) / "metadata.json").read_text())["attempts"]
+
+
+def _epochs_in_history(home: Path, dag_id: str) -> list[int]:
+    return [h["epoch"] for h in json.loads((_run_dir(home, dag_id) / "metrics.json").read_text())]
+
+
+def test_container_killed_mid_training_resumes_on_retry(tfpipe_home, trainer_image, docker_client, tmp_path):
+    dags = tmp_path / "dags"
+    write_dag(dags, "resume_kill", training=TRAINING, retries=2)
+    write_dag(dags, "resume_reference", training=TRAINING, retries=0)
+
+    cmd, env = dag_command("resume_kill", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        container = _wait_for(lambda: _training_container(docker_client, "resume_kill"), 240, "the training container")
+        _wait_for(lambda: _checkpointed_mid_training(tfpipe_home, "resume_kill"), 240, "a checkpoint mid-training")
+        container.kill()  # SIGKILL: no chance to save anything more
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    summary, log = parse_summary(out, err, proc.returncode), out + err
+    assert summary["state"] == "success", log[-6000:]
+    assert summary["tasks"]["train"]["try_number"] == 2
+    assert summary["tasks"]["prep"]["try_number"] == 1, "retrying training must not rerun prep"
+    assert "resumed from epoch" in log
+
+    first, second = _attempts(tfpipe_home, summary["model_dir"])
+    assert first["status"] == "interrupted" and second["status"] == "completed"
+    assert second["resumed_from"]["step"] > 0
+    # the newest checkpoint was used: work lost is at most one checkpoint interval
+    assert second["resumed_from"]["checkpoint"] == first["last_checkpoint"]
+    assert second["start_step"] == second["resumed_from"]["step"]
+    # epochs add up to the plan: every epoch recorded once, none trained twice but the interrupted one
+    assert _epochs_in_history(tfpipe_home, "resume_kill") == list(range(1, EPOCHS + 1))
+    assert first["epochs_run"] + second["epochs_run"] == EPOCHS
+    assert second["end_step"] == second["target_steps"]
+
+    # same seed, uninterrupted: the resumed model is as good (batch order is replayed exactly)
+    reference, ref_log = run_dag("resume_reference", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    assert reference["state"] == "success", ref_log[-4000:]
+    assert summary["metrics"]["accuracy"] == pytest.approx(reference["metrics"]["accuracy"], abs=0.02)
+
+
+def test_worker_killed_orphan_removed_then_resumed(tfpipe_home, trainer_image, docker_client, tmp_path):
+    dags = tmp_path / "dags"
+    write_dag(dags, "resume_worker", training=TRAINING, retries=2)
+    cmd, env = dag_command("resume_worker", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    orphan = _wait_for(lambda: _training_container(docker_client, "resume_worker"), 240, "the training container")
+    _wait_for(lambda: _checkpointed_mid_training(tfpipe_home, "resume_worker"), 240, "a checkpoint mid-training")
+    os.killpg(proc.pid, signal.SIGKILL)  # the worker dies; on_kill never runs
+    proc.communicate(timeout=60)
+    orphan.reload()
+    assert orphan.status == "running", "the orphaned training container outlives its worker"
+
+    run_id = orphan.labels["tfpipe.run_id"]
+    sampler = _TrainingContainerSampler(docker_client, "resume_worker")
+    sampler.start()
+    try:
+        summary, log = run_dag("resume_worker", None, home=tfpipe_home, image=trainer_image, dags_folder=dags,
+                               rerun=run_id)
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    assert summary["state"] == "success", log[-6000:]
+    assert summary["run_id"] == run_id
+    assert "removing leftover container" in log
+    assert "resumed from epoch" in log
+    assert sampler.max_running == 1, "two training containers ran at once on one checkpoint directory"
+    with pytest.raises(Exception):
+        orphan.reload()  # removed
+
+
+def test_cleared_after_retries_ran_out_resumes_and_skips_corrupt_checkpoint(
+        tfpipe_home, trainer_image, docker_client, tmp_path):
+    dags = tmp_path / "dags"
+    write_dag(dags, "resume_clear", training=TRAINING, retries=0)
+    cmd, env = dag_command("resume_clear", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        container = _wait_for(lambda: _training_container(docker_client, "resume_clear"), 240, "the training container")
+        _wait_for(lambda: _checkpointed_mid_training(tfpipe_home, "resume_clear", min_epochs=3), 240,
+                  "checkpoints mid-training")
+        container.kill()
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    failed = parse_summary(out, err, proc.returncode)
+    assert failed["state"] == "failed" and failed["tasks"]["train"]["state"] == "failed"
+
+    # the newest checkpoint is damaged (a disk or copy went wrong): the next attempt falls back
+    ckpt_dir = _run_dir(tfpipe_home, "resume_clear") / "train" / "checkpoints"
+    newest = json.loads((_run_dir(tfpipe_home, "resume_clear") / "attempts.json").read_text())[-1]["last_checkpoint"]
+    data_file = ckpt_dir / (Path(newest).name + ".data-00000-of-00001")
+    data_file.write_bytes(data_file.read_bytes()[:16])
+
+    summary, log = run_dag("resume_clear", None, home=tfpipe_home, image=trainer_image, dags_folder=dags,
+                           rerun=failed["run_id"])
+    assert summary["state"] == "success", log[-6000:]
+    assert summary["run_id"] == failed["run_id"]
+    assert "cannot be restored" in log and "resumed from epoch" in log
+    first, second = _attempts(tfpipe_home, summary["model_dir"])
+    assert second["resumed_from"]["checkpoint"] != first["last_checkpoint"]
+    assert 0 < second["resumed_from"]["step"] < int(Path(first["last_checkpoint"]).name.split("-")[-1]) + 1
+    assert _epochs_in_history(tfpipe_home, "resume_clear") == list(range(1, EPOCHS + 1))
+
+
+def test_new_run_starts_fresh_and_warm_start_says_so(tfpipe_home, trainer_image, tmp_path):
+    dags = tmp_path / "dags"
+    write_dag(dags, "resume_fresh", training={**TRAINING, "epochs": 3})
+    first, log1 = run_dag("resume_fresh", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    assert first["state"] == "success", log1[-4000:]
+    second, log2 = run_dag("resume_fresh", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    assert second["state"] == "success", log2[-4000:]
+    assert "starting from scratch" in log2 and "resumed from" not in log2
+    assert "cache hit" in log2, "a new run on unchanged data reuses prep's output"
+    warm, log3 = run_dag("resume_fresh", {"warm_start": True}, home=tfpipe_home, image=trainer_image,
+                         dags_folder=dags)
+    assert warm["state"] == "success", log3[-4000:]
+    assert "warm start: model weights initialised from version" in log3

@@ -1,0 +1,186 @@
+"""Shared fixtures of the in-image trainer tests: small real data sets and stage configs.
+
+Everything is written under pytest's ``tmp_path``: ``data/`` (read-only input in production),
+``work/`` (datasets and run directories) and ``models/``.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from trainer import contract
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def pytest_configure(config):
+    for name, text in (
+            ("integration", "runs several stages or the CLI end to end"),
+            ("resume", "checkpoint / resume behaviour of the train stage"),
+            ("gcs", "needs Google Cloud Storage (not run in the offline image)"),
+            ("reliability", "failure injection: corrupt files, kills, aborted exports"),
+            ("gpu", "needs a GPU")):
+        config.addinivalue_line("markers", "%s: %s" % (name, text))
+
+
+def write_blobs_csv(path, rows=300, classes=3, features=4, seed=0, string_labels=False,
+                    spread=0.6):
+    """Write a learnable CSV: ``classes`` gaussian blobs in ``features`` dimensions.
+
+    Columns ``f0..f{n-1}`` (raw, un-normalised scales) and ``label`` (int ids, or names).
+    Returns ``(features_matrix, labels)``.
+    """
+    import numpy as np
+
+    rng = np.random.RandomState(seed)
+    centers = rng.uniform(-4, 4, size=(classes, features))
+    labels = np.arange(rows) % classes
+    x = centers[labels] + rng.normal(scale=spread, size=(rows, features))
+    x = x * np.arange(1, features + 1) * 10.0 + 100.0  # different scales and offsets
+    names = ["cat", "dog", "eel", "fox", "gnu"]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write(",".join(["f%d" % i for i in range(features)] + ["label"]) + "\n")
+        for row, label in zip(x, labels):
+            value = names[label] if string_labels else str(label)
+            handle.write(",".join("%.5f" % v for v in row) + "," + value + "\n")
+    return x, labels
+
+
+def make_image(kind, size, rng, mode="RGB"):
+    """A PIL image of class ``kind``: "bright_left", "bright_top" or "dark" plus noise."""
+    import numpy as np
+    from PIL import Image
+
+    w, h = size
+    pixels = rng.randint(0, 60, size=(h, w, 3)).astype(np.uint8)
+    if kind == "bright_left":
+        pixels[:, : w // 2] += 150
+    elif kind == "bright_top":
+        pixels[: h // 2, :] += 150
+    image = Image.fromarray(pixels, "RGB")
+    return image.convert(mode)
+
+
+def write_image_folder(root, classes=("bright_left", "bright_top"), per_class=15, seed=0,
+                       size=(20, 20)):
+    """Write an image-folder data set (one sub-folder per class), PNG and JPEG mixed.
+
+    Images have odd sizes around ``size`` so prep has to resize them.
+    """
+    import numpy as np
+
+    rng = np.random.RandomState(seed)
+    for kind in classes:
+        os.makedirs(os.path.join(root, kind), exist_ok=True)
+        for i in range(per_class):
+            dims = (size[0] + i % 3, size[1] + (i % 2) * 4)
+            image = make_image(kind, dims, rng, mode="L" if i % 4 == 0 else "RGB")
+            ext = "jpg" if i % 3 == 0 else "png"
+            image.save(os.path.join(root, kind, "%s_%03d.%s" % (kind, i, ext)))
+    return root
+
+
+class Workspace(object):
+    """The three volumes of one test and a factory for stage configs."""
+
+    def __init__(self, base, dag_id="tfpipe_test", run_id="manual__2026-11-29T18:00:00+00:00"):
+        self.base = str(base)
+        self.data = os.path.join(self.base, "data")
+        self.work = os.path.join(self.base, "work")
+        self.models = os.path.join(self.base, "models")
+        for path in (self.data, self.work, self.models):
+            os.makedirs(path, exist_ok=True)
+        self.dag_id, self.run_id = dag_id, run_id
+
+    def run_dir(self, run_id=None):
+        """The run directory of ``run_id``: contract.run_dir, moved under this work volume."""
+        in_container = contract.run_dir(self.dag_id, run_id or self.run_id)
+        return os.path.join(self.work, os.path.relpath(in_container, contract.CONTAINER_WORK))
+
+    def config(self, stage, run_id=None, try_number=1, data=None, training=None,
+               evaluation=None, export=None):
+        """A complete stage config with small, fast defaults; sections are merged."""
+        run_id = run_id or self.run_id
+        config = {
+            "schema_version": contract.SCHEMA_VERSION, "stage": stage,
+            "run": {"dag_id": self.dag_id, "run_id": run_id, "task_id": stage,
+                    "try_number": try_number, "image": "tfpipe/trainer:test"},
+            "paths": {"data": self.data, "work": self.work, "models": self.models,
+                      "run_dir": self.run_dir(run_id)},
+            "data": {"format": "csv", "path": "blobs.csv", "label": "label",
+                     "eval_fraction": 0.2, "split_seed": 42, "shard_size": 100},
+            "training": {"model": "mlp", "epochs": 3, "batch_size": 32, "learning_rate": 0.01,
+                         "optimizer": "adam", "seed": 7, "checkpoint_every_steps": 0,
+                         "keep_checkpoints": 3, "shuffle_buffer": 1000},
+            "evaluation": {"metric": "accuracy", "threshold": 0.8, "tolerance": 0.01},
+            "export": {"model_name": "blobs", "keep_versions": 3},
+        }
+        for name, section in (("data", data), ("training", training),
+                              ("evaluation", evaluation), ("export", export)):
+            if section:
+                config[name].update(section)
+        return config
+
+    def read(self, *parts, run_id=None):
+        """Load a JSON file of the run directory."""
+        with open(os.path.join(self.run_dir(run_id), *parts)) as handle:
+            return json.load(handle)
+
+    def visible(self, *parts):
+        """Visible (non-hidden) entries of a directory under the workspace, sorted."""
+        path = os.path.join(self.base, *parts)
+        if not os.path.isdir(path):
+            return []
+        return sorted(n for n in os.listdir(path) if not n.startswith("."))
+
+
+@pytest.fixture
+def ws(tmp_path):
+    """A fresh workspace with a 300-row, 3-class blobs CSV at data/blobs.csv."""
+    workspace = Workspace(tmp_path)
+    write_blobs_csv(os.path.join(workspace.data, "blobs.csv"))
+    return workspace
+
+
+@pytest.fixture(scope="session")
+def trained_template(tmp_path_factory):
+    """A workspace where prep and train (mlp, 3 epochs) already ran; copy it, don't modify it."""
+    from trainer import prep, train
+
+    workspace = Workspace(tmp_path_factory.mktemp("trained"))
+    write_blobs_csv(os.path.join(workspace.data, "blobs.csv"))
+    prep.run(workspace.config("prep"))
+    train.run(workspace.config("train"))
+    return workspace
+
+
+@pytest.fixture
+def trained(trained_template, tmp_path):
+    """A private copy of :func:`trained_template` (prep + train done) in this test's tmp_path."""
+    target = tmp_path / "ws"
+    shutil.copytree(trained_template.base, str(target))
+    return Workspace(target)
+
+
+def run_cli(stage, config=None, env=None, args=(), timeout=300, stdin=None):
+    """Run ``python3 -m trainer <stage>`` with the config in $TFPIPE_CONFIG (or ``stdin``)."""
+    environ = dict(os.environ)
+    environ["PYTHONPATH"] = REPO + os.pathsep + environ.get("PYTHONPATH", "")
+    environ.pop(contract.CONFIG_ENV, None)
+    if config is not None:
+        environ[contract.CONFIG_ENV] = json.dumps(config)
+    environ.update(env or {})
+    return subprocess.run([sys.executable, "-m", "trainer", stage] + list(args), env=environ,
+                          input=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, timeout=timeout)
+
+
+@pytest.fixture
+def cli():
+    """The :func:`run_cli` helper."""
+    return run_cli

@@ -1,0 +1,107 @@
+"""``python3 -m trainer`` end to end: config sources, result line, exit codes (contract 2)."""
+
+import json
+import os
+import re
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from trainer import contract, prep  # noqa: E402
+
+
+def result_of(proc):
+    """The JSON of the result line, which must be the last stdout line."""
+    lines = proc.stdout.strip().splitlines()
+    assert lines and lines[-1].startswith(contract.RESULT_PREFIX), proc.stdout[-2000:]
+    return json.loads(lines[-1][len(contract.RESULT_PREFIX):])
+
+
+@pytest.mark.parametrize("setup, words", [
+    ("missing", ["no stage config", contract.CONFIG_ENV]),
+    ("not json", ["not valid JSON"]),
+    ("bad envelope", ["schema_version"]),
+    ("wrong stage", ["runs stage 'prep'", "'train'"]),
+    ("bad field", ["data.shard_size"]),
+])
+def test_bad_configs_exit_11(ws, cli, setup, words):
+    config = ws.config("prep")
+    env = {}
+    if setup == "not json":
+        env[contract.CONFIG_ENV] = "{not json"
+        config = None
+    elif setup == "missing":
+        config = None
+    elif setup == "bad envelope":
+        config["schema_version"] = 99
+    elif setup == "wrong stage":
+        config["stage"] = "train"
+    elif setup == "bad field":
+        config["data"]["shard_size"] = 0
+    proc = cli("prep", config, env=env)
+    assert proc.returncode == contract.ExitCode.BAD_INPUT, proc.stderr
+    for word in words:
+        assert word in proc.stderr
+    assert contract.RESULT_PREFIX not in proc.stdout
+
+
+def test_bad_data_exits_11_naming_the_line(ws, cli):
+    with open(os.path.join(ws.data, "blobs.csv"), "a") as handle:
+        handle.write("1,2,oops,4,0\n")
+    proc = cli("prep", ws.config("prep"))
+    assert proc.returncode == 11
+    assert "blobs.csv line 302 column 'f2': 'oops' is not a number" in proc.stderr
+    assert ws.visible("work", "datasets") == []
+
+
+@pytest.mark.integration
+def test_the_four_stages_through_the_cli(ws, cli, tmp_path):
+    proc = cli("prep", ws.config("prep"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert result_of(proc)["examples"] == {"train": 245, "eval": 55}
+
+    config_file = tmp_path / "train.json"
+    config_file.write_text(json.dumps(ws.config("train")))
+    proc = cli("train", args=["--config", str(config_file)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert result_of(proc)["steps"] == 24
+    assert "\r" not in proc.stdout
+
+    proc = cli("evaluate", ws.config("evaluate"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert result_of(proc)["blessed"] is True
+
+    proc = cli("export", ws.config("export"), env={"TFPIPE_IMAGE_ID": "abc123"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = result_of(proc)
+    assert result["version"] == 1 and result["metrics"]["accuracy"] >= 0.9
+    meta = json.load(open(os.path.join(result["model_dir"], "metadata.json")))
+    assert meta["image"] == {"reference": "tfpipe/trainer:test", "id": "abc123"}
+
+    proc = cli("evaluate", ws.config("evaluate", evaluation={"threshold": 1.01}))
+    assert proc.returncode == contract.ExitCode.NOT_BLESSED
+    assert result_of(proc)["blessed"] is False
+    for stage in ("prep", "train", "evaluate", "export"):
+        assert os.path.exists(os.path.join(ws.run_dir(), "config", stage + ".json"))
+
+
+@pytest.mark.integration
+def test_divergence_exits_12_and_checkpoints_nothing_diverged(ws, cli):
+    prep.run(ws.config("prep"))
+    config = ws.config("train", training={"optimizer": "sgd", "learning_rate": 1e12,
+                                          "checkpoint_every_steps": 1})
+    proc = cli("train", args=["--config", "-"], stdin=json.dumps(config))
+    assert proc.returncode == contract.ExitCode.DIVERGED, proc.stdout + proc.stderr
+    match = re.search(r"training diverged at epoch 1 step (\d+): loss is (nan|inf)", proc.stderr)
+    assert match, proc.stderr
+    assert contract.RESULT_PREFIX not in proc.stdout
+    bad_step = int(match.group(1))
+    train_dir = os.path.join(ws.run_dir(), "train")
+    assert not os.path.exists(os.path.join(train_dir, "final"))
+    saved = sorted(int(n.split("-")[1].split(".")[0])
+                   for n in os.listdir(os.path.join(train_dir, "checkpoints"))
+                   if n.startswith("ckpt-") and n.endswith(".index"))
+    assert saved == list(range(max(1, bad_step - 3), bad_step))  # finite steps only, keep 3
+    attempt = json.load(open(os.path.join(ws.run_dir(), "attempts.json")))[0]
+    assert attempt["status"] == "diverged" and "step %d" % bad_step in attempt["error"]

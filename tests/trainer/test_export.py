@@ -1,0 +1,153 @@
+"""The export stage: SavedModel on raw inputs, atomic publication, retention, idempotency."""
+
+import csv
+import glob
+import json
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from conftest import write_image_folder  # noqa: E402
+from trainer import common, evaluate, export, prep, train  # noqa: E402
+from trainer.errors import BadInput  # noqa: E402
+
+
+def entries(ws, name="blobs"):
+    """Every entry of the model root, hidden ones included."""
+    path = os.path.join(ws.models, name)
+    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+
+def test_export_serves_raw_csv_features_after_a_fresh_load(trained):
+    evaluate.run(trained.config("evaluate"))
+    result = export.run(trained.config("export"))
+    model_dir = os.path.join(trained.models, "blobs", "1")
+    assert result == {"model_dir": model_dir, "version": 1, "model_name": "blobs",
+                      "metrics": trained.read("evaluation.json")["metrics"],
+                      "already_exported": False}
+    assert entries(trained) == ["1"]
+    meta = json.load(open(os.path.join(model_dir, "metadata.json")))
+    assert (meta["dag_id"], meta["run_id"], meta["version"]) == (
+        trained.dag_id, trained.run_id, 1)
+    assert meta["data"]["fingerprint"] == trained.read("dataset.json")["fingerprint"]
+    assert meta["image"]["reference"] == "tfpipe/trainer:test"
+    assert meta["tensorflow_version"] == tf.__version__
+    assert meta["hyperparameters"]["optimizer"] == "adam"
+    assert [a["status"] for a in meta["attempts"]] == ["completed"]
+    assert set(meta["signature"]["inputs"]) == {"f0", "f1", "f2", "f3"}
+    assert meta["verification"]["max_abs_diff"] <= 1e-4
+    assert os.path.exists(os.path.join(model_dir, "variables_ckpt", "model.index"))
+
+    with open(os.path.join(trained.data, "blobs.csv")) as handle:
+        rows = list(csv.DictReader(handle))[:40]
+    loaded = tf.saved_model.load(model_dir)
+    serve = loaded.signatures["serving_default"]
+    raw = {"f%d" % i: tf.constant([float(r["f%d" % i]) for r in rows]) for i in range(4)}
+    out = serve(**raw)
+    labels = np.array([int(r["label"]) for r in rows])
+    assert out["probabilities"].shape == (40, 3)
+    np.testing.assert_allclose(out["probabilities"].numpy().sum(axis=1), 1.0, atol=1e-5)
+    assert np.mean(out["class_id"].numpy() == labels) >= 0.9
+    assert [n.decode() for n in out["class_name"].numpy()] == [
+        str(i) for i in out["class_id"].numpy()]
+
+
+def test_export_is_idempotent_for_the_same_run(trained, capsys):
+    evaluate.run(trained.config("evaluate"))
+    first = export.run(trained.config("export"))
+    again = export.run(trained.config("export", try_number=2))
+    assert again["version"] == first["version"] == 1 and again["already_exported"] is True
+    assert "already exported as version 1" in capsys.readouterr().out
+    assert entries(trained) == ["1"]
+
+
+def test_export_refuses_an_unblessed_candidate(trained):
+    with pytest.raises(BadInput, match="blessing.json does not exist"):
+        export.run(trained.config("export"))
+    with pytest.raises(Exception):
+        evaluate.run(trained.config("evaluate", evaluation={"threshold": 1.01}))
+    with pytest.raises(BadInput, match="not blessed"):
+        export.run(trained.config("export"))
+    assert entries(trained) == []
+
+
+@pytest.mark.reliability
+def test_a_failure_mid_export_leaves_no_version_and_no_leftover(trained, monkeypatch):
+    evaluate.run(trained.config("evaluate"))
+    seen = {}
+
+    def failing_check(path, module, x):
+        seen["files"] = sorted(os.listdir(path))  # the SavedModel was really written
+        raise export.ExportCheckFailed("injected: reloaded model differs")
+    monkeypatch.setattr(export, "verify_reloaded", failing_check)
+    with pytest.raises(export.ExportCheckFailed):
+        export.run(trained.config("export"))
+    assert "saved_model.pb" in seen["files"] and "variables_ckpt" in seen["files"]
+    assert entries(trained) == []
+    monkeypatch.undo()
+    assert export.run(trained.config("export", try_number=2))["version"] == 1
+
+
+@pytest.mark.reliability
+def test_a_real_mismatch_fails_the_reload_check(trained, monkeypatch):
+    evaluate.run(trained.config("evaluate"))
+    original = export.ServingModule.raw_inputs
+
+    def shifted(self, x):  # feed the reloaded model slightly different raw features
+        raw = original(self, x)
+        return {k: v + 5.0 for k, v in raw.items()}
+    monkeypatch.setattr(export.ServingModule, "raw_inputs", shifted)
+    with pytest.raises(export.ExportCheckFailed, match="differs from the trained model"):
+        export.run(trained.config("export"))
+    assert entries(trained) == []
+
+
+def test_retention_versions_and_stale_temps(trained, monkeypatch):
+    evaluate.run(trained.config("evaluate"))
+    root = os.path.join(trained.models, "blobs")
+    for n in range(2, 5):  # the same trained run dir under other run ids
+        shutil.copytree(trained.run_dir(), trained.run_dir("run%d" % n))
+    export.run(trained.config("export"))
+    stale = os.path.join(root, ".tmp-stale")
+    fresh = os.path.join(root, ".tmp-fresh")
+    os.makedirs(stale)
+    os.makedirs(fresh)
+    os.utime(stale, (time.time() - 7200,) * 2)
+    assert export.run(trained.config("export", run_id="run2"))["version"] == 2
+    assert entries(trained) == [".tmp-fresh", "1", "2"]
+    # a version that "appears meanwhile" is never overwritten: the next number is taken
+    real = common.list_versions
+    monkeypatch.setattr(common, "list_versions", lambda r: real(r)[:-1])
+    assert export.run(trained.config("export", run_id="run3"))["version"] == 3
+    monkeypatch.setattr(common, "list_versions", real)
+    meta2 = json.load(open(os.path.join(root, "2", "metadata.json")))
+    assert meta2["run_id"] == "run2" and meta2["version"] == 2
+    result = export.run(trained.config("export", run_id="run4", export={"keep_versions": 2}))
+    assert result["version"] == 4
+    assert entries(trained) == [".tmp-fresh", "3", "4"]
+
+
+@pytest.mark.integration
+def test_image_model_serves_encoded_png_and_jpeg_bytes(ws):
+    write_image_folder(os.path.join(ws.data, "imgs"), per_class=20)
+    sections = {"data": {"format": "images", "path": "imgs", "image_size": [16, 16],
+                         "channels": 1, "eval_fraction": 0.25},
+                "training": {"model": "cnn", "epochs": 4, "batch_size": 8},
+                "export": {"model_name": "shapes"}}
+    prep.run(ws.config("prep", **sections))
+    train.run(ws.config("train", **sections))
+    evaluate.run(ws.config("evaluate", **sections))
+    result = export.run(ws.config("export", **sections))
+    meta = json.load(open(os.path.join(result["model_dir"], "metadata.json")))
+    assert list(meta["signature"]["inputs"]) == ["image_bytes"]
+    files = sorted(glob.glob(os.path.join(ws.data, "imgs", "*", "*")))
+    serve = tf.saved_model.load(result["model_dir"]).signatures["serving_default"]
+    out = serve(image_bytes=tf.constant([open(f, "rb").read() for f in files]))
+    truth = [os.path.basename(os.path.dirname(f)) for f in files]
+    names = [n.decode() for n in out["class_name"].numpy()]
+    assert np.mean([a == b for a, b in zip(names, truth)]) >= 0.9

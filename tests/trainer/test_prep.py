@@ -1,0 +1,195 @@
+"""The prep stage on small real CSV and image data: outputs, validation, caching, splitting."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from conftest import write_blobs_csv, write_image_folder  # noqa: E402
+from trainer import prep  # noqa: E402
+from trainer.errors import BadInput  # noqa: E402
+
+
+def read_records(dataset_dir, schema, split):
+    """Parse every record of a split back with tf.data: list of (key, values, label)."""
+    files = [os.path.join(dataset_dir, n) for n in schema["shards"][split]]
+    spec = {"label": tf.io.FixedLenFeature([], tf.int64),
+            "key": tf.io.FixedLenFeature([], tf.string)}
+    if schema["format"] == "csv":
+        spec["features"] = tf.io.FixedLenFeature([len(schema["features"])], tf.float32)
+    else:
+        spec["image"] = tf.io.FixedLenFeature([], tf.string)
+    out = []
+    for record in tf.data.TFRecordDataset(files):
+        parsed = tf.io.parse_single_example(record, spec)
+        value = parsed["features"].numpy() if "features" in parsed else np.frombuffer(
+            parsed["image"].numpy(), np.uint8)
+        out.append((parsed["key"].numpy().decode(), value, int(parsed["label"])))
+    return out
+
+
+def test_csv_prep_writes_a_complete_dataset(ws):
+    result = prep.run(ws.config("prep", data={"shard_size": 64}))
+    assert result["cache_hit"] is False and result["num_classes"] == 3
+    assert result["examples"]["train"] + result["examples"]["eval"] == 300
+    assert 30 <= result["examples"]["eval"] <= 90
+    ddir = result["dataset_dir"]
+    assert ddir == os.path.join(ws.work, "datasets", result["fingerprint"])
+    assert ws.visible("work", "datasets") == [result["fingerprint"]]
+    assert [n for n in os.listdir(os.path.join(ws.work, "datasets")) if n.startswith(".")] == []
+    schema = json.load(open(os.path.join(ddir, "schema.json")))
+    stats = json.load(open(os.path.join(ddir, "stats.json")))
+    assert schema["class_names"] == ["0", "1", "2"]
+    assert [f["name"] for f in schema["features"]] == ["f0", "f1", "f2", "f3"]
+    n_train = result["examples"]["train"]
+    assert len(schema["shards"]["train"]) == -(-n_train // 64)
+    assert schema["shards"]["train"][0].startswith("train-00000-of-")
+    for name in ("fingerprint.json", "_SUCCESS"):
+        assert os.path.exists(os.path.join(ddir, name))
+    train = read_records(ddir, schema, "train")
+    evals = read_records(ddir, schema, "eval")
+    assert len(train) == n_train and len(evals) == result["examples"]["eval"]
+    matrix = np.array([v for _, v, _ in train])
+    assert stats["features"]["f2"]["mean"] == pytest.approx(matrix[:, 2].mean(), rel=1e-5)
+    assert stats["features"]["f2"]["std"] == pytest.approx(matrix[:, 2].std(), rel=1e-4)
+    assert stats["features"]["f0"]["count"] == n_train
+    assert sum(stats["class_histogram"]["eval"]) == len(evals)
+    assert ws.read("dataset.json")["fingerprint"] == result["fingerprint"]
+    assert ws.read("config", "prep.json")["data"]["path"] == "blobs.csv"
+
+
+def test_string_labels_declared_features_and_key_column(ws):
+    path = os.path.join(ws.data, "named", "part.csv")
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as handle:
+        handle.write("id,count,size,label\n")
+        for i in range(60):
+            handle.write("%d,%d,%.2f,%s\n" % (i, i % 7, i / 3.0, "yes" if i % 2 else "no"))
+    config = ws.config("prep", data={"path": "named", "key": "id",
+                                     "features": [{"name": "size"},
+                                                  {"name": "count", "type": "int"}]})
+    result = prep.run(config)
+    schema = json.load(open(os.path.join(result["dataset_dir"], "schema.json")))
+    assert schema["class_names"] == ["no", "yes"]
+    assert schema["features"] == [{"name": "size", "type": "float"},
+                                  {"name": "count", "type": "int"}]
+    for key, values, label in read_records(result["dataset_dir"], schema, "train"):
+        i = int(key)
+        assert label == i % 2 and values[1] == i % 7
+        assert values[0] == pytest.approx(i / 3.0, abs=1e-2)
+
+
+def test_image_prep_resizes_and_converts(ws):
+    write_image_folder(os.path.join(ws.data, "imgs"), per_class=10)
+    config = ws.config("prep", data={"format": "images", "path": "imgs", "image_size": [8, 12],
+                                     "channels": 3, "eval_fraction": 0.3})
+    result = prep.run(config)
+    schema = json.load(open(os.path.join(result["dataset_dir"], "schema.json")))
+    stats = json.load(open(os.path.join(result["dataset_dir"], "stats.json")))
+    assert schema["class_names"] == ["bright_left", "bright_top"]
+    assert schema["image"] == {"height": 8, "width": 12, "channels": 3}
+    assert len(stats["channels"]) == 3
+    records = read_records(result["dataset_dir"], schema, "train")
+    key, pixels, label = records[0]
+    assert pixels.size == 8 * 12 * 3 and key.split("/")[0] == schema["class_names"][label]
+    image = pixels.reshape(8, 12, 3).astype(float)
+    left, right = image[:, :6].mean(), image[:, 6:].mean()
+    assert (left > right + 50) == (label == 0)
+
+
+def write_broken(ws, case):
+    """Create one broken input; return the data config patch."""
+    csv_path = os.path.join(ws.data, "blobs.csv")
+    lines = open(csv_path).read().splitlines()
+    if case == "malformed row":
+        lines[4] = '"1.0"x,2,3,4,0'
+    elif case == "wrong column count":
+        lines[4] = "1.0,2.0,0"
+    elif case == "non-numeric":
+        lines[4] = "1.0,abc,3.0,4.0,0"
+    elif case == "empty":
+        lines = lines[:1]
+    elif case == "single class":
+        lines = [lines[0]] + [",".join(l.split(",")[:-1] + ["1"]) for l in lines[1:]]
+    elif case == "corrupt image":
+        write_image_folder(os.path.join(ws.data, "imgs"), per_class=4)
+        with open(os.path.join(ws.data, "imgs", "bright_top", "broken.png"), "wb") as handle:
+            handle.write(b"\x89PNG\r\n\x1a\nnot really a png")
+        return {"format": "images", "path": "imgs"}
+    elif case == "missing path":
+        return {"path": "nowhere/data.csv"}
+    elif case == "escaping path":
+        return {"path": "../outside.csv"}
+    elif case == "missing label column":
+        return {"label": "target"}
+    with open(csv_path, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return {}
+
+
+@pytest.mark.parametrize("case, words", [
+    ("malformed row", ["blobs.csv line 5", "malformed"]),
+    ("wrong column count", ["blobs.csv line 5", "expected 5 columns", "got 3"]),
+    ("non-numeric", ["blobs.csv line 5", "'f1'", "'abc' is not a number"]),
+    ("corrupt image", ["bright_top/broken.png", "cannot be read", "PNG or JPEG"]),
+    ("empty", ["empty", "blobs.csv"]),
+    ("single class", ["single class", "'1'"]),
+    ("missing path", ["nowhere/data.csv", "does not exist"]),
+    ("escaping path", ["'../outside.csv'", "relative to paths.data"]),
+    ("missing label column", ["'target'", "data.label", "header"]),
+])
+def test_bad_input_is_rejected_naming_the_place_and_leaves_nothing(ws, case, words):
+    patch = write_broken(ws, case)
+    with pytest.raises(BadInput) as info:
+        prep.run(ws.config("prep", data=patch))
+    for word in words:
+        assert word in str(info.value), str(info.value)
+    datasets = os.path.join(ws.work, "datasets")
+    assert not os.path.exists(datasets) or os.listdir(datasets) == []
+    assert not os.path.exists(os.path.join(ws.run_dir(), "dataset.json"))
+
+
+def test_second_prep_is_a_cache_hit(ws, capsys):
+    first = prep.run(ws.config("prep"))
+    marker = os.path.join(first["dataset_dir"], "_SUCCESS")
+    before = os.stat(marker).st_mtime_ns
+    second = prep.run(ws.config("prep", run_id="another_run"))
+    assert "cache hit" in capsys.readouterr().out
+    assert second["cache_hit"] is True
+    assert second["fingerprint"] == first["fingerprint"]
+    assert second["examples"] == first["examples"]
+    assert os.stat(marker).st_mtime_ns == before
+    assert ws.visible("work", "datasets") == [first["fingerprint"]]
+    assert ws.read("dataset.json", run_id="another_run")["fingerprint"] == first["fingerprint"]
+
+
+def test_fingerprint_covers_content_and_prep_settings(ws):
+    base = prep.run(ws.config("prep"))["fingerprint"]
+    assert prep.run(ws.config("prep", data={"split_seed": 1}))["fingerprint"] != base
+    assert prep.run(ws.config("prep", data={"shard_size": 7}))["fingerprint"] != base
+    with open(os.path.join(ws.data, "blobs.csv"), "a") as handle:
+        handle.write("1,2,3,4,0\n")
+    assert prep.run(ws.config("prep"))["fingerprint"] != base
+    assert len(ws.visible("work", "datasets")) == 4
+
+
+def test_split_is_deterministic_and_stable_when_data_grows(ws, tmp_path):
+    write_blobs_csv(os.path.join(ws.data, "small", "a.csv"), rows=200, seed=1)
+    first = prep.run(ws.config("prep", data={"path": "small"}))
+    write_blobs_csv(os.path.join(ws.data, "small", "b.csv"), rows=100, seed=2)
+    grown = prep.run(ws.config("prep", data={"path": "small"}))
+    assert first["fingerprint"] != grown["fingerprint"]
+
+    def keys(result, split):
+        schema = json.load(open(os.path.join(result["dataset_dir"], "schema.json")))
+        return {k for k, _, _ in read_records(result["dataset_dir"], schema, split)}
+    assert keys(first, "eval") <= keys(grown, "eval")
+    assert keys(first, "train") <= keys(grown, "train")
+    assert all(k.startswith("a.csv:") for k in keys(first, "train"))
+    # the split is a pure function of (split_seed, key)
+    assert prep.is_eval("a.csv:1,2", 42, 0.2) == prep.is_eval("a.csv:1,2", 42, 0.2)
+    share = np.mean([prep.is_eval("k%d" % i, 42, 0.2) for i in range(5000)])
+    assert 0.17 < share < 0.23

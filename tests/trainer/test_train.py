@@ -1,0 +1,269 @@
+"""The train stage: learning, history files, resume, corrupt checkpoints, models, warm start."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from conftest import REPO, write_image_folder  # noqa: E402
+from trainer import checkpoints, contract, prep, train  # noqa: E402
+from trainer.errors import BadInput  # noqa: E402
+
+
+def final_weights(ws, run_id=None):
+    """The variables of train/final/weights as a name -> array dict."""
+    prefix = os.path.join(ws.run_dir(run_id), "train", "final", "weights")
+    reader = tf.train.load_checkpoint(prefix)
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if "model/" in name}
+
+
+def test_training_learns_and_writes_its_records(ws, capsys):
+    prep.run(ws.config("prep"))
+    result = train.run(ws.config("train"))
+    out = capsys.readouterr().out
+    assert "starting from scratch" in out
+    assert "epoch 3/3: loss" in out and "val_accuracy" in out and "examples/s, ETA" in out
+    assert result["epochs"] == 3 and result["steps"] == 3 * 8  # 245 train rows / batch 32
+    assert result["resumed_from"] is None
+    history = ws.read("metrics.json")
+    assert [h["epoch"] for h in history] == [1, 2, 3]
+    assert all(h["try_number"] == 1 for h in history)
+    assert history[-1]["val_accuracy"] >= 0.9 and history[-1]["loss"] < history[0]["loss"]
+    assert result["final_loss"] == history[-1]["loss"]
+    attempts = ws.read("attempts.json")
+    assert len(attempts) == 1 and attempts[0]["status"] == "completed"
+    assert attempts[0]["epochs_run"] == 3 and attempts[0]["steps_run"] == 24
+    train_dir = os.path.join(ws.run_dir(), "train")
+    assert glob.glob(os.path.join(train_dir, "tensorboard", "events.out.tfevents.*"))
+    assert os.path.exists(os.path.join(train_dir, "final", "weights.index"))
+    assert ws.read("train", "final", "final.json")["steps"] == 24
+    assert tf.train.latest_checkpoint(result["checkpoint_dir"]).endswith("ckpt-24")
+    assert ws.read("config", "train.json")["training"]["epochs"] == 3
+
+
+@pytest.mark.resume
+def test_rerun_with_more_epochs_resumes_from_the_last_epoch(ws, capsys):
+    prep.run(ws.config("prep"))
+    train.run(ws.config("train", training={"epochs": 2}))
+    capsys.readouterr()
+    result = train.run(ws.config("train", try_number=2, training={"epochs": 4}))
+    out = capsys.readouterr().out
+    ckpt = os.path.join(ws.run_dir(), "train", "checkpoints", "ckpt-16")
+    assert "resumed from epoch 2 step 16 (checkpoint %s)" % ckpt in out
+    assert "starting from scratch" not in out
+    assert result["resumed_from"] == {"epoch": 2, "step": 16, "checkpoint": ckpt}
+    assert result["steps"] == 32 and result["epochs"] == 4
+    attempts = ws.read("attempts.json")
+    assert [a["try_number"] for a in attempts] == [1, 2]
+    assert attempts[1]["resumed_from"]["step"] == 16 and attempts[1]["epochs_run"] == 2
+    assert [(h["epoch"], h["try_number"]) for h in ws.read("metrics.json")] == [
+        (1, 1), (2, 1), (3, 2), (4, 2)]
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.resume
+def test_resume_from_a_mid_epoch_checkpoint_replays_the_epoch_exactly(ws, monkeypatch, capsys):
+    settings = {"epochs": 2, "checkpoint_every_steps": 3}
+    for run_id in ("straight", "crashy"):
+        prep.run(ws.config("prep", run_id=run_id))
+    train.run(ws.config("train", run_id="straight", training=settings))
+    expected = final_weights(ws, "straight")
+
+    original = checkpoints.TrainState.save
+
+    def save_then_crash(self):
+        path = original(self)
+        if int(self.step.numpy()) == 12:  # 4 batches into epoch 2 (8 steps per epoch)
+            raise Crash("simulated crash after %s" % path)
+        return path
+    monkeypatch.setattr(checkpoints.TrainState, "save", save_then_crash)
+    with pytest.raises(Crash):
+        train.run(ws.config("train", run_id="crashy", training=settings))
+    monkeypatch.setattr(checkpoints.TrainState, "save", original)
+    assert ws.read("attempts.json", run_id="crashy")[0]["status"] == "failed"
+    assert not os.path.exists(os.path.join(ws.run_dir("crashy"), "train", "final"))
+    capsys.readouterr()
+
+    result = train.run(ws.config("train", run_id="crashy", try_number=2, training=settings))
+    assert "resumed from epoch 1 step 12 " in capsys.readouterr().out
+    assert result["steps"] == 16
+    resumed = final_weights(ws, "crashy")
+    assert sorted(resumed) == sorted(expected)
+    for name in expected:
+        np.testing.assert_allclose(resumed[name], expected[name], rtol=0, atol=1e-6,
+                                   err_msg=name)
+
+
+@pytest.mark.resume
+@pytest.mark.reliability
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(ws, capsys):
+    prep.run(ws.config("prep"))
+    train.run(ws.config("train", training={"epochs": 2}))
+    ckpt_dir = os.path.join(ws.run_dir(), "train", "checkpoints")
+    data_file = glob.glob(os.path.join(ckpt_dir, "ckpt-16.data-*"))[0]
+    size = os.path.getsize(data_file)
+    with open(data_file, "r+b") as handle:
+        handle.truncate(size // 2)
+    with open(os.path.join(ckpt_dir, "checkpoint"), "w") as handle:
+        handle.write("model_checkpoint_path: {{{ not a text proto")  # the state file too
+    capsys.readouterr()
+    result = train.run(ws.config("train", try_number=2, training={"epochs": 3}))
+    out = capsys.readouterr().out
+    warning = [l for l in out.splitlines() if "WARNING" in l and "ckpt-16" in l]
+    assert warning and "falling back" in warning[0]
+    assert "resumed from epoch 1 step 8 (checkpoint %s)" % os.path.join(ckpt_dir, "ckpt-8") in out
+    assert result["steps"] == 24
+    assert os.path.exists(os.path.join(ckpt_dir, "corrupt", os.path.basename(data_file)))
+    assert tf.train.latest_checkpoint(ckpt_dir).endswith("ckpt-24")
+    # the rewritten state no longer lists the corrupt checkpoint, and a new one works
+    assert train.run(ws.config("train", try_number=3, training={"epochs": 3}))[
+        "resumed_from"]["step"] == 24
+
+
+@pytest.mark.resume
+@pytest.mark.reliability
+@pytest.mark.integration
+def test_sigterm_checkpoints_mid_training_and_the_retry_resumes(ws):
+    prep.run(ws.config("prep"))
+    config = ws.config("train", training={"epochs": 400, "checkpoint_every_steps": 0})
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env[contract.CONFIG_ENV] = json.dumps(config)
+    proc = subprocess.Popen([sys.executable, "-m", "trainer", "train"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            universal_newlines=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "epoch 2/400" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    output = "".join(lines) + rest
+    assert proc.returncode == 143, output
+    attempt = ws.read("attempts.json")[0]
+    assert attempt["status"] == "interrupted"
+    stopped_at = int(attempt["last_checkpoint"].rsplit("-", 1)[1])
+    assert stopped_at >= 16 and "stopped at epoch" in output
+    assert not os.path.exists(os.path.join(ws.run_dir(), "train", "final"))
+    result = train.run(ws.config("train", try_number=2,
+                                 training={"epochs": stopped_at // 8 + 1}))
+    assert result["resumed_from"]["step"] == stopped_at
+    assert len(ws.read("attempts.json")) == 2
+
+
+def test_unknown_model_lists_the_valid_names(ws):
+    prep.run(ws.config("prep"))
+    with pytest.raises(BadInput) as info:
+        train.run(ws.config("train", training={"model": "transformer"}))
+    message = str(info.value)
+    assert "'transformer'" in message and "cnn, mlp, resnet50" in message
+
+
+def test_a_user_model_from_code_path(ws):
+    code = os.path.join(ws.data, "code", "mymodels")
+    os.makedirs(code)
+    open(os.path.join(code, "__init__.py"), "w").close()
+    with open(os.path.join(code, "tiny.py"), "w") as handle:
+        handle.write(
+            "import tensorflow as tf\n"
+            "def build(input_spec, num_classes, stats, units=4):\n"
+            "    inputs = tf.keras.Input(shape=input_spec['shape'], name='features')\n"
+            "    mean = [stats['features'][n]['mean'] for n in input_spec['feature_names']]\n"
+            "    x = tf.keras.layers.Lambda(lambda t: (t - mean) / 100.0)(inputs)\n"
+            "    x = tf.keras.layers.Dense(units, activation='relu')(x)\n"
+            "    return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(x))\n")
+    for run_id in (None, "r2", "r3"):
+        prep.run(ws.config("prep", run_id=run_id))
+    user = {"model": "mymodels.tiny:build", "code_path": "code", "epochs": 1,
+            "model_kwargs": {"units": 6}}
+    result = train.run(ws.config("train", training=user))
+    assert result["steps"] == 8
+    assert any(w.shape == (4, 6) for w in final_weights(ws).values())
+    with pytest.raises(BadInput, match="model_kwargs"):
+        train.run(ws.config("train", run_id="r2", training=dict(user, model_kwargs={"x": 1})))
+    with pytest.raises(BadInput, match="cannot import module 'nope'"):
+        train.run(ws.config("train", run_id="r3", training=dict(user, model="nope:build")))
+
+
+def test_cnn_on_images_and_resnet50_builds(ws):
+    write_image_folder(os.path.join(ws.data, "imgs"), per_class=20)
+    data = {"format": "images", "path": "imgs", "image_size": [16, 16], "channels": 1,
+            "eval_fraction": 0.25}
+    prep.run(ws.config("prep", data=data))
+    result = train.run(ws.config("train", data=data, training={
+        "model": "cnn", "epochs": 4, "batch_size": 8, "model_kwargs": {"filters": [8]}}))
+    assert ws.read("metrics.json")[-1]["val_accuracy"] >= 0.8, ws.read("metrics.json")
+    assert result["steps"] == 4 * result["steps_per_epoch"]
+    from trainer import config as config_mod, models
+    schema = {"format": "images", "class_names": ["a", "b", "c"], "num_classes": 3,
+              "image": {"height": 32, "width": 32, "channels": 3}}
+    config = config_mod.resolve(ws.config("train", training={"model": "resnet50"}))
+    model = models.build_model(config, schema, {})
+    assert model.output_shape == (None, 3)
+    assert model(np.zeros((1, 32, 32, 3), np.uint8)).dtype == tf.float32
+
+
+@pytest.mark.resume
+def test_mixed_precision_trains_and_resumes_with_the_loss_scale_optimizer(ws):
+    prep.run(ws.config("prep"))
+    mixed = {"mixed_precision": True, "checkpoint_every_steps": 5}
+    try:
+        first = train.run(ws.config("train", training=dict(mixed, epochs=1)))
+        second = train.run(ws.config("train", try_number=2, training=dict(mixed, epochs=2)))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    assert first["steps"] == 8 and np.isfinite(first["final_loss"])
+    assert second["resumed_from"]["step"] == 8 and second["steps"] == 16
+    reader = tf.train.load_checkpoint(os.path.join(second["checkpoint_dir"], "ckpt-16"))
+    names = list(reader.get_variable_to_shape_map())
+    assert any("loss_scale" in n for n in names), names  # the LossScaleOptimizer state
+
+
+@pytest.mark.gpu
+def test_training_on_the_visible_gpus(ws, capsys):
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        pytest.skip("no GPU visible")
+    prep.run(ws.config("prep"))
+    try:
+        result = train.run(ws.config("train", training={"epochs": 2, "mixed_precision": True}))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    out = capsys.readouterr().out
+    assert "%d GPU(s)" % len(gpus) in out
+    assert ("MirroredStrategy" in out) == (len(gpus) > 1)
+    assert tf.config.experimental.get_memory_growth(gpus[0]) is True
+    assert result["final_val_accuracy"] >= 0.9
+
+
+def test_warm_start_initialises_from_the_newest_exported_version(trained, capsys):
+    from trainer import evaluate, export
+
+    evaluate.run(trained.config("evaluate"))
+    export.run(trained.config("export"))
+    for run_id in ("warm", "nowarm"):
+        prep.run(trained.config("prep", run_id=run_id))
+    capsys.readouterr()
+    warm = train.run(trained.config("train", run_id="warm", training={
+        "epochs": 1, "warm_start": True}))
+    out = capsys.readouterr().out
+    assert "warm start: model weights initialised from version 1" in out
+    assert warm["warm_start"]["version"] == 1
+    cold = trained.read("metrics.json")[0]["loss"]  # first epoch of the template's cold start
+    assert trained.read("metrics.json", run_id="warm")[0]["loss"] < cold / 5
+    assert trained.read("attempts.json", run_id="warm")[0]["warm_start"]["version"] == 1
+    none = train.run(trained.config("train", run_id="nowarm", training={
+        "epochs": 1, "warm_start": True}, export={"model_name": "other"}))
+    assert none["warm_start"] is None
+    assert "warm start: no exported version" in capsys.readouterr().out

@@ -1,0 +1,1 @@
+"""tfpipe trainer."""

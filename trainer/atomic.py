@@ -1,0 +1,152 @@
+"""Atomic outputs: every file or directory a stage publishes appears whole or not at all.
+
+Directories are built under a hidden ``.tmp-<random>`` sibling and renamed into place; JSON files
+are written to a temporary file in the same directory, fsynced and ``os.replace``d.
+"""
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import shutil
+import tempfile
+import time
+
+TMP_PREFIX = ".tmp-"
+
+
+def write_json(path, obj):
+    """Write ``obj`` as JSON to ``path`` atomically (readers see the old or the new file)."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(obj, handle, indent=2, sort_keys=True, allow_nan=False)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def read_json(path, default=None):
+    """Read a JSON file; return ``default`` when it does not exist."""
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (IOError, OSError) as error:
+        if error.errno == errno.ENOENT:
+            return default
+        raise
+
+
+def make_temp_dir(parent, prefix=TMP_PREFIX):
+    """Create and return a fresh hidden temporary directory inside ``parent``."""
+    os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix=prefix, dir=parent)
+
+
+@contextlib.contextmanager
+def temp_dir(parent, prefix=TMP_PREFIX):
+    """A temporary directory in ``parent`` that is removed when the block fails or leaves it.
+
+    The block publishes it with :func:`publish_dir`; whatever is left afterwards is deleted.
+    """
+    path = make_temp_dir(parent, prefix)
+    try:
+        yield path
+    finally:
+        if os.path.lexists(path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+def _renameat2_noreplace(src, dst):
+    """``rename(src, dst)`` that fails with EEXIST instead of replacing; None if unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        func = libc.renameat2
+    except (OSError, AttributeError):
+        return None
+    result = func(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE)
+    if result == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return None
+    raise OSError(err, os.strerror(err), dst)
+
+
+def publish_dir(src, dst):
+    """Rename directory ``src`` to ``dst``; raise ``FileExistsError`` if ``dst`` exists.
+
+    Never replaces an existing ``dst`` (not even an empty one): uses ``renameat2`` with
+    ``RENAME_NOREPLACE`` where the kernel and file system offer it.
+    """
+    done = _renameat2_noreplace(src, dst)
+    if done:
+        return
+    if os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, "already exists", dst)
+    try:
+        os.rename(src, dst)
+    except OSError as error:
+        if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            raise FileExistsError(errno.EEXIST, "already exists", dst)
+        raise
+
+
+def remove_dir(path, parent=None):
+    """Remove a published directory without ever showing it half-deleted.
+
+    It is first renamed to a hidden ``.tmp-`` name in ``parent`` (default: its own parent).
+    """
+    parent = parent or os.path.dirname(path.rstrip("/"))
+    hidden = tempfile.mkdtemp(prefix=TMP_PREFIX + "deleted-", dir=parent)
+    os.rmdir(hidden)
+    os.rename(path, hidden)
+    shutil.rmtree(hidden, ignore_errors=True)
+
+
+def replace_dir(src, dst):
+    """Publish ``src`` as ``dst``, replacing an existing ``dst`` (old one renamed aside first)."""
+    if os.path.lexists(dst):
+        remove_dir(dst)
+    os.rename(src, dst)
+
+
+def clean_stale_temps(parent, max_age_s=3600.0, prefix=TMP_PREFIX):
+    """Delete ``.tmp-*`` entries in ``parent`` older than ``max_age_s``; return their names."""
+    removed = []
+    if not os.path.isdir(parent):
+        return removed
+    now = time.time()
+    for name in sorted(os.listdir(parent)):
+        if not name.startswith(prefix):
+            continue
+        path = os.path.join(parent, name)
+        try:
+            age = now - os.lstat(path).st_mtime
+        except OSError:
+            continue
+        if age > max_age_s:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                _remove(path)
+            removed.append(name)
+    return removed
+
+
+def _remove(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass

@@ -1,0 +1,165 @@
+"""Checkpointing of the training loop: optimizers, save/restore with fallback, warm start.
+
+The training state is one ``tf.train.Checkpoint(model, optimizer, step, epoch, steps_per_epoch)``
+managed by a ``tf.train.CheckpointManager`` in ``<run_dir>/train/checkpoints`` (files
+``ckpt-<step>.*``). A checkpoint that cannot be restored (truncated data file, bad index, ...) is
+moved to ``checkpoints/corrupt/`` with a WARNING and the previous one is tried instead.
+"""
+
+import glob
+import os
+import re
+import shutil
+
+from trainer import common
+from trainer.common import LOG
+from trainer.errors import BadInput
+
+common.quiet_tensorflow()
+import tensorflow as tf  # noqa: E402
+
+CHECKPOINT_NAME = "ckpt"
+
+
+def build_optimizer(training):
+    """The optimizer named by ``training.optimizer`` (wrapped for loss scaling if mixed)."""
+    rate = training["learning_rate"]
+    name = training["optimizer"]
+    if name == "adam":
+        optimizer = tf.keras.optimizers.Adam(rate)
+    elif name == "sgd":
+        optimizer = tf.keras.optimizers.SGD(rate, momentum=0.9)
+    elif name == "rmsprop":
+        optimizer = tf.keras.optimizers.RMSprop(rate)
+    else:
+        raise BadInput("training.optimizer %r is not one of adam, sgd, rmsprop" % name)
+    if training["mixed_precision"]:
+        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
+def create_slots(optimizer, model):
+    """Create the optimizer's slot variables now, so a restore fills them immediately."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if hasattr(inner, "_create_all_weights"):
+        inner._create_all_weights(model.trainable_variables)
+    else:  # fallback: a zero update creates the slots, then undo the iteration count
+        zeros = [tf.zeros_like(v) for v in model.trainable_variables]
+        optimizer.apply_gradients(zip(zeros, model.trainable_variables))
+        optimizer.iterations.assign(0)
+    if inner is not optimizer:
+        _ = optimizer.iterations  # the loss scale variables of the wrapper
+
+
+class TrainState(object):
+    """The checkpointed training state and its manager."""
+
+    def __init__(self, model, optimizer, directory, keep):
+        def counter(name):
+            return tf.Variable(0, dtype=tf.int64, trainable=False, name=name,
+                               aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+        self.model = model
+        self.optimizer = optimizer
+        self.step = counter("step")
+        self.epoch = counter("epoch")
+        self.steps_per_epoch = counter("steps_per_epoch")
+        self.directory = directory
+        self.keep = keep
+        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=self.step,
+                                              epoch=self.epoch,
+                                              steps_per_epoch=self.steps_per_epoch)
+        self.manager = self._open_manager()
+
+    def _open_manager(self):
+        return tf.train.CheckpointManager(self.checkpoint, self.directory,
+                                          max_to_keep=self.keep, checkpoint_name=CHECKPOINT_NAME)
+
+    def _variables(self):
+        return (list(self.model.variables) + list(self.optimizer.variables())
+                + [self.step, self.epoch, self.steps_per_epoch])
+
+    def candidates(self):
+        """Checkpoint prefixes, newest first: the manager's list plus any stray ``ckpt-N``
+        (also when the ``checkpoint`` state file is unreadable and TF ignored it)."""
+        listed = list(self.manager.checkpoints)
+        pattern = os.path.join(self.directory, CHECKPOINT_NAME + "-*.index")
+        for index in glob.glob(pattern):
+            prefix = index[:-len(".index")]
+            if prefix not in listed:
+                listed.append(prefix)
+
+        def number(prefix):
+            match = re.search(r"-(\d+)$", prefix)
+            return int(match.group(1)) if match else -1
+        return sorted(listed, key=number, reverse=True)
+
+    def restore_newest(self):
+        """Restore the newest readable checkpoint; return its path, or None (from scratch)."""
+        snapshot = [v.numpy() for v in self._variables()]
+        bad = []
+        restored = None
+        for path in self.candidates():
+            try:
+                status = self.checkpoint.restore(path)
+                status.assert_existing_objects_matched()
+                restored = path
+                break
+            except Exception as error:  # any unreadable checkpoint: fall back to the previous
+                reason = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+                LOG.warning("checkpoint %s cannot be restored (%s: %s); falling back to the "
+                            "previous checkpoint", path, type(error).__name__, reason)
+                bad.append(path)
+        if restored is None:
+            for var, value in zip(self._variables(), snapshot):
+                var.assign(value)
+        if bad:
+            self._quarantine(bad)
+        return restored
+
+    def _quarantine(self, bad):
+        """Move unreadable checkpoints to ``corrupt/`` and drop them from the manager's state."""
+        target = os.path.join(self.directory, "corrupt")
+        os.makedirs(target, exist_ok=True)
+        for prefix in bad:
+            for path in glob.glob(glob.escape(prefix) + ".*"):
+                shutil.move(path, os.path.join(target, os.path.basename(path)))
+        remaining = [p for p in reversed(self.candidates())
+                     if p not in bad and os.path.exists(p + ".index")]  # oldest first
+        state = os.path.join(self.directory, "checkpoint")
+        if remaining:
+            tf.compat.v1.train.update_checkpoint_state(self.directory, remaining[-1],
+                                                       all_model_checkpoint_paths=remaining)
+        elif os.path.exists(state):
+            os.remove(state)
+        self.manager = self._open_manager()
+
+    def save(self):
+        """Save a checkpoint numbered by the global step; return its path."""
+        return self.manager.save(checkpoint_number=int(self.step.numpy()))
+
+
+def write_weights(model, prefix):
+    """Write only the model's weights (``tf.train.Checkpoint(model=...)``) at ``prefix``."""
+    return tf.train.Checkpoint(model=model).write(prefix)
+
+
+def read_weights(model, prefix, what):
+    """Read weights written by :func:`write_weights`; BadInput naming ``what`` if they don't fit."""
+    if not os.path.exists(prefix + ".index"):
+        raise BadInput("%s: no weights at %s" % (what, prefix))
+    try:
+        tf.train.Checkpoint(model=model).read(prefix).assert_existing_objects_matched()
+    except (ValueError, AssertionError, tf.errors.OpError) as error:
+        raise BadInput("%s: the weights at %s do not fit the model built from this config (%s)"
+                       % (what, prefix, str(error).splitlines()[0][:300]))
+
+
+def warm_start(model, models_root):
+    """Load the weights of the newest exported version that has them; return its info or None."""
+    for version in reversed(common.list_versions(models_root)):
+        prefix = os.path.join(models_root, str(version), "variables_ckpt", "model")
+        if os.path.exists(prefix + ".index"):
+            read_weights(model, prefix, "warm start from version %d" % version)
+            return {"version": version, "path": prefix}
+    return None

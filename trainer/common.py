@@ -1,0 +1,148 @@
+"""Helpers shared by the stages: logging, the stage preamble, the run's dataset, TF setup.
+
+Only :func:`setup_tensorflow` and :func:`quiet_tensorflow` touch TensorFlow, and they import it
+lazily, so this module stays importable without TF.
+"""
+
+import datetime
+import logging
+import os
+import sys
+
+from trainer import atomic, config as config_mod
+from trainer.errors import BadInput
+
+LOG = logging.getLogger("tfpipe")
+
+
+class _StdoutHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stdout`` is at emit time (so pytest's capture sees it)."""
+
+    def __init__(self):
+        super(_StdoutHandler, self).__init__(sys.stdout)
+
+    def emit(self, record):
+        self.stream = sys.stdout
+        super(_StdoutHandler, self).emit(record)
+
+
+def setup_logging():
+    """Plain one-line logs on stdout: ``2026-11-29 18:00:00 INFO message``."""
+    if not any(isinstance(h, _StdoutHandler) for h in LOG.handlers):
+        handler = _StdoutHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s",
+                                               "%Y-%m-%d %H:%M:%S"))
+        LOG.addHandler(handler)
+    LOG.setLevel(logging.INFO)
+    LOG.propagate = False  # absl may configure the root logger: no duplicate lines
+
+
+def quiet_tensorflow():
+    """Lower TensorFlow's C++ log noise to errors; call before TF is imported.
+
+    ``TFPIPE_TF_LOG_LEVEL`` (0-3) overrides it, e.g. 0 to see CUDA library loading on a GPU host.
+    """
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TFPIPE_TF_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+
+def now_iso():
+    """The current UTC time as an ISO 8601 string."""
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def begin(config, stage):
+    """Resolve and validate ``config``, write it to ``<run_dir>/config/<stage>.json``.
+
+    Returns the resolved config. Every stage calls this before doing any work.
+    """
+    setup_logging()
+    resolved = config_mod.resolve(config)
+    resolved["stage"] = stage
+    run_dir = resolved["paths"]["run_dir"]
+    atomic.write_json(os.path.join(run_dir, "config", "%s.json" % stage), resolved)
+    LOG.info("stage %s: dag %s run %s try %s", stage, resolved["run"]["dag_id"],
+             resolved["run"]["run_id"], resolved["run"]["try_number"])
+    return resolved
+
+
+def datasets_root(config):
+    """``<work>/datasets``: prep outputs shared by all runs."""
+    return os.path.join(config["paths"]["work"], "datasets")
+
+
+def model_root(config):
+    """``<models>/<model_name>``: the integer versions of the exported model."""
+    return os.path.join(config["paths"]["models"], config["export"]["model_name"])
+
+
+def load_dataset(config):
+    """Return ``(dataset_dir, schema, stats)`` of the data set this run's prep chose."""
+    run_dir = config["paths"]["run_dir"]
+    pointer_path = os.path.join(run_dir, "dataset.json")
+    pointer = atomic.read_json(pointer_path)
+    if pointer is None:
+        raise BadInput("%s does not exist: run the prep stage of this run first" % pointer_path)
+    # The fingerprint, not the recorded path, locates the data set: the volume may be mounted
+    # elsewhere than when prep ran.
+    dataset_dir = os.path.join(datasets_root(config), pointer["fingerprint"])
+    if not os.path.exists(os.path.join(dataset_dir, "_SUCCESS")):
+        raise BadInput("data set %s named by %s is missing or incomplete (no _SUCCESS)"
+                       % (dataset_dir, pointer_path))
+    schema = atomic.read_json(os.path.join(dataset_dir, "schema.json"))
+    stats = atomic.read_json(os.path.join(dataset_dir, "stats.json"))
+    return dataset_dir, schema, stats
+
+
+def list_versions(root):
+    """The integer version numbers under a model root, ascending (``.tmp-*`` never count)."""
+    if not os.path.isdir(root):
+        return []
+    versions = []
+    for name in os.listdir(root):
+        if name.isdigit() and os.path.isdir(os.path.join(root, name)):
+            versions.append(int(name))
+    return sorted(versions)
+
+
+def read_version_metadata(root, version):
+    """``metadata.json`` of one version, or None when it has none (or it is unreadable)."""
+    try:
+        return atomic.read_json(os.path.join(root, str(version), "metadata.json"))
+    except ValueError:
+        LOG.warning("ignoring unreadable %s/%s/metadata.json", root, version)
+        return None
+
+
+def setup_tensorflow(training):
+    """Seeds, GPU memory growth, mixed precision; return the ``tf.distribute`` strategy.
+
+    ``MirroredStrategy`` when more than one GPU is visible, else the default strategy.
+    """
+    quiet_tensorflow()
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")
+    try:
+        from absl import logging as absl_logging
+        absl_logging.set_verbosity(absl_logging.ERROR)
+    except ImportError:
+        pass
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        try:
+            if not tf.config.experimental.get_memory_growth(gpu):
+                tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError as error:  # already initialised in this process
+            LOG.warning("cannot set memory growth on %s: %s", gpu.name, error)
+    tf.keras.utils.set_random_seed(training["seed"])
+    policy = "mixed_float16" if training["mixed_precision"] else "float32"
+    tf.keras.mixed_precision.set_global_policy(policy)
+    if len(gpus) > 1:
+        strategy = tf.distribute.MirroredStrategy()
+    else:
+        strategy = tf.distribute.get_strategy()
+    LOG.info("tensorflow %s, %d GPU(s), strategy %s, %d replica(s), policy %s",
+             tf.__version__, len(gpus), type(strategy).__name__.strip("_"),
+             strategy.num_replicas_in_sync, policy)
+    return strategy

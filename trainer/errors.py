@@ -1,0 +1,35 @@
+"""Exceptions that map to the exit codes of contract 2 (see :class:`trainer.contract.ExitCode`).
+
+``python3 -m trainer`` turns them into exit codes; any other exception is an unexpected failure
+(exit 1) that Airflow retries.
+"""
+
+from trainer.contract import ExitCode
+
+
+class TrainerError(Exception):
+    """Base class of the errors with a dedicated exit code."""
+
+    exit_code = 1
+
+
+class BadInput(TrainerError):
+    """Bad data or a bad config: retrying cannot fix it (exit 11, no retry)."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
+class Diverged(TrainerError):
+    """Training produced a NaN or infinite loss (exit 12, no retry, nothing exported)."""
+
+    exit_code = ExitCode.DIVERGED
+
+
+class NotBlessed(TrainerError):
+    """The candidate failed the blessing gate (exit 10); ``result`` is still printed."""
+
+    exit_code = ExitCode.NOT_BLESSED
+
+    def __init__(self, message, result):
+        super(NotBlessed, self).__init__(message)
+        self.result = result

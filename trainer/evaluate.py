@@ -1,0 +1,144 @@
+"""The evaluate stage: metrics of the final weights on the eval split, and the blessing gate.
+
+Writes ``<run_dir>/evaluation.json`` (loss, accuracy, macro precision/recall/F1, per-class
+precision/recall/F1/support, confusion matrix ``[true][predicted]``) and ``blessing.json``.
+
+Blessing: the candidate's ``evaluation.metric`` must reach ``evaluation.threshold`` and, when a
+baseline exists, ``baseline - evaluation.tolerance``. The baseline is the newest version under
+``<models>/<model_name>/`` with a ``metadata.json`` (its recorded evaluation metric), ignoring a
+version exported by this same DAG run. Not blessed: :class:`~trainer.errors.NotBlessed` (exit 10).
+"""
+
+import os
+
+from trainer import atomic, checkpoints, common, data, models
+from trainer.common import LOG
+from trainer.errors import NotBlessed
+
+common.quiet_tensorflow()
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+
+def load_final_model(config, schema, stats):
+    """Rebuild the model from the config and restore ``<run_dir>/train/final/weights``."""
+    model = models.build_model(config, schema, stats)
+    prefix = os.path.join(config["paths"]["run_dir"], "train", "final", "weights")
+    checkpoints.read_weights(model, prefix, "final weights of the train stage (run it first)")
+    return model
+
+
+def predict(model, dataset):
+    """Return ``(logits, labels)`` as numpy arrays for every batch of ``dataset``."""
+    call = tf.function(lambda x: model(x, training=False))
+    logits, labels = [], []
+    for x, y in dataset:
+        logits.append(call(x).numpy())
+        labels.append(y.numpy())
+    return np.concatenate(logits), np.concatenate(labels)
+
+
+def compute_metrics(logits, labels, class_names):
+    """Loss, accuracy, macro and per-class precision/recall/F1 and the confusion matrix."""
+    num_classes = len(class_names)
+    losses = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    predicted = np.argmax(logits, axis=1)
+    confusion = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(confusion, (labels, predicted), 1)
+    per_class, present = [], []
+    for c, name in enumerate(class_names):
+        tp = float(confusion[c, c])
+        support, predicted_c = int(confusion[c].sum()), float(confusion[:, c].sum())
+        precision = tp / predicted_c if predicted_c else 0.0
+        recall = tp / support if support else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        per_class.append({"class_id": c, "class_name": name, "precision": precision,
+                          "recall": recall, "f1": f1, "support": support})
+        if support:
+            present.append(per_class[-1])
+
+    def macro(key):
+        return float(np.mean([p[key] for p in present])) if present else 0.0
+    metrics = {"loss": float(np.mean(losses.numpy())),
+               "accuracy": float(np.mean(predicted == labels)),
+               "macro_precision": macro("precision"), "macro_recall": macro("recall"),
+               "macro_f1": macro("f1")}
+    return {"metrics": metrics, "per_class": per_class, "confusion_matrix": confusion.tolist(),
+            "examples": int(labels.size)}
+
+
+def find_baseline(config, metric):
+    """The newest exported version with metadata (not from this DAG run), or None."""
+    root = common.model_root(config)
+    run = config["run"]
+    for version in reversed(common.list_versions(root)):
+        meta = common.read_version_metadata(root, version)
+        if not meta:
+            continue
+        if (meta.get("dag_id"), meta.get("run_id")) == (run["dag_id"], run["run_id"]):
+            continue
+        value = (meta.get("evaluation") or {}).get("metrics", {}).get(metric)
+        if value is None:
+            LOG.warning("version %d of %s has no %s in metadata.json; not a baseline",
+                        version, root, metric)
+            continue
+        return {"version": version, "metric": metric, "value": float(value),
+                "model_dir": os.path.join(root, str(version))}
+    return None
+
+
+def decide(value, metric, threshold, tolerance, baseline):
+    """The blessing decision: ``(blessed, reason)``."""
+    if value < threshold:
+        return False, "%s %.4f is below the threshold %.4f" % (metric, value, threshold)
+    if baseline is None:
+        return True, "%s %.4f reaches the threshold %.4f and there is no baseline" % (
+            metric, value, threshold)
+    floor = baseline["value"] - tolerance
+    if value < floor:
+        return False, ("%s %.4f is worse than baseline version %d (%.4f) minus tolerance %.4f"
+                       % (metric, value, baseline["version"], baseline["value"], tolerance))
+    return True, ("%s %.4f reaches the threshold %.4f and baseline version %d (%.4f) minus "
+                  "tolerance %.4f" % (metric, value, threshold, baseline["version"],
+                                      baseline["value"], tolerance))
+
+
+def run(config):
+    """Run the evaluate stage; return the metrics and the blessing (raise NotBlessed if not)."""
+    config = common.begin(config, "evaluate")
+    run_dir = config["paths"]["run_dir"]
+    evaluation_cfg = config["evaluation"]
+    dataset_dir, schema, stats = common.load_dataset(config)
+    common.setup_tensorflow(config["training"])
+    model = load_final_model(config, schema, stats)
+    base = data.base_dataset(dataset_dir, schema, "eval", cache=False)
+    logits, labels = predict(model, data.eval_dataset(base, config["training"]["batch_size"]))
+    evaluation = compute_metrics(logits, labels, schema["class_names"])
+    evaluation.update(class_names=schema["class_names"], fingerprint=schema["fingerprint"],
+                      final=atomic.read_json(os.path.join(run_dir, "train", "final",
+                                                          "final.json")),
+                      time=common.now_iso())
+    atomic.write_json(os.path.join(run_dir, "evaluation.json"), evaluation)
+    metrics = evaluation["metrics"]
+    LOG.info("evaluation on %d examples: %s", evaluation["examples"],
+             ", ".join("%s %.4f" % kv for kv in sorted(metrics.items())))
+
+    metric = evaluation_cfg["metric"]
+    value = metrics[metric]
+    baseline = find_baseline(config, metric)
+    blessed, reason = decide(value, metric, evaluation_cfg["threshold"],
+                             evaluation_cfg["tolerance"], baseline)
+    blessing = {"blessed": blessed, "decision": "blessed" if blessed else "not blessed",
+                "reason": reason, "metric": metric,
+                "candidate": {"value": value, "dag_id": config["run"]["dag_id"],
+                              "run_id": config["run"]["run_id"]},
+                "baseline": baseline, "threshold": evaluation_cfg["threshold"],
+                "tolerance": evaluation_cfg["tolerance"], "time": common.now_iso()}
+    atomic.write_json(os.path.join(run_dir, "blessing.json"), blessing)
+    LOG.info("%s: %s", blessing["decision"], reason)
+    result = {"blessed": blessed, "metric": metric, "value": value, "metrics": metrics,
+              "baseline": baseline, "reason": reason,
+              "evaluation_path": os.path.join(run_dir, "evaluation.json")}
+    if not blessed:
+        raise NotBlessed(reason, result)
+    return result

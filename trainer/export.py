@@ -1,0 +1,152 @@
+"""The export stage: publish a blessed model as ``<models>/<model_name>/<version>/``.
+
+The SavedModel (see :mod:`trainer.serving`), a weights checkpoint ``variables_ckpt/model`` (used
+by warm starts) and ``metadata.json`` are written into ``<model_name>/.tmp-<random>/``; the
+SavedModel is reloaded there and its serving signature must reproduce the in-memory model on real
+eval examples in raw form (atol 1e-4). Only then is the directory renamed to the next integer
+version (never replacing one). Retention keeps the newest ``export.keep_versions``; stale
+``.tmp-*`` directories older than an hour are removed. A retry of the same DAG run returns the
+version it already exported.
+"""
+
+import os
+
+from trainer import atomic, checkpoints, common, data
+from trainer.common import LOG
+from trainer.errors import BadInput
+from trainer.evaluate import load_final_model
+from trainer.serving import ServingModule
+
+common.quiet_tensorflow()
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+VERIFY_EXAMPLES = 8
+VERIFY_ATOL = 1e-4
+
+
+class ExportCheckFailed(RuntimeError):
+    """The reloaded SavedModel does not reproduce the in-memory model."""
+
+
+def find_existing(root, run):
+    """The version already exported by this DAG run, or None."""
+    for version in reversed(common.list_versions(root)):
+        meta = common.read_version_metadata(root, version) or {}
+        if (meta.get("dag_id"), meta.get("run_id")) == (run["dag_id"], run["run_id"]):
+            return version, meta
+    return None
+
+
+def verify_reloaded(path, module, x):
+    """Reload the SavedModel at ``path`` and compare its signature with the in-memory model."""
+    expected = tf.nn.softmax(module.model(x, training=False)).numpy()
+    loaded = tf.saved_model.load(path)
+    outputs = loaded.signatures["serving_default"](**module.raw_inputs(x))
+    got = outputs["probabilities"].numpy()
+    if got.shape != expected.shape:
+        raise ExportCheckFailed("reloaded SavedModel %s returns probabilities of shape %s, "
+                                "expected %s" % (path, got.shape, expected.shape))
+    diff = float(np.max(np.abs(got - expected)))
+    if not diff <= VERIFY_ATOL:
+        raise ExportCheckFailed("reloaded SavedModel %s differs from the trained model by %.3g "
+                                "(> %g) on %d eval examples" % (path, diff, VERIFY_ATOL, len(x)))
+    names = [n.decode("utf-8") for n in outputs["class_name"].numpy()]
+    ids = outputs["class_id"].numpy().tolist()
+    if names != [module.class_names[i] for i in ids]:
+        raise ExportCheckFailed("reloaded SavedModel %s: class_name does not match class_id"
+                                % path)
+    LOG.info("reloaded SavedModel matches the trained model on %d eval examples (max diff %.2g)",
+             len(x), diff)
+    return {"examples": int(len(x)), "max_abs_diff": diff, "atol": VERIFY_ATOL}
+
+
+def _publish(tmp, root, metadata):
+    """Rename ``tmp`` to the next free integer version; return the version."""
+    version = max(common.list_versions(root) or [0]) + 1
+    while True:
+        metadata["version"] = version
+        atomic.write_json(os.path.join(tmp, "metadata.json"), metadata)
+        try:
+            atomic.publish_dir(tmp, os.path.join(root, str(version)))
+            return version
+        except FileExistsError:
+            LOG.info("version %d appeared meanwhile; trying %d", version, version + 1)
+            version += 1
+
+
+def apply_retention(root, keep, protect):
+    """Delete the oldest versions beyond ``keep`` (never ``protect``); return the deleted ones."""
+    versions = common.list_versions(root)
+    doomed = [v for v in versions[:max(0, len(versions) - keep)] if v != protect]
+    for version in doomed:
+        atomic.remove_dir(os.path.join(root, str(version)), root)
+        LOG.info("retention: removed version %d (keeping the newest %d)", version, keep)
+    return doomed
+
+
+def _result(root, version, model_name, metrics, existing=False):
+    return {"model_dir": os.path.join(root, str(version)), "version": version,
+            "model_name": model_name, "metrics": metrics, "already_exported": existing}
+
+
+def run(config):
+    """Run the export stage; return ``{model_dir, version, model_name, metrics}``."""
+    config = common.begin(config, "export")
+    run_dir, run_info = config["paths"]["run_dir"], config["run"]
+    model_name = config["export"]["model_name"]
+    blessing_path = os.path.join(run_dir, "blessing.json")
+    blessing = atomic.read_json(blessing_path)
+    if not blessing:
+        raise BadInput("export refused: %s does not exist (run the evaluate stage first)"
+                       % blessing_path)
+    if blessing.get("blessed") is not True:
+        raise BadInput("export refused: %s says the candidate is not blessed (%s)"
+                       % (blessing_path, blessing.get("reason")))
+    evaluation = atomic.read_json(os.path.join(run_dir, "evaluation.json"), {})
+    root = common.model_root(config)
+    os.makedirs(root, exist_ok=True)
+    for name in atomic.clean_stale_temps(root):
+        LOG.info("removed stale temporary directory %s/%s", root, name)
+    existing = find_existing(root, run_info)
+    if existing:
+        LOG.info("run %s of %s was already exported as version %d; nothing to do",
+                 run_info["run_id"], run_info["dag_id"], existing[0])
+        metrics = (existing[1].get("evaluation") or {}).get("metrics", {})
+        return _result(root, existing[0], model_name, metrics, existing=True)
+
+    dataset_dir, schema, stats = common.load_dataset(config)
+    common.setup_tensorflow(config["training"])
+    model = load_final_model(config, schema, stats)
+    module = ServingModule(model, schema)
+    base = data.base_dataset(dataset_dir, schema, "eval", cache=False)
+    x, _ = next(iter(base.batch(VERIFY_EXAMPLES)))
+
+    with atomic.temp_dir(root) as tmp:
+        tf.saved_model.save(module, tmp,
+                            signatures={"serving_default": module.serve.get_concrete_function()})
+        checkpoints.write_weights(model, os.path.join(tmp, "variables_ckpt", "model"))
+        check = verify_reloaded(tmp, module, x)
+        metadata = {
+            "model_name": model_name, "created": common.now_iso(),
+            "dag_id": run_info["dag_id"], "run_id": run_info["run_id"],
+            "task_id": run_info["task_id"], "try_number": run_info["try_number"],
+            "image": {"reference": run_info.get("image"),
+                      "id": os.environ.get("TFPIPE_IMAGE_ID")},
+            "data": {"fingerprint": schema["fingerprint"], "format": schema["format"],
+                     "counts": schema["counts"], "class_names": schema["class_names"],
+                     "features": schema["features"], "image": schema["image"]},
+            "hyperparameters": config["training"],
+            "evaluation": {"metrics": evaluation.get("metrics", {}), "blessing": blessing,
+                           "per_class": evaluation.get("per_class")},
+            "tensorflow_version": tf.__version__,
+            "training": atomic.read_json(os.path.join(run_dir, "train", "final",
+                                                      "final.json")),
+            "attempts": atomic.read_json(os.path.join(run_dir, "attempts.json"), []),
+            "signature": module.describe(), "verification": check,
+        }
+        version = _publish(tmp, root, metadata)
+    model_dir = os.path.join(root, str(version))
+    LOG.info("exported %s version %d to %s", model_name, version, model_dir)
+    apply_retention(root, config["export"]["keep_versions"], version)
+    return _result(root, version, model_name, metadata["evaluation"]["metrics"])
