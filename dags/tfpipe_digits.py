@@ -1,7 +1,9 @@
 """Airflow DAG: nightly retraining of the digits classifier (cron): the pipeline ``make demo`` runs.
 
 prep -> train -> evaluate -> export, every stage a container of the pinned trainer image.
-Trigger it from the UI to change epochs, batch size, learning rate, model, GPUs and more.
+Trigger it from the UI to change epochs, batch size, learning rate, model, GPUs and more; the
+run parameters ``data_uri`` (``gs://...``, staged into the data path before prep) and
+``publish_uri`` (``gs://...``, where a blessed model is published) add Google Cloud Storage.
 
 Paths are directories on the Docker engine's host, taken from the environment so the same file
 works on a laptop (``make demo`` sets them) and in a deployment:

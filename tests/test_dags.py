@@ -62,7 +62,9 @@ def test_dag_file_imports_fast_without_tensorflow(path):
 
 def test_digits_dag_shape(dagbag):
     dag = dagbag.get_dag("tfpipe_digits")
-    assert [t.task_id for t in dag.topological_sort()] == ["prep", "train", "evaluate", "export"]
+    assert [t.task_id for t in dag.topological_sort()] == ["stage_in", "prep", "train", "evaluate", "export",
+                                                            "publish"]
+    assert dag.get_task("prep").trigger_rule == "none_failed", "a skipped stage_in must not skip prep"
     assert dag.max_active_runs == 1 and dag.catchup is False
     assert dag.timetable.expression == "0 3 * * *"
     train = dag.get_task("train")
@@ -75,7 +77,8 @@ def test_digits_dag_shape(dagbag):
 def test_trigger_form_params(dagbag):
     dag = dagbag.get_dag("tfpipe_digits_manual")
     params = dag.params
-    for name in ("epochs", "batch_size", "learning_rate", "model", "optimizer", "gpus", "warm_start"):
+    for name in ("epochs", "batch_size", "learning_rate", "model", "optimizer", "gpus", "warm_start", "data_uri",
+                 "publish_uri"):
         assert name in params, name
     schema = params.get_param("epochs").schema
     assert schema["type"] == "integer" and schema["minimum"] == 1

@@ -2,6 +2,13 @@
 
 Directories are built under a hidden ``.tmp-<random>`` sibling and renamed into place; JSON files
 are written to a temporary file in the same directory, fsynced and ``os.replace``d.
+
+Permissions: every published output is world-readable, whatever the process umask: files
+``0644``, directories ``0755`` (TF Serving and people on the host read the outputs under other
+uids). Temporary files and directories are chmod-ed right after ``mkstemp``/``mkdtemp`` (which
+create them ``0600``/``0700``), and a directory tree is normalised once more just before it is
+renamed into place, so files that TensorFlow or ``open`` created inside it under a strict umask
+are covered too.
 """
 
 import contextlib
@@ -15,22 +22,63 @@ import time
 
 TMP_PREFIX = ".tmp-"
 
+#: Mode of every published file and directory.
+FILE_MODE = 0o644
+DIR_MODE = 0o755
 
-def write_json(path, obj):
-    """Write ``obj`` as JSON to ``path`` atomically (readers see the old or the new file)."""
+
+def share_tree(path):
+    """chmod a published tree: directories ``0755``, regular files ``0644`` (links untouched)."""
+    if os.path.islink(path):
+        return
+    if not os.path.isdir(path):
+        os.chmod(path, FILE_MODE)
+        return
+    os.chmod(path, DIR_MODE)
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames:
+            sub = os.path.join(dirpath, name)
+            if not os.path.islink(sub):
+                os.chmod(sub, DIR_MODE)
+        for name in filenames:
+            sub = os.path.join(dirpath, name)
+            if not os.path.islink(sub):
+                os.chmod(sub, FILE_MODE)
+
+
+def _write_file(path, write, binary=False, suffix=""):
+    """Write ``path`` atomically: ``write(handle)`` fills a ``0644`` temp file, then rename."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=".json", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=suffix, dir=directory)
     try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(obj, handle, indent=2, sort_keys=True, allow_nan=False)
-            handle.write("\n")
+        os.fchmod(fd, FILE_MODE)  # mkstemp creates 0600
+        with os.fdopen(fd, "wb" if binary else "w") as handle:
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         _remove(tmp)
         raise
+
+
+def write_json(path, obj):
+    """Write ``obj`` as JSON to ``path`` atomically (readers see the old or the new file)."""
+    def write(handle):
+        json.dump(obj, handle, indent=2, sort_keys=True, allow_nan=False)
+        handle.write("\n")
+    _write_file(path, write, suffix=".json")
+
+
+def write_bytes(path, data):
+    """Write ``data`` (bytes) to ``path`` atomically, mode ``0644``."""
+    _write_file(path, lambda handle: handle.write(data), binary=True)
+
+
+def write_text(path, text):
+    """Write ``text`` as UTF-8 to ``path`` atomically, mode ``0644``."""
+    write_bytes(path, text.encode("utf-8"))
 
 
 def read_json(path, default=None):
@@ -47,7 +95,9 @@ def read_json(path, default=None):
 def make_temp_dir(parent, prefix=TMP_PREFIX):
     """Create and return a fresh hidden temporary directory inside ``parent``."""
     os.makedirs(parent, exist_ok=True)
-    return tempfile.mkdtemp(prefix=prefix, dir=parent)
+    path = tempfile.mkdtemp(prefix=prefix, dir=parent)
+    os.chmod(path, DIR_MODE)  # mkdtemp creates 0700
+    return path
 
 
 @contextlib.contextmanager
@@ -88,8 +138,10 @@ def publish_dir(src, dst):
     """Rename directory ``src`` to ``dst``; raise ``FileExistsError`` if ``dst`` exists.
 
     Never replaces an existing ``dst`` (not even an empty one): uses ``renameat2`` with
-    ``RENAME_NOREPLACE`` where the kernel and file system offer it.
+    ``RENAME_NOREPLACE`` where the kernel and file system offer it. The tree is made
+    world-readable first (:func:`share_tree`).
     """
+    share_tree(src)
     done = _renameat2_noreplace(src, dst)
     if done:
         return
@@ -117,6 +169,7 @@ def remove_dir(path, parent=None):
 
 def replace_dir(src, dst):
     """Publish ``src`` as ``dst``, replacing an existing ``dst`` (old one renamed aside first)."""
+    share_tree(src)
     if os.path.lexists(dst):
         remove_dir(dst)
     os.rename(src, dst)

@@ -8,6 +8,7 @@ import datetime
 import logging
 import os
 import sys
+import time
 
 from trainer import atomic, config as config_mod
 from trainer.errors import BadInput
@@ -35,6 +36,46 @@ def setup_logging():
         LOG.addHandler(handler)
     LOG.setLevel(logging.INFO)
     LOG.propagate = False  # absl may configure the root logger: no duplicate lines
+
+
+class Progress(object):
+    """Progress of a long phase as plain log lines: ``prep: read 12000/50000 lines (24%)``.
+
+    :meth:`add` logs at most one line every :attr:`every_s` seconds, so short phases stay
+    silent; :meth:`finish` adds a closing line only when a progress line was logged. One
+    complete line each, never a carriage return (Airflow task logs are line based).
+    """
+
+    every_s = 5.0
+
+    def __init__(self, what, total, unit, scale=1, clock=time.monotonic):
+        self.what, self.total, self.unit, self.scale = what, total, unit, scale
+        self.done = 0
+        self.lines = 0
+        self._clock = clock
+        self._last = clock()
+
+    def add(self, count=1):
+        """Count ``count`` more units; log a line when ``every_s`` passed since the last one."""
+        self.done += count
+        now = self._clock()
+        if now - self._last >= self.every_s:
+            self._last = now
+            self._log()
+
+    def finish(self):
+        """Log the final count if this phase logged progress before."""
+        if self.lines:
+            self._log()
+
+    def _log(self):
+        self.lines += 1
+        percent = 100.0 * self.done / self.total if self.total else 100.0
+        if self.scale == 1:
+            counts = "%d/%d" % (self.done, self.total)
+        else:
+            counts = "%.1f/%.1f" % (self.done / float(self.scale), self.total / float(self.scale))
+        LOG.info("%s %s %s (%d%%)", self.what, counts, self.unit, min(100, int(percent)))
 
 
 def quiet_tensorflow():

@@ -3,6 +3,11 @@
 Writes ``<run_dir>/evaluation.json`` (loss, accuracy, macro precision/recall/F1, per-class
 precision/recall/F1/support, confusion matrix ``[true][predicted]``) and ``blessing.json``.
 
+The run report (:mod:`trainer.report`: loss/accuracy/confusion-matrix plots and a self-contained
+``report.html``) is written next to them, blessed or not. A report that cannot be made (a
+matplotlib error, ...) is logged as a warning and recorded as ``"report": null``: it never fails
+the stage.
+
 Blessing: the candidate's ``evaluation.metric`` must reach ``evaluation.threshold`` and, when a
 baseline exists, ``baseline - evaluation.tolerance``. The baseline is the newest version under
 ``<models>/<model_name>/`` with a ``metadata.json`` (its recorded evaluation metric), ignoring a
@@ -11,7 +16,7 @@ version exported by this same DAG run. Not blessed: :class:`~trainer.errors.NotB
 
 import os
 
-from trainer import atomic, checkpoints, common, data, models
+from trainer import atomic, checkpoints, common, data, models, report
 from trainer.common import LOG
 from trainer.errors import NotBlessed
 
@@ -103,6 +108,25 @@ def decide(value, metric, threshold, tolerance, baseline):
                                       baseline["value"], tolerance))
 
 
+def write_report(config, evaluation, blessing, schema, stats):
+    """Write the run report; return ``{"report", "plots"}``, or None (with a warning) if it fails.
+
+    A report is never a reason to fail a run: any error here is logged, the stale report files
+    of an earlier try are removed, and evaluation goes on.
+    """
+    run_dir = config["paths"]["run_dir"]
+    try:
+        written = report.write_report(run_dir, config=config, evaluation=evaluation,
+                                      blessing=blessing, schema=schema, stats=stats)
+    except Exception as error:  # noqa: BLE001 -- by design: the report is best effort
+        LOG.warning("run report not written (%s: %s); the evaluation is not affected",
+                    type(error).__name__, (str(error).strip().splitlines() or [""])[0][:300])
+        report.remove_report(run_dir)
+        return None
+    LOG.info("run report: %s (%d plots)", written["report"], len(written["plots"]))
+    return written
+
+
 def run(config):
     """Run the evaluate stage; return the metrics and the blessing (raise NotBlessed if not)."""
     config = common.begin(config, "evaluate")
@@ -136,9 +160,12 @@ def run(config):
                 "tolerance": evaluation_cfg["tolerance"], "time": common.now_iso()}
     atomic.write_json(os.path.join(run_dir, "blessing.json"), blessing)
     LOG.info("%s: %s", blessing["decision"], reason)
+    written = write_report(config, evaluation, blessing, schema, stats)
     result = {"blessed": blessed, "metric": metric, "value": value, "metrics": metrics,
               "baseline": baseline, "reason": reason,
-              "evaluation_path": os.path.join(run_dir, "evaluation.json")}
+              "evaluation_path": os.path.join(run_dir, "evaluation.json"),
+              "report": written["report"] if written else None,
+              "plots": written["plots"] if written else []}
     if not blessed:
         raise NotBlessed(reason, result)
     return result

@@ -7,11 +7,16 @@ eval examples in raw form (atol 1e-4). Only then is the directory renamed to the
 version (never replacing one). Retention keeps the newest ``export.keep_versions``; stale
 ``.tmp-*`` directories older than an hour are removed. A retry of the same DAG run returns the
 version it already exported.
+
+The run report of the evaluate stage (``report.html`` and its plots, see :mod:`trainer.report`)
+is copied into ``<version>/report/`` before the rename and listed in ``metadata.json``
+(``"report": null`` when the run has none: a missing report never fails an export).
 """
 
 import os
+import shutil
 
-from trainer import atomic, checkpoints, common, data
+from trainer import atomic, checkpoints, common, data, report
 from trainer.common import LOG
 from trainer.errors import BadInput
 from trainer.evaluate import load_final_model
@@ -23,6 +28,8 @@ import tensorflow as tf  # noqa: E402
 
 VERIFY_EXAMPLES = 8
 VERIFY_ATOL = 1e-4
+#: Sub-directory of a model version that holds the run report.
+REPORT_DIR = "report"
 
 
 class ExportCheckFailed(RuntimeError):
@@ -61,6 +68,29 @@ def verify_reloaded(path, module, x):
     return {"examples": int(len(x)), "max_abs_diff": diff, "atol": VERIFY_ATOL}
 
 
+def copy_report(run_dir, version_dir):
+    """Copy the run report into ``<version_dir>/report/``; return its metadata entry or None.
+
+    The entry lists paths relative to the version directory. A run without ``report.html`` (its
+    report could not be made) or a copy error gives None and a warning, never a failure.
+    """
+    names = report.report_files(run_dir)
+    if report.REPORT_NAME not in names:
+        LOG.warning("no run report in %s; exporting without one", run_dir)
+        return None
+    target = os.path.join(version_dir, REPORT_DIR)
+    try:
+        os.makedirs(target)
+        for name in names:
+            shutil.copyfile(os.path.join(run_dir, name), os.path.join(target, name))
+    except (IOError, OSError) as error:
+        LOG.warning("run report not copied into the export (%s); exporting without one", error)
+        shutil.rmtree(target, ignore_errors=True)
+        return None
+    return {"html": "%s/%s" % (REPORT_DIR, report.REPORT_NAME),
+            "plots": ["%s/%s" % (REPORT_DIR, n) for n in names if n != report.REPORT_NAME]}
+
+
 def _publish(tmp, root, metadata):
     """Rename ``tmp`` to the next free integer version; return the version."""
     version = max(common.list_versions(root) or [0]) + 1
@@ -85,13 +115,16 @@ def apply_retention(root, keep, protect):
     return doomed
 
 
-def _result(root, version, model_name, metrics, existing=False):
-    return {"model_dir": os.path.join(root, str(version)), "version": version,
-            "model_name": model_name, "metrics": metrics, "already_exported": existing}
+def _result(root, version, model_name, metrics, report_entry, existing=False):
+    model_dir = os.path.join(root, str(version))
+    html = (report_entry or {}).get("html")
+    return {"model_dir": model_dir, "version": version, "model_name": model_name,
+            "metrics": metrics, "already_exported": existing,
+            "report": os.path.join(model_dir, html) if html else None}
 
 
 def run(config):
-    """Run the export stage; return ``{model_dir, version, model_name, metrics}``."""
+    """Run the export stage; return ``{model_dir, version, model_name, metrics, report, ...}``."""
     config = common.begin(config, "export")
     run_dir, run_info = config["paths"]["run_dir"], config["run"]
     model_name = config["export"]["model_name"]
@@ -113,7 +146,8 @@ def run(config):
         LOG.info("run %s of %s was already exported as version %d; nothing to do",
                  run_info["run_id"], run_info["dag_id"], existing[0])
         metrics = (existing[1].get("evaluation") or {}).get("metrics", {})
-        return _result(root, existing[0], model_name, metrics, existing=True)
+        return _result(root, existing[0], model_name, metrics, existing[1].get("report"),
+                       existing=True)
 
     dataset_dir, schema, stats = common.load_dataset(config)
     common.setup_tensorflow(config["training"])
@@ -127,6 +161,7 @@ def run(config):
                             signatures={"serving_default": module.serve.get_concrete_function()})
         checkpoints.write_weights(model, os.path.join(tmp, "variables_ckpt", "model"))
         check = verify_reloaded(tmp, module, x)
+        report_entry = copy_report(run_dir, tmp)
         metadata = {
             "model_name": model_name, "created": common.now_iso(),
             "dag_id": run_info["dag_id"], "run_id": run_info["run_id"],
@@ -143,10 +178,10 @@ def run(config):
             "training": atomic.read_json(os.path.join(run_dir, "train", "final",
                                                       "final.json")),
             "attempts": atomic.read_json(os.path.join(run_dir, "attempts.json"), []),
-            "signature": module.describe(), "verification": check,
+            "signature": module.describe(), "verification": check, "report": report_entry,
         }
         version = _publish(tmp, root, metadata)
     model_dir = os.path.join(root, str(version))
     LOG.info("exported %s version %d to %s", model_name, version, model_dir)
     apply_retention(root, config["export"]["keep_versions"], version)
-    return _result(root, version, model_name, metadata["evaluation"]["metrics"])
+    return _result(root, version, model_name, metadata["evaluation"]["metrics"], report_entry)

@@ -35,20 +35,34 @@ def prep_settings(data):
     return settings
 
 
-def fingerprint(data, files):
-    """Return ``(fingerprint, inputs)``: sha256 over the settings and every input file."""
+def fingerprint(data, files, line_counts=None):
+    """Return ``(fingerprint, inputs)``: sha256 over the settings and every input file.
+
+    Logs progress for large inputs. ``line_counts``, a dict, receives the number of text lines
+    of each file (by relative path), counted on the way for the CSV reader's progress.
+    """
     total = hashlib.sha256()
     total.update(json.dumps(prep_settings(data), sort_keys=True).encode("utf-8"))
+    progress = common.Progress("prep: fingerprint", sum(os.path.getsize(p) for _, p in files),
+                               "MiB", scale=1 << 20)
     inputs = []
     for rel, path in files:
         one = hashlib.sha256()
-        size = 0
+        size = lines = 0
+        last = b"\n"
         with open(path, "rb") as handle:
             for chunk in iter(lambda: handle.read(_CHUNK), b""):
                 one.update(chunk)
                 size += len(chunk)
+                if line_counts is not None:
+                    lines += chunk.count(b"\n")
+                    last = chunk[-1:]
+                progress.add(len(chunk))
+        if line_counts is not None:
+            line_counts[rel] = lines + (last != b"\n")
         total.update(b"\0%s\0%d\0%s" % (rel.encode("utf-8"), size, one.hexdigest().encode()))
         inputs.append({"path": rel, "bytes": size, "sha256": one.hexdigest()})
+    progress.finish()
     return total.hexdigest(), inputs
 
 
@@ -72,8 +86,11 @@ def _serialize(tf, fmt, key, value, label_id):
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
-def write_shards(out_dir, split, examples, fmt, shard_size):
-    """Write ``examples`` as ``<split>-NNNNN-of-MMMMM.tfrecord`` files; return their names."""
+def write_shards(out_dir, split, examples, fmt, shard_size, progress=None):
+    """Write ``examples`` as ``<split>-NNNNN-of-MMMMM.tfrecord`` files; return their names.
+
+    ``progress`` (a :class:`~trainer.common.Progress`) counts the examples written.
+    """
     common.quiet_tensorflow()
     import tensorflow as tf
 
@@ -84,6 +101,8 @@ def write_shards(out_dir, split, examples, fmt, shard_size):
         with tf.io.TFRecordWriter(os.path.join(out_dir, name)) as writer:
             for key, value, label_id in examples[shard * shard_size:(shard + 1) * shard_size]:
                 writer.write(_serialize(tf, fmt, key, value, label_id))
+                if progress is not None:
+                    progress.add()
         names.append(name)
     return names
 
@@ -132,7 +151,8 @@ def run(config):
     config = common.begin(config, "prep")
     data = config["data"]
     files = sources.input_files(config)
-    fp, inputs = fingerprint(data, files)
+    line_counts = {}
+    fp, inputs = fingerprint(data, files, line_counts if data["format"] == "csv" else None)
     root = common.datasets_root(config)
     dataset_dir = os.path.join(root, fp)
     for name in atomic.clean_stale_temps(root):  # left by a killed prep
@@ -145,7 +165,13 @@ def run(config):
         return _result(fp, dataset_dir, schema, True)
 
     fmt = data["format"]
-    parsed = sources.read_csv(config, files) if fmt == "csv" else sources.read_images(config)
+    if fmt == "csv":
+        reading = common.Progress("prep: read", sum(line_counts.values()), "lines")
+        parsed = sources.read_csv(config, files, reading)
+    else:
+        reading = common.Progress("prep: read", len(files), "images")
+        parsed = sources.read_images(config, reading)
+    reading.finish()
     splits = {"train": [], "eval": []}
     for example in parsed["examples"]:
         held_out = is_eval(example[0], data["split_seed"], data["eval_fraction"])
@@ -174,8 +200,10 @@ def run(config):
     stats = compute_stats(fmt, parsed, splits, len(class_names))
 
     with atomic.temp_dir(root) as tmp:
-        schema["shards"] = {s: write_shards(tmp, s, e, fmt, data["shard_size"])
+        writing = common.Progress("prep: wrote", total, "examples")
+        schema["shards"] = {s: write_shards(tmp, s, e, fmt, data["shard_size"], writing)
                             for s, e in splits.items()}
+        writing.finish()
         atomic.write_json(os.path.join(tmp, "schema.json"), schema)
         atomic.write_json(os.path.join(tmp, "stats.json"), stats)
         atomic.write_json(os.path.join(tmp, "fingerprint.json"), {

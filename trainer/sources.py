@@ -102,19 +102,28 @@ def _parse_number(text, kind, where):
     return number
 
 
-def _read_rows(rel, path):
-    """Yield ``(line_number, cells)`` of the non-blank rows of one CSV file."""
+def _read_rows(rel, path, progress=None):
+    """Yield ``(line_number, cells)`` of the non-blank rows of one CSV file.
+
+    ``progress`` (a :class:`~trainer.common.Progress`) counts the physical lines read.
+    """
     try:
         with open(path, newline="", encoding="utf-8-sig") as handle:
             reader = csv.reader(handle, strict=True)
+            counted = 0
             while True:
                 try:
                     row = next(reader)
                 except StopIteration:
-                    return
+                    row = None
                 except csv.Error as error:
                     raise BadInput("%s line %d: malformed CSV row (%s)"
                                    % (rel, reader.line_num, error))
+                if progress is not None:
+                    progress.add(reader.line_num - counted)
+                    counted = reader.line_num
+                if row is None:
+                    return
                 if not row or all(cell.strip() == "" for cell in row):
                     continue
                 yield reader.line_num, row
@@ -122,8 +131,8 @@ def _read_rows(rel, path):
         raise BadInput("%s is not UTF-8 text (%s)" % (rel, error))
 
 
-def read_csv(config, files):
-    """Read and validate the CSV inputs.
+def read_csv(config, files, progress=None):
+    """Read and validate the CSV inputs (``progress`` counts the lines read, if given).
 
     Returns a dict with ``feature_names``, ``feature_types``, ``class_names`` and ``examples``
     (``(key, [float, ...], label_id)``).
@@ -133,7 +142,7 @@ def read_csv(config, files):
     header = None
     rows = []  # (key, features, raw label, where)
     for rel, path in files:
-        it = _read_rows(rel, path)
+        it = _read_rows(rel, path, progress)
         first = next(it, None)
         if first is None:
             raise BadInput("%s is empty: expected a header row naming the columns" % rel)
@@ -226,8 +235,10 @@ def load_image(path, rel, height, width, channels):
     return array.reshape(height, width, channels)
 
 
-def read_images(config):
+def read_images(config, progress=None):
     """Read and validate an image folder (one sub-folder per class).
+
+    ``progress`` (a :class:`~trainer.common.Progress`) counts the images read.
 
     Returns ``class_names`` and ``examples`` (``(relative_path, uint8 array, label_id)``).
     """
@@ -244,6 +255,8 @@ def read_images(config):
         array = load_image(path, rel, height, width, data["channels"])
         examples.append((rel, array, ids[class_name]))
         counts[ids[class_name]] += 1
+        if progress is not None:
+            progress.add()
     _check_classes(class_names, counts, root)
     empty = [n for n, c in zip(class_names, counts) if not c]
     if empty:

@@ -6,8 +6,8 @@ behave as in a deployment. The last line printed is::
 
     {"dag_id": ..., "run_id": ..., "state": "success", "model_dir": ..., "metrics": {...}, "tasks": {...}}
 
-``model_dir`` is the exported version as a path on the engine's host. The exit status is 0 only
-when the run succeeded.
+``model_dir`` is the exported version as a path on the engine's host; ``published`` its
+``gs://`` URI when the run published it. The exit status is 0 only when the run succeeded.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ def summarize(dag: Any, dag_run: Any) -> dict[str, Any]:
         "model_dir": _host_path(export.get("model_dir"), dag),
         "metrics": metrics,
         "blessed": evaluation.get("blessed"),
+        "published": (results.get("publish") or {}).get("uri"),
         "tasks": tasks,
     }
 

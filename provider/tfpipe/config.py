@@ -152,6 +152,44 @@ def check_relative_path(field_name: str, value: Any) -> None:
         )
 
 
+# --- Google Cloud Storage URIs (issue #7) ---------------------------------------------------------
+
+_GCS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]*[a-z0-9]$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_gcs_uri(field_name: str, value: Any) -> tuple[str, str]:
+    """Validate a ``gs://bucket[/prefix]`` URI and return ``(bucket, prefix)``.
+
+    Form only (no I/O): the scheme, a valid bucket name (3-63 characters of lowercase letters,
+    digits, ``-``, ``_`` and ``.``; up to 222 with dots) and a prefix without empty, ``.`` or
+    ``..`` segments. A trailing ``/`` is kept: it marks the prefix as a folder.
+    """
+    example = "e.g. 'gs://my-bucket/raw/digits'"
+    if not isinstance(value, str) or not value:
+        raise _fail(field_name, f"must be a gs:// URI, got {value!r}", f"write it as gs://BUCKET/PREFIX, {example}")
+    if not value.startswith("gs://"):
+        raise _fail(field_name, f"{value!r} is not a gs:// URI (only Google Cloud Storage is supported)",
+                    f"write it as gs://BUCKET/PREFIX, {example}")
+    if _CONTROL.search(value) or value != value.strip():
+        raise _fail(field_name, f"{value!r} contains control characters or surrounding whitespace",
+                    "remove them")
+    bucket, _, prefix = value[len("gs://"):].partition("/")
+    if not bucket:
+        raise _fail(field_name, f"{value!r} names no bucket", f"write it as gs://BUCKET/PREFIX, {example}")
+    too_long = len(bucket) > 222 or ("." not in bucket and len(bucket) > 63) or any(
+        len(part) > 63 for part in bucket.split("."))
+    if not _GCS_BUCKET.match(bucket) or len(bucket) < 3 or too_long or ".." in bucket:
+        raise _fail(field_name, f"{bucket!r} in {value!r} is not a valid bucket name (3-63 lowercase letters, "
+                    "digits, '-', '_' or '.', starting and ending with a letter or digit)",
+                    f"correct the bucket name, {example}")
+    segments = prefix.rstrip("/").split("/") if prefix.rstrip("/") else []
+    if prefix.startswith("/") or any(seg in ("", ".", "..") for seg in segments):
+        raise _fail(field_name, f"the path {prefix!r} of {value!r} has an empty, '.' or '..' segment",
+                    f"write the prefix as plain names separated by single '/', {example}")
+    return bucket, prefix
+
+
 @dataclass(frozen=True)
 class _Section:
     """Base of every config section: strict construction from mappings."""
@@ -351,8 +389,8 @@ class TrainingConfig(_Section):
             check_positive_int(f"training.{name}", getattr(self, name))
         if self.epochs > 100000:
             raise _fail("training.epochs", f"{self.epochs} is not a plausible epoch count", "use at most 100000")
-        if not _is_number(self.learning_rate) or not 0 < self.learning_rate <= 10:
-            raise _fail("training.learning_rate", f"must be a number in (0, 10], got {self.learning_rate!r}",
+        if not _is_number(self.learning_rate) or not 0 < self.learning_rate < float("inf"):
+            raise _fail("training.learning_rate", f"must be a finite number > 0, got {self.learning_rate!r}",
                         "e.g. 0.001")
         check_choice("training.optimizer", self.optimizer, OPTIMIZERS)
         if not _is_int(self.seed) or self.seed < 0:
@@ -417,6 +455,10 @@ class ResourcesConfig(_Section):
     :param shm_size: ``/dev/shm`` size; tf.data worker threads need more than Docker's 64 MB.
     :param user: ``uid:gid`` the stages run as (non-root, so mounted files belong to the user).
     :param network_mode: Docker network (``"none"`` isolates training from the network).
+    :param environment: extra environment variables of every stage container.
+    :param private_environment: secret environment variables (tokens, keys): passed to the
+        containers only, never rendered in the UI, logged or stored in XCom. Prefer reading them
+        from a secrets backend in the DAG file over writing values into it.
     """
 
     section: ClassVar[str] = "resources"
@@ -427,9 +469,19 @@ class ResourcesConfig(_Section):
     shm_size: str = "1g"
     user: str = "1000:1000"
     network_mode: str = "bridge"
+    environment: Mapping = field(default_factory=dict)
+    private_environment: Mapping = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         from tfpipe.specs import GpuRequest  # local: specs imports this module
+
+        for name in ("environment", "private_environment"):
+            env = getattr(self, name)
+            if not isinstance(env, Mapping) or not all(
+                    isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) and isinstance(v, str)
+                    for k, v in env.items()):
+                raise _fail(f"resources.{name}", "must map variable names to string values",
+                            "e.g. {'WANDB_MODE': 'offline'}")
 
         GpuRequest.parse(self.gpus, field_name="resources.gpus")
         check_choice("resources.gpu_fallback", self.gpu_fallback, GPU_FALLBACKS)
@@ -500,6 +552,12 @@ class PipelineConfig:
     :param start_date: first schedulable date.
     :param tags: DAG tags.
     :param description: one-line DAG description.
+    :param data_uri: default ``gs://bucket/prefix`` synced to ``volumes.data``/``data.path`` before prep
+        (a run's ``data_uri`` Param overrides it); ``None`` = no stage-in.
+    :param publish_uri: default ``gs://bucket/prefix`` blessed exports are published under, as
+        ``<prefix>/<model_name>/<version>/`` (a run's ``publish_uri`` Param overrides it); ``None`` = no publish.
+    :param gcp_conn_id: Airflow connection with the Google credentials (missing: Application Default
+        Credentials; with ``STORAGE_EMULATOR_HOST`` set: anonymous).
     """
 
     dag_id: str
@@ -520,6 +578,10 @@ class PipelineConfig:
     start_date: datetime = datetime(2026, 1, 1, tzinfo=timezone.utc)
     tags: tuple = ("tfpipe",)
     description: str = "TensorFlow training pipeline: prep -> train -> evaluate -> export"
+    # Google Cloud Storage (issue #7)
+    data_uri: str | None = None
+    publish_uri: str | None = None
+    gcp_conn_id: str = "google_cloud_default"
 
     _SECTIONS: ClassVar[dict[str, type[_Section]]] = {
         "image": ImageConfig,
@@ -557,6 +619,13 @@ class PipelineConfig:
         if self.data.format == "csv" and self.training.model in ("cnn", "resnet50"):
             raise _fail("training.model", f"{self.training.model!r} needs images, data.format is 'csv'", "use 'mlp'")
         object.__setattr__(self, "tags", tuple(self.tags))
+        # Google Cloud Storage (issue #7)
+        for name in ("data_uri", "publish_uri"):
+            if getattr(self, name) is not None:
+                check_gcs_uri(name, getattr(self, name))
+        if not isinstance(self.gcp_conn_id, str) or not self.gcp_conn_id.strip():
+            raise _fail("gcp_conn_id", f"must name an Airflow connection, got {self.gcp_conn_id!r}",
+                        "e.g. 'google_cloud_default'")
 
     @classmethod
     def from_dict(cls, mapping: Mapping[str, Any]) -> PipelineConfig:

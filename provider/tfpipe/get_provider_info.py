@@ -18,5 +18,6 @@ def get_provider_info() -> dict:
                 "tags": ["software"],
             }
         ],
-        "operators": [{"integration-name": "tfpipe", "python-modules": ["tfpipe.operators"]}],
+        "operators": [{"integration-name": "tfpipe", "python-modules": ["tfpipe.operators", "tfpipe.transfers"]}],
+        "hooks": [{"integration-name": "tfpipe", "python-modules": ["tfpipe.hooks.gcs"]}],
     }

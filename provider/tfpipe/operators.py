@@ -169,6 +169,10 @@ class TfpipeStageOperator(DockerOperator):
         except (TfpipeConfigError, contract.ContractError) as err:
             raise AirflowFailException(f"{self.task_id}: invalid run parameters: {err}") from err
 
+        from airflow.providers.common.compat.sdk import mask_secret
+
+        for value in (self._private_environment or {}).values():
+            mask_secret(value)  # redacted should a stage ever print it
         self.container_name = container_name(ti.dag_id, ti.run_id, ti.task_id, map_index)
         self.labels = container_labels(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
                                        try_number=ti.try_number, stage=self.stage, map_index=map_index)

@@ -16,13 +16,15 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from airflow.providers.common.compat.sdk import DAG, Asset, Param
+from airflow.providers.common.compat.sdk import DAG, Asset, Param, TriggerRule
 
 from tfpipe.config import BUILTIN_MODELS, OPTIMIZERS, PipelineConfig
 from tfpipe.operators import OPERATORS, TfpipeStageOperator
 from tfpipe.specs import StageSpec, plan_pipeline
+from tfpipe.transfers import GcsPublishOperator, GcsStageInOperator
 
 GPU_PARAM_PATTERN = r"^(all|none|[0-9]+|[0-9]+(,[0-9]+)+)$"
+GCS_PARAM_PATTERN = r"^gs://"
 
 
 def pipeline_params(cfg: PipelineConfig) -> dict[str, Param]:
@@ -36,8 +38,8 @@ def pipeline_params(cfg: PipelineConfig) -> dict[str, Param]:
                         title="Epochs", description="Target number of epochs; a resumed run trains until it."),
         "batch_size": Param(t.batch_size, type="integer", minimum=1, maximum=65536,
                             title="Batch size", description="Global batch size (split across GPUs)."),
-        "learning_rate": Param(t.learning_rate, type="number", exclusiveMinimum=0, maximum=10,
-                               title="Learning rate"),
+        "learning_rate": Param(t.learning_rate, type="number", exclusiveMinimum=0,
+                               maximum=max(10.0, t.learning_rate), title="Learning rate"),
         "model": Param(t.model, type="string", enum=models, title="Model",
                        description="Built-in model, or the configured custom model."),
         "optimizer": Param(t.optimizer, type="string", enum=list(OPTIMIZERS), title="Optimizer"),
@@ -47,6 +49,13 @@ def pipeline_params(cfg: PipelineConfig) -> dict[str, Param]:
                             description="Initialise from the newest blessed model instead of from scratch."),
         "gpus": Param(None, type=["null", "string"], pattern=GPU_PARAM_PATTERN, title="GPUs",
                       description="Empty = as configured; 'none' = CPU; 'all'; a count such as '2'; or ids '0,1'."),
+        # Google Cloud Storage (issue #7): empty = the config's data_uri / publish_uri
+        "data_uri": Param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN, title="Data URI",
+                          description="gs://bucket/prefix synced to the data path before prep. Empty = "
+                          f"{cfg.data_uri or 'none (use the data volume as it is)'}."),
+        "publish_uri": Param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN, title="Publish URI",
+                             description="gs://bucket/prefix a blessed export is published under "
+                             f"(<prefix>/{cfg.export.model_name}/<version>/). Empty = {cfg.publish_uri or 'none'}."),
     }
 
 
@@ -69,7 +78,9 @@ blesses a candidate with {cfg.evaluation.metric} >= {cfg.evaluation.threshold} a
 current model by more than {cfg.evaluation.tolerance}; otherwise export is skipped.
 
 Trigger parameters: `epochs`, `batch_size`, `learning_rate`, `model`, `optimizer`, `seed`,
-`mixed_precision`, `warm_start`, `gpus`.
+`mixed_precision`, `warm_start`, `gpus`, `data_uri` and `publish_uri` (Google Cloud Storage:
+`stage_in` syncs `data_uri` to the data path before prep, `publish` uploads a blessed export to
+`publish_uri`; each skips itself when no URI is set).
 """
 
 
@@ -107,6 +118,7 @@ def operator_from_spec(spec: StageSpec, cfg: PipelineConfig) -> TfpipeStageOpera
         mem_limit=spec.mem_limit,
         network_mode=spec.network_mode,
         environment=dict(spec.environment),
+        private_environment=dict(cfg.resources.private_environment) or None,
         docker_url=cfg.docker_url,
         retries=spec.retries,
         retry_delay=timedelta(seconds=cfg.retry_delay_seconds),
@@ -138,4 +150,42 @@ def training_pipeline(cfg: PipelineConfig, **dag_kwargs: Any) -> DAG:
         for spec in specs:
             for upstream in spec.upstream:
                 operators[upstream] >> operators[spec.task_id]
+        _add_gcs_tasks(cfg, operators)
     return dag
+
+
+# --- Google Cloud Storage (issue #7) --------------------------------------------------------------
+
+def _add_gcs_tasks(cfg: PipelineConfig, operators: dict[str, Any]) -> None:
+    """``stage_in >> prep`` and ``export >> publish``; each skips itself without a URI.
+
+    Prep gets ``trigger_rule="none_failed"`` so a skipped stage-in does not skip it; publish keeps
+    ``all_success``, so it runs only after a successful export (a not-blessed run skips it too).
+    """
+    common: dict[str, Any] = dict(
+        image=cfg.image.ref, allow_floating_tag=cfg.image.allow_floating_tag, gcp_conn_id=cfg.gcp_conn_id,
+        docker_url=cfg.docker_url, retries=2, retry_delay=timedelta(seconds=cfg.retry_delay_seconds),
+    )
+    stage_in = GcsStageInOperator(
+        task_id="stage_in", data_volume=cfg.volumes.data, data_path=cfg.data.path, source_uri=cfg.data_uri,
+        user=cfg.resources.user, doc_md=GCS_DOCS["stage_in"], **common)
+    publish = GcsPublishOperator(
+        task_id="publish", models_volume=cfg.volumes.models, model_name=cfg.export.model_name,
+        destination_uri=cfg.publish_uri, export_task_id="export", doc_md=GCS_DOCS["publish"], **common)
+    operators["prep"].trigger_rule = TriggerRule.NONE_FAILED
+    stage_in >> operators["prep"]
+    operators["export"] >> publish
+
+
+GCS_DOCS = {
+    "stage_in": (
+        "**stage_in** syncs the run's `data_uri` (else the config's) from Google Cloud Storage to the data "
+        "path on the data volume, through the Docker engine: only new or changed objects are downloaded, "
+        "deleted ones are removed. Skipped when no URI is set; prep then reads the volume as it is."
+    ),
+    "publish": (
+        "**publish** uploads the exported version to `<publish_uri>/<model_name>/<version>/` and writes the "
+        "`_COMPLETE` marker last; a retry completes an interrupted upload. Skipped when no URI is set or "
+        "nothing was exported."
+    ),
+}

@@ -290,7 +290,7 @@ def plan_pipeline(cfg: PipelineConfig) -> list[StageSpec]:
                 command=stage_command(stage),
                 config=config_template(cfg, stage),
                 mounts=mounts,
-                environment=dict(TF_DEFAULT_ENV),
+                environment={**TF_DEFAULT_ENV, **cfg.resources.environment},
                 writable_dirs=(),  # depends on the run: computed at execute time
                 user=cfg.resources.user,
                 shm_size=cfg.resources.shm_size,

@@ -70,18 +70,24 @@ def test_the_four_stages_through_the_cli(ws, cli, tmp_path):
 
     proc = cli("evaluate", ws.config("evaluate"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert result_of(proc)["blessed"] is True
+    result = result_of(proc)
+    assert result["blessed"] is True and "WARNING" not in proc.stdout
+    assert result["report"] == os.path.join(ws.run_dir(), "report.html")
+    assert [os.path.basename(p) for p in result["plots"]] == [
+        "loss.png", "accuracy.png", "confusion_matrix.png"]
 
     proc = cli("export", ws.config("export"), env={"TFPIPE_IMAGE_ID": "abc123"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = result_of(proc)
     assert result["version"] == 1 and result["metrics"]["accuracy"] >= 0.9
+    assert os.path.isfile(os.path.join(result["model_dir"], "report", "report.html"))
     meta = json.load(open(os.path.join(result["model_dir"], "metadata.json")))
     assert meta["image"] == {"reference": "tfpipe/trainer:test", "id": "abc123"}
 
     proc = cli("evaluate", ws.config("evaluate", evaluation={"threshold": 1.01}))
     assert proc.returncode == contract.ExitCode.NOT_BLESSED
     assert result_of(proc)["blessed"] is False
+    assert result_of(proc)["report"] == os.path.join(ws.run_dir(), "report.html")
     for stage in ("prep", "train", "evaluate", "export"):
         assert os.path.exists(os.path.join(ws.run_dir(), "config", stage + ".json"))
 

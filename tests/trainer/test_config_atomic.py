@@ -2,6 +2,7 @@
 
 import json
 import os
+import stat
 import time
 
 import pytest
@@ -80,3 +81,36 @@ def test_clean_stale_temps_only_removes_old_ones(tmp_path):
     removed = atomic.clean_stale_temps(str(tmp_path))
     assert removed == [os.path.basename(old)]
     assert sorted(os.listdir(str(tmp_path))) == sorted(["3", os.path.basename(new)])
+
+
+def mode(path):
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def test_outputs_are_world_readable_whatever_the_umask(tmp_path):
+    old = os.umask(0o077)  # mkstemp/mkdtemp give 0600/0700 anyway; open/mkdir obey the umask
+    try:
+        path = str(tmp_path / "run" / "x.json")
+        atomic.write_json(path, {"a": 1})
+        atomic.write_bytes(str(tmp_path / "run" / "plot.png"), b"\x89PNG")
+        atomic.write_text(str(tmp_path / "run" / "report.html"), "<p>\u00e9</p>")
+        tmp = atomic.make_temp_dir(str(tmp_path / "models"))
+        assert mode(tmp) == 0o755
+        os.makedirs(os.path.join(tmp, "variables"))
+        with open(os.path.join(tmp, "variables", "data"), "w") as handle:  # as TF writes
+            handle.write("x")
+        atomic.publish_dir(tmp, str(tmp_path / "models" / "1"))
+        replaced = atomic.make_temp_dir(str(tmp_path / "models"))
+        open(os.path.join(replaced, "weights"), "w").close()
+        atomic.replace_dir(replaced, str(tmp_path / "models" / "final"))
+    finally:
+        os.umask(old)
+    for name in ("x.json", "plot.png", "report.html"):
+        assert mode(str(tmp_path / "run" / name)) == 0o644, name
+    assert open(str(tmp_path / "run" / "report.html"), encoding="utf-8").read() == "<p>\u00e9</p>"
+    version = str(tmp_path / "models" / "1")
+    assert mode(version) == mode(os.path.join(version, "variables")) == 0o755
+    assert mode(os.path.join(version, "variables", "data")) == 0o644
+    assert mode(str(tmp_path / "models" / "final")) == 0o755
+    assert mode(str(tmp_path / "models" / "final" / "weights")) == 0o644
+    assert sorted(os.listdir(str(tmp_path / "run"))) == ["plot.png", "report.html", "x.json"]

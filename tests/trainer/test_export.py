@@ -5,6 +5,7 @@ import glob
 import json
 import os
 import shutil
+import stat
 import time
 
 import numpy as np
@@ -29,7 +30,8 @@ def test_export_serves_raw_csv_features_after_a_fresh_load(trained):
     model_dir = os.path.join(trained.models, "blobs", "1")
     assert result == {"model_dir": model_dir, "version": 1, "model_name": "blobs",
                       "metrics": trained.read("evaluation.json")["metrics"],
-                      "already_exported": False}
+                      "already_exported": False,
+                      "report": os.path.join(model_dir, "report", "report.html")}
     assert entries(trained) == ["1"]
     meta = json.load(open(os.path.join(model_dir, "metadata.json")))
     assert (meta["dag_id"], meta["run_id"], meta["version"]) == (
@@ -62,6 +64,7 @@ def test_export_is_idempotent_for_the_same_run(trained, capsys):
     first = export.run(trained.config("export"))
     again = export.run(trained.config("export", try_number=2))
     assert again["version"] == first["version"] == 1 and again["already_exported"] is True
+    assert again["report"] == first["report"] and os.path.isfile(first["report"])
     assert "already exported as version 1" in capsys.readouterr().out
     assert entries(trained) == ["1"]
 
@@ -151,3 +154,30 @@ def test_image_model_serves_encoded_png_and_jpeg_bytes(ws):
     truth = [os.path.basename(os.path.dirname(f)) for f in files]
     names = [n.decode() for n in out["class_name"].numpy()]
     assert np.mean([a == b for a, b in zip(names, truth)]) >= 0.9
+
+
+def test_an_exported_version_is_readable_by_other_users(trained):
+    old = os.umask(0o077)  # even under a strict umask: TF Serving runs as another uid
+    try:
+        evaluate.run(trained.config("evaluate"))
+        result = export.run(trained.config("export"))
+    finally:
+        os.umask(old)
+    modes = {}
+    for dirpath, dirnames, filenames in os.walk(result["model_dir"]):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            modes[os.path.relpath(path, result["model_dir"])] = stat.S_IMODE(os.stat(path).st_mode)
+    assert stat.S_IMODE(os.stat(result["model_dir"]).st_mode) == 0o755
+    assert {"saved_model.pb", "variables", "metadata.json", "report",
+            "report/report.html"} <= set(modes)
+    for rel, mode in modes.items():
+        path = os.path.join(result["model_dir"], rel)
+        assert mode == (0o755 if os.path.isdir(path) else 0o644), (rel, oct(mode))
+    for name in ("evaluation.json", "blessing.json", "report.html", "loss.png"):
+        assert stat.S_IMODE(os.stat(os.path.join(trained.run_dir(), name)).st_mode) == 0o644
+    dataset = os.path.join(trained.work, "datasets", trained.read("dataset.json")["fingerprint"])
+    assert stat.S_IMODE(os.stat(dataset).st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(os.path.join(dataset, "schema.json")).st_mode) == 0o644
+    final = os.path.join(trained.run_dir(), "train", "final")
+    assert stat.S_IMODE(os.stat(final).st_mode) == 0o755

@@ -9,7 +9,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from conftest import write_blobs_csv, write_image_folder  # noqa: E402
-from trainer import prep  # noqa: E402
+from trainer import common, prep  # noqa: E402
 from trainer.errors import BadInput  # noqa: E402
 
 
@@ -193,3 +193,36 @@ def test_split_is_deterministic_and_stable_when_data_grows(ws, tmp_path):
     assert prep.is_eval("a.csv:1,2", 42, 0.2) == prep.is_eval("a.csv:1,2", 42, 0.2)
     share = np.mean([prep.is_eval("k%d" % i, 42, 0.2) for i in range(5000)])
     assert 0.17 < share < 0.23
+
+
+def test_prep_logs_progress_in_plain_lines(ws, capsys, monkeypatch):
+    monkeypatch.setattr(common.Progress, "every_s", 0.0)  # a line per step instead of per 5 s
+    prep.run(ws.config("prep"))
+    out = capsys.readouterr().out
+    assert "\r" not in out
+    assert "prep: fingerprint " in out and " MiB (100%)" in out
+    assert "prep: read 150/301 lines (49%)" in out  # header + 300 rows
+    assert "prep: read 301/301 lines (100%)" in out
+    assert "prep: wrote 300/300 examples (100%)" in out
+    write_image_folder(os.path.join(ws.data, "imgs"), per_class=5)
+    prep.run(ws.config("prep", data={"format": "images", "path": "imgs",
+                                     "image_size": [8, 8], "eval_fraction": 0.3}))
+    out = capsys.readouterr().out
+    assert "prep: read 10/10 images (100%)" in out and "prep: wrote 10/10 examples" in out
+
+
+def test_progress_is_throttled_and_quiet_for_short_phases(capsys):
+    common.setup_logging()
+    times = iter([0.0, 1.0, 5.5, 7.0, 11.0, 12.0])
+    progress = common.Progress("prep: read", 50, "lines", clock=lambda: next(times))
+    for _ in range(5):  # at 1.0, 5.5 (logged), 7.0, 11.0 (logged), 12.0
+        progress.add(10)
+    progress.finish()
+    lines = [l for l in capsys.readouterr().out.splitlines() if "prep: read" in l]
+    assert [l.split("INFO ")[1] for l in lines] == [
+        "prep: read 20/50 lines (40%)", "prep: read 40/50 lines (80%)",
+        "prep: read 50/50 lines (100%)"]
+    quiet = common.Progress("prep: read", 3, "lines")
+    quiet.add(3)
+    quiet.finish()
+    assert "prep: read" not in capsys.readouterr().out

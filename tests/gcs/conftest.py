@@ -1,0 +1,100 @@
+"""Fixtures of the Google Cloud Storage tests: a real emulator and the real client (nothing mocked).
+
+The emulator (``gcp-storage-emulator``, pinned in requirements/host.lock) runs as a subprocess in its
+own process group on a free loopback port, in memory, for the whole session; the process group is
+killed at teardown.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory) -> str:
+    """``http://127.0.0.1:PORT`` of a running in-memory Cloud Storage emulator."""
+    binary = Path(sys.executable).parent / "gcp-storage-emulator"
+    if not binary.exists():
+        pytest.fail(f"{binary} is missing: `make venv` installs gcp-storage-emulator from requirements/host.lock")
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("emulator") / "emulator.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([str(binary), "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    host = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"the emulator exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{host}/storage/v1/b?project=test", timeout=2) as resp:
+                if resp.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"the emulator did not answer on {host} within 30 s:\n{log_path.read_text()[-3000:]}")
+        time.sleep(0.1)
+    try:
+        yield host
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture
+def emulator_env(gcs_emulator, monkeypatch) -> str:
+    """This process talks to the emulator, without a Google connection (anonymous credentials)."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
+    monkeypatch.delenv("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", raising=False)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    return gcs_emulator
+
+
+@pytest.fixture
+def gcs_client(emulator_env):
+    """The real ``google.cloud.storage`` client, against the emulator."""
+    from google.cloud import storage
+
+    return storage.Client(project="test")
+
+
+@pytest.fixture
+def bucket(gcs_client):
+    """A fresh bucket for one test."""
+    return gcs_client.create_bucket(f"tfpipe-test-{uuid.uuid4().hex[:12]}")
+
+
+def fake_context(task_id: str, *, params: dict | None = None, xcom: dict | None = None) -> dict:
+    """The parts of an Airflow task context the transfer operators read."""
+    ti = SimpleNamespace(dag_id="tfpipe_gcs_test", run_id=f"manual__{uuid.uuid4().hex[:8]}", task_id=task_id,
+                         try_number=1, map_index=-1, xcom_pull=lambda task_ids: xcom)
+    return {"ti": ti, "params": params or {}}
+
+
+def object_names(client, bucket_name: str, prefix: str = "") -> list[str]:
+    """Every object name under ``prefix``."""
+    return sorted(b.name for b in client.list_blobs(bucket_name, prefix=prefix))

@@ -1,0 +1,100 @@
+"""Missing buckets, rejected credentials and malformed URIs: clear messages, no retries."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+from airflow.providers.common.compat.sdk import AirflowFailException
+
+from tests.gcs.conftest import fake_context
+from tfpipe.hooks.gcs import GcsAccessError
+from tfpipe.transfers import GcsPublishOperator, GcsStageInOperator, list_published_versions
+
+pytestmark = [pytest.mark.gcs, pytest.mark.integration]
+
+
+def _stage_in(tmp_path, image, uri, **kwargs):
+    return GcsStageInOperator(task_id="stage_in", data_volume=str(tmp_path / "data"), data_path="digits/",
+                              image=image, source_uri=uri, **kwargs)
+
+
+def test_missing_bucket_fails_without_retry(tmp_path, trainer_image, emulator_env, docker_client):
+    with pytest.raises(GcsAccessError) as err:
+        _stage_in(tmp_path, trainer_image, "gs://no-such-bucket-tfpipe/raw/").execute(fake_context("stage_in"))
+    message = str(err.value)
+    assert "bucket 'no-such-bucket-tfpipe' does not exist" in message and "Fix: create it" in message
+    assert isinstance(err.value, AirflowFailException)
+    assert not (tmp_path / "data").exists(), "nothing is touched before the bucket was found"
+
+    op = GcsPublishOperator(task_id="publish", models_volume=str(tmp_path / "models"), model_name="digits",
+                            image=trainer_image, destination_uri="gs://no-such-bucket-tfpipe/models")
+    with pytest.raises(GcsAccessError, match="bucket 'no-such-bucket-tfpipe' does not exist"):
+        op.execute(fake_context("publish", xcom={"version": 1, "model_name": "digits"}))
+    with pytest.raises(GcsAccessError, match="does not exist"):
+        list_published_versions("gs://no-such-bucket-tfpipe/models", "digits")
+
+
+def test_empty_prefix_is_an_error(tmp_path, trainer_image, bucket):
+    bucket.blob("raw/digits-old/a.csv").upload_from_string(b"x")
+    with pytest.raises(AirflowFailException, match="matched no objects"):
+        _stage_in(tmp_path, trainer_image, f"gs://{bucket.name}/raw/digits").execute(fake_context("stage_in"))
+
+
+def test_malformed_uri_in_a_run_parameter(tmp_path, trainer_image, emulator_env):
+    with pytest.raises(AirflowFailException) as err:
+        _stage_in(tmp_path, trainer_image, None).execute(
+            fake_context("stage_in", params={"data_uri": "gs://Raw Data/digits"}))
+    assert "run parameter 'data_uri'" in str(err.value) and "not a valid bucket name" in str(err.value)
+
+
+@pytest.fixture
+def rejecting_token_endpoint():
+    """An OAuth token endpoint that rejects every key, as Google's does for a deleted key."""
+    calls = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's naming)
+            calls.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            body = json.dumps({"error": "invalid_grant", "error_description": "Invalid JWT Signature."}).encode()
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/token", calls
+    server.shutdown()
+    server.server_close()
+
+
+def test_rejected_credentials_fail_without_retry(tmp_path, trainer_image, bucket, monkeypatch,
+                                                 rejecting_token_endpoint):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    token_uri, calls = rejecting_token_endpoint
+    pem = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
+    key = {"type": "service_account", "project_id": "test", "private_key_id": "0123abcd", "private_key": pem,
+           "client_email": "trainer@test.iam.gserviceaccount.com", "client_id": "1", "token_uri": token_uri}
+    monkeypatch.setenv("AIRFLOW_CONN_GCS_REVOKED", json.dumps(
+        {"conn_type": "google_cloud_platform", "extra": {"keyfile_dict": json.dumps(key)}}))
+    bucket.blob("raw/digits/a.csv").upload_from_string(b"x,label\n1,0\n")
+
+    op = _stage_in(tmp_path, trainer_image, f"gs://{bucket.name}/raw/digits/", gcp_conn_id="gcs_revoked")
+    with pytest.raises(GcsAccessError) as err:
+        op.execute(fake_context("stage_in"))
+    message = str(err.value)
+    assert "credentials from connection 'gcs_revoked' (key in extra keyfile_dict) were rejected" in message
+    assert "invalid_grant" in message and "Fix:" in message
+    assert "PRIVATE KEY" not in message and pem.splitlines()[1] not in message
+    assert 1 <= len(calls) <= 2, "the real client asked the token endpoint, and did not keep retrying"

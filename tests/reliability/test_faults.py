@@ -1,0 +1,195 @@
+"""Bad input, faults and least privilege, each shown for real through Airflow and the engine."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, dag_command, parse_summary, run_dag, write_dag
+
+pytestmark = [pytest.mark.integration, pytest.mark.reliability]
+
+
+def _versions(home: Path, name: str) -> list[str]:
+    root = home / "models" / name
+    return sorted(p.name for p in root.iterdir()) if root.exists() else []
+
+
+def test_malformed_csv_fails_prep_once_naming_file_and_row(tfpipe_home, trainer_image, tmp_path):
+    csv = tfpipe_home / "data" / "digits" / "digits.csv"
+    lines = csv.read_text().splitlines()
+    lines[42] = lines[42].replace(",", ",seven,", 1)
+    csv.write_text("\n".join(lines) + "\n")
+    write_dag(tmp_path / "dags", "bad_csv")
+    summary, log = run_dag("bad_csv", {}, home=tfpipe_home, image=trainer_image, dags_folder=tmp_path / "dags")
+    assert summary["state"] == "failed"
+    assert summary["tasks"]["prep"] == {"state": "failed", "try_number": 1}, "bad data must not be retried"
+    assert "digits.csv" in log and "row 43" in log.lower().replace("line", "row")
+    datasets = tfpipe_home / "work" / "datasets"
+    assert not datasets.exists() or [p for p in datasets.iterdir() if not p.name.startswith(".")] == []
+
+
+def test_nan_loss_fails_clearly_and_keeps_earlier_versions(tfpipe_home, trainer_image, tmp_path):
+    dags = tmp_path / "dags"
+    write_dag(dags, "nan_loss", training={"model": "mlp", "epochs": 3, "learning_rate": 0.002})
+    good, log = run_dag("nan_loss", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    assert good["state"] == "success", log[-4000:]
+    before = _versions(tfpipe_home, "nan_loss")
+    # a learning rate no trigger form allows (Params cap it at 10), set in the DAG's config
+    write_dag(dags, "nan_loss", training={"model": "mlp", "epochs": 3, "learning_rate": 1e12, "optimizer": "sgd"})
+    bad, log = run_dag("nan_loss", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    assert bad["state"] == "failed"
+    assert bad["tasks"]["train"] == {"state": "failed", "try_number": 1}, "divergence must not be retried"
+    assert bad["tasks"]["export"]["state"] == "upstream_failed"
+    assert "diverged" in log.lower() and ("nan" in log.lower() or "inf" in log.lower())
+    assert _versions(tfpipe_home, "nan_loss") == before
+
+
+def test_out_of_space_export_leaves_no_partial_version_and_retry_completes(tfpipe_home, trainer_image, tmp_path):
+    models = tmp_path / "small-models"
+    models.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(models)], check=True)
+    try:
+        dags = tmp_path / "dags"
+        write_dag(dags, "nospace", training={"model": "mlp", "epochs": 2})
+        text = (dags / "nospace.py").read_text().replace('f"{HOME}/models"', repr(str(models)))
+        (dags / "nospace.py").write_text(text)
+        first, log = run_dag("nospace", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+        assert first["state"] == "success", log[-4000:]
+        v1 = models / "nospace" / "1"
+        v1_files = sorted(str(p.relative_to(v1)) for p in v1.rglob("*"))
+        # leave less room than one version needs
+        free = int(subprocess.run(["df", "--output=avail", "-B1", str(models)], capture_output=True,
+                                  text=True, check=True).stdout.split()[-1])
+        (models / "filler").write_bytes(b"\0" * max(0, free - 64 * 1024))
+        failed, log = run_dag("nospace", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+        assert failed["state"] == "failed" and failed["tasks"]["export"]["state"] == "failed"
+        assert "No space left on device" in log or "ENOSPC" in log or "space" in log.lower()
+        assert sorted(p.name for p in (models / "nospace").iterdir() if not p.name.startswith(".")) == ["1"]
+        assert sorted(str(p.relative_to(v1)) for p in v1.rglob("*")) == v1_files, "earlier version changed"
+        (models / "filler").unlink()
+        retried, log = run_dag("nospace", None, home=tfpipe_home, image=trainer_image, dags_folder=dags,
+                               rerun=failed["run_id"])
+        assert retried["state"] == "success", log[-4000:]
+        assert sorted(p.name for p in (models / "nospace").iterdir() if not p.name.startswith(".")) == ["1", "2"]
+    finally:
+        subprocess.run(["umount", "-l", str(models)], check=False)
+
+
+def test_unreachable_engine_names_the_url(tfpipe_home, trainer_image, tmp_path):
+    dags = tmp_path / "dags"
+    write_dag(dags, "no_engine", docker_url="tcp://127.0.0.1:9")
+    summary, log = run_dag("no_engine", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    assert summary["state"] == "failed"
+    assert "cannot reach the Docker engine at tcp://127.0.0.1:9" in log
+
+
+def test_two_runs_at_once_use_separate_dirs_and_versions(tfpipe_home, trainer_image, tmp_path):
+    dags = tmp_path / "dags"
+    write_dag(dags, "twice", training={"model": "mlp", "epochs": 4})
+    procs = []
+    for _ in range(2):
+        cmd, env = dag_command("twice", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+        procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+        time.sleep(1.5)  # distinct run ids (they are timestamps)
+    results = [parse_summary(*p.communicate(timeout=600), p.returncode) for p in procs]
+    assert [r["state"] for r in results] == ["success", "success"]
+    assert results[0]["run_id"] != results[1]["run_id"]
+    assert len(list((tfpipe_home / "work" / "runs" / "twice").iterdir())) == 2
+    dirs = {r["model_dir"] for r in results}
+    assert len(dirs) == 2 and _versions(tfpipe_home, "twice") == ["1", "2"]
+    for r in results:
+        metadata = json.loads((Path(r["model_dir"]) / "metadata.json").read_text())
+        assert metadata["run_id"] == r["run_id"]
+
+
+class StageInspector(threading.Thread):
+    """Captures ``docker inspect`` of a stage container of a DAG while it runs."""
+
+    def __init__(self, client, dag_id: str, stage: str = "train"):
+        super().__init__(daemon=True)
+        self.client, self.dag_id, self.stage = client, dag_id, stage
+        self.seen: dict = {}
+
+    def run(self):
+        deadline = time.time() + 300
+        while time.time() < deadline and not self.seen:
+            for c in self.client.containers.list(filters={"label": [f"tfpipe.dag_id={self.dag_id}",
+                                                                    f"tfpipe.stage={self.stage}"]}):
+                if "tfpipe.role" not in c.labels:
+                    self.seen.update(self.client.api.inspect_container(c.id))
+                    return
+            time.sleep(0.1)
+
+
+def test_least_privilege_and_no_network(tfpipe_home, trainer_image, docker_client, tmp_path):
+    """Inspect a running training container; the whole run works with network_mode='none'."""
+    dags = tmp_path / "dags"
+    write_dag(dags, "locked_down", training={"model": "mlp", "epochs": 30, "checkpoint_every_steps": 5},
+              resources={"network_mode": "none"})
+    inspector = StageInspector(docker_client, "locked_down")
+    inspector.start()
+    summary, log = run_dag("locked_down", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    inspector.join(timeout=5)
+    seen = inspector.seen
+    assert summary["state"] == "success", log[-4000:]
+    assert seen, "never saw the training container running"
+    config, host = seen["Config"], seen["HostConfig"]
+    assert config["User"] == "1000:1000"
+    assert host["Privileged"] is False
+    assert host["NetworkMode"] == "none"
+    mounts = {m["Destination"]: m for m in seen["Mounts"]}
+    assert set(mounts) == {"/data", "/work", "/models"}
+    assert mounts["/data"]["RW"] is False and mounts["/work"]["RW"] and mounts["/models"]["RW"]
+    assert not any("docker.sock" in m["Source"] for m in seen["Mounts"])
+    assert host["ShmSize"] >= 512 * 1024 * 1024
+    env = dict(e.split("=", 1) for e in config["Env"])
+    assert env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true" and env["CUDA_CACHE_PATH"].startswith("/work/")
+    # files on the mounts belong to the stage user, not root
+    run_dir = next((tfpipe_home / "work" / "runs" / "locked_down").iterdir())
+    assert (run_dir / "attempts.json").stat().st_uid == 1000
+
+
+def test_secrets_never_reach_logs_xcom_or_the_metadata_db(tfpipe_home, trainer_image, docker_client, tmp_path):
+    secret = "s3cr3t-" + __import__("uuid").uuid4().hex  # unique: the metadata DB outlives test runs
+    dags = tmp_path / "dags"
+    # the DAG reads the secret from its environment (as from a secrets backend): a value written
+    # into a DAG file would be stored with the file's source by Airflow
+    path = write_dag(dags, "with_secret", training={"model": "mlp", "epochs": 30, "checkpoint_every_steps": 5},
+                     resources={"private_environment": {"API_TOKEN": "@SECRET@"}})
+    path.write_text(path.read_text().replace("'@SECRET@'", 'os.environ["TFPIPE_TEST_SECRET"]'))
+    inspector = StageInspector(docker_client, "with_secret")
+    inspector.start()
+    summary, log = run_dag("with_secret", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags,
+                           extra_env={"TFPIPE_TEST_SECRET": secret})
+    inspector.join(timeout=5)
+    assert summary["state"] == "success", log[-4000:]
+    assert f"API_TOKEN={secret}" in inspector.seen["Config"]["Env"], "the container must get the secret"
+    assert secret not in log and secret not in json.dumps(summary)
+    db = Path(__import__("os").environ["AIRFLOW_HOME"]) / "airflow.db"
+    with sqlite3.connect(db) as conn:
+        for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall():
+            for row in conn.execute(f'SELECT * FROM "{table}"'):
+                assert secret not in repr(row), f"secret found in table {table}"
+    logs = Path(__import__("os").environ["AIRFLOW_HOME"]) / "logs"
+    if logs.exists():
+        for path in logs.rglob("*"):
+            if path.is_file():
+                assert secret.encode() not in path.read_bytes(), f"secret found in {path}"
+    for path in (tfpipe_home / "work" / "runs").rglob("*.json"):
+        assert secret not in path.read_text(), f"secret found in {path}"
+
+
+def test_out_of_memory_kill_is_reported_as_such(tfpipe_home, trainer_image, tmp_path):
+    dags = tmp_path / "dags"
+    write_dag(dags, "tiny_memory", resources={"mem_limit": "96m"})
+    summary, log = run_dag("tiny_memory", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    assert summary["state"] == "failed"
+    assert "killed by the out-of-memory killer" in log and "mem_limit=96m" in log

@@ -1,0 +1,216 @@
+"""The run report: plots and a self-contained report.html from evaluate, shipped by export."""
+
+import base64
+import json
+import os
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from conftest import write_blobs_csv  # noqa: E402
+from trainer import atomic, evaluate, export, prep, report, train  # noqa: E402
+from trainer.errors import NotBlessed  # noqa: E402
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
+        "track", "wbr"}
+PLOT_FILES = ["loss.png", "accuracy.png", "confusion_matrix.png"]
+
+
+class Checker(HTMLParser):
+    """Records tag balance problems, the text and the <img> sources of a document."""
+
+    def __init__(self):
+        HTMLParser.__init__(self, convert_charrefs=True)
+        self.stack, self.problems, self.text, self.images, self.tags = [], [], [], [], set()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        if tag == "img":
+            self.images.append(dict(attrs)["src"])
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag in VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.problems.append("</%s> closes <%s>" % (tag, self.stack[-1:] or None))
+        else:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse(path):
+    """Parse an HTML file; assert it is balanced; return the checker (``.text`` joined)."""
+    with open(path, encoding="utf-8") as handle:
+        source = handle.read()
+    checker = Checker()
+    checker.feed(source)
+    checker.close()
+    assert checker.problems == [] and checker.stack == [], (checker.problems, checker.stack)
+    checker.text = " ".join(" ".join(checker.text).split())
+    checker.source = source
+    return checker
+
+
+def check_png(path):
+    from PIL import Image
+
+    with open(path, "rb") as handle:
+        data = handle.read()
+    assert data[:8] == PNG_SIGNATURE, path
+    with Image.open(path) as image:
+        image.load()
+        assert image.format == "PNG"
+        assert image.size[0] > 100 and image.size[1] > 100, image.size
+    return data
+
+
+def check_self_contained(page):
+    assert page.source.count("data:image/png;base64,") == 3
+    assert len(page.images) == 3 and all(s.startswith("data:image/png;base64,")
+                                         for s in page.images)
+    assert not page.tags & {"script", "link", "iframe", "object"}
+    assert not re.search(r"(src|href)=\"(?!data:)", page.source)
+    assert "url(" not in page.source and "@import" not in page.source
+
+
+@pytest.mark.integration
+@pytest.mark.resume
+def test_report_of_a_resumed_run_is_written_and_exported(ws):
+    write_blobs_csv(os.path.join(ws.data, "blobs.csv"), string_labels=True)
+    prep.run(ws.config("prep"))
+    train.run(ws.config("train", training={"epochs": 2}))
+    train.run(ws.config("train", try_number=2, training={"epochs": 3}))  # resumes at step 16
+    history = ws.read("metrics.json")
+    assert [(h["epoch"], h["try_number"]) for h in history] == [(1, 1), (2, 1), (3, 2)]
+    assert report.resume_points(history, ws.read("attempts.json")) == [
+        {"epoch": 3, "try_number": 2, "label": "try 2 resumed at step 16"}]
+
+    result = evaluate.run(ws.config("evaluate", training={"epochs": 3}))
+    run_dir = ws.run_dir()
+    assert result["report"] == os.path.join(run_dir, "report.html")
+    assert result["plots"] == [os.path.join(run_dir, n) for n in PLOT_FILES]
+    pngs = [check_png(p) for p in result["plots"]]
+
+    page = parse(result["report"])
+    check_self_contained(page)
+    assert [base64.b64decode(s.split(",", 1)[1]) for s in page.images] == [
+        pngs[2], pngs[0], pngs[1]]  # confusion matrix, loss, accuracy: the files' bytes
+    evaluation, blessing = ws.read("evaluation.json"), ws.read("blessing.json")
+    for name in ("accuracy", "loss", "macro_precision", "macro_recall", "macro_f1"):
+        assert "%.4f" % evaluation["metrics"][name] in page.text, name
+    for row in evaluation["per_class"]:
+        assert "%s %.4f %.4f" % (row["class_name"], row["precision"], row["recall"]) in page.text
+    assert "BLESSED" in page.text and "NOT BLESSED" not in page.text
+    assert blessing["reason"] in page.text and "threshold 0.8000" in page.text
+    assert "none (no earlier exported version)" in page.text
+    schema = json.load(open(os.path.join(ws.work, "datasets", evaluation["fingerprint"],
+                                         "schema.json")))
+    assert schema["class_names"] == ["cat", "dog", "eel"]
+    stats = json.load(open(os.path.join(ws.work, "datasets", evaluation["fingerprint"],
+                                        "stats.json")))
+    hist = stats["class_histogram"]
+    for c, name in enumerate(schema["class_names"]):
+        assert "%s %d %d" % (name, hist["train"][c], hist["eval"][c]) in page.text
+    assert evaluation["fingerprint"] in page.text
+    for text in (ws.dag_id, ws.run_id, "tfpipe/trainer:test", "try 2 resumed at step 16",
+                 "epoch 2, step 16 (ckpt-16)", "completed"):
+        assert text in page.text, text
+
+    exported = export.run(ws.config("export", training={"epochs": 3}))
+    version = exported["model_dir"]
+    assert exported["report"] == os.path.join(version, "report", "report.html")
+    assert sorted(os.listdir(os.path.join(version, "report"))) == sorted(
+        PLOT_FILES + ["report.html"])
+    for name in PLOT_FILES + ["report.html"]:
+        with open(os.path.join(version, "report", name), "rb") as a, \
+                open(os.path.join(run_dir, name), "rb") as b:
+            assert a.read() == b.read(), name
+    meta = json.load(open(os.path.join(version, "metadata.json")))
+    assert meta["report"] == {"html": "report/report.html",
+                              "plots": ["report/%s" % n for n in PLOT_FILES]}
+
+
+def test_a_candidate_that_is_not_blessed_gets_a_report_too(trained):
+    with pytest.raises(NotBlessed) as info:
+        evaluate.run(trained.config("evaluate", evaluation={"threshold": 1.01}))
+    result = info.value.result
+    assert result["report"] == os.path.join(trained.run_dir(), "report.html")
+    assert len(result["plots"]) == 3 and all(os.path.isfile(p) for p in result["plots"])
+    page = parse(result["report"])
+    check_self_contained(page)
+    assert "NOT BLESSED" in page.text and "below the threshold 1.0100" in page.text
+    assert "threshold 1.0100" in page.text
+
+
+def test_a_report_failure_never_fails_the_run(trained, monkeypatch, capsys):
+    import matplotlib.figure
+
+    evaluate.run(trained.config("evaluate"))  # a first try leaves a report ...
+    assert os.path.isfile(os.path.join(trained.run_dir(), "report.html"))
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("injected matplotlib failure")
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", broken)
+    capsys.readouterr()
+    result = evaluate.run(trained.config("evaluate", try_number=2))
+    out = capsys.readouterr().out
+    assert result["blessed"] is True and result["report"] is None and result["plots"] == []
+    assert "WARNING run report not written (RuntimeError: injected matplotlib failure)" in out
+    # ... which is removed: never a report that contradicts the newest blessing.json
+    assert report.report_files(trained.run_dir()) == []
+    exported = export.run(trained.config("export"))
+    assert exported["report"] is None
+    assert not os.path.exists(os.path.join(exported["model_dir"], "report"))
+    assert json.load(open(os.path.join(exported["model_dir"], "metadata.json")))["report"] is None
+
+
+def test_report_text_is_escaped_and_odd_class_names_plot(tmp_path):
+    run_dir = str(tmp_path / "run")
+    names = ["<script>alert(1)</script>", "$x$ & \"y\"", "a_b"]
+    per_class = [{"class_id": i, "class_name": n, "precision": 0.5, "recall": 0.25, "f1": 0.3,
+                  "support": 4} for i, n in enumerate(names)]
+    atomic.write_json(os.path.join(run_dir, "evaluation.json"), {
+        "metrics": {"accuracy": 0.5, "loss": 1.25}, "per_class": per_class,
+        "confusion_matrix": [[2, 1, 1], [1, 2, 1], [0, 1, 3]], "class_names": names,
+        "examples": 12, "fingerprint": "f" * 64})
+    atomic.write_json(os.path.join(run_dir, "blessing.json"), {
+        "blessed": False, "decision": "not blessed", "reason": "<b>bad</b> & worse",
+        "metric": "accuracy", "candidate": {"value": 0.5}, "baseline": {
+            "version": 7, "value": 0.9}, "threshold": 0.3, "tolerance": 0.01})
+    atomic.write_json(os.path.join(run_dir, "config", "evaluate.json"), {
+        "run": {"dag_id": "<dag>", "run_id": "r&1", "task_id": "evaluate", "try_number": 1,
+                "image": "img\"quote"}, "export": {"model_name": "m"}})
+    atomic.write_json(os.path.join(run_dir, "attempts.json"), [
+        {"try_number": 1, "status": "failed", "resumed_from": None, "error": "<oops>"},
+        {"try_number": 3, "status": "completed", "resumed_from": None}])
+    atomic.write_json(os.path.join(run_dir, "metrics.json"), [
+        {"epoch": 1, "try_number": 1, "loss": 2.0, "accuracy": 0.3, "val_loss": 2.1,
+         "val_accuracy": 0.2},
+        {"epoch": 2, "try_number": 3, "loss": 1.0, "accuracy": 0.6, "val_loss": 1.2,
+         "val_accuracy": 0.5}])
+    written = report.write_report(run_dir)
+    for path in written["plots"]:
+        check_png(path)
+    page = parse(written["report"])
+    check_self_contained(page)
+    source = page.source
+    assert "<script" not in source and "<b>bad" not in source and "<oops>" not in source
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in source and "&lt;dag&gt;" in source
+    assert "$x$ &amp; &quot;y&quot;" in source and "img&quot;quote" in source
+    assert "<b>bad</b> & worse" in page.text and "try 3 restarted" in page.text
+    assert "version 7: 0.9000" in page.text and "0.8900" in page.text  # baseline - tolerance
+    # no history and no attempts at all: placeholders, still three plots
+    os.remove(os.path.join(run_dir, "metrics.json"))
+    os.remove(os.path.join(run_dir, "attempts.json"))
+    written = report.write_report(run_dir)
+    check_self_contained(parse(written["report"]))
+    for path in written["plots"]:
+        check_png(path)

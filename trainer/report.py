@@ -1,0 +1,487 @@
+"""The run report: plots and one self-contained ``report.html`` next to ``evaluation.json``.
+
+Written by the evaluate stage into the run directory, blessed or not:
+
+* ``loss.png`` and ``accuracy.png``: training and validation curves per epoch across every
+  attempt of the train stage (``metrics.json``), one colour per try, and a dotted vertical line,
+  labelled, where a retry took over (a resume from a checkpoint, or a restart);
+* ``confusion_matrix.png``: counts ``[true][predicted]`` annotated, class names from the schema;
+* ``report.html``: metrics, per-class precision/recall, the blessing decision and why, data
+  statistics, lineage (DAG run, image, attempts) and the three plots embedded as
+  ``data:image/png;base64`` URIs: no external file, stylesheet or script. Every piece of text is
+  escaped with :func:`html.escape`.
+
+The PNGs are written first and ``report.html`` last, each atomically (mode 0644), so an existing
+``report.html`` always belongs to a complete set. The export stage copies them into the model
+version (``<version>/report/``).
+
+matplotlib is imported lazily, on the Agg backend, through ``Figure`` and ``FigureCanvasAgg``
+only: pyplot (and its global state) is never imported. No TensorFlow here.
+"""
+
+import base64
+import datetime
+import html
+import io
+import os
+import sys
+
+from trainer import atomic
+
+REPORT_NAME = "report.html"
+#: The plots, in the order they are listed and embedded.
+PLOTS = ("loss", "accuracy", "confusion_matrix")
+PLOT_DPI = 100
+#: Above this many classes the confusion matrix cells are not annotated (unreadable anyway).
+ANNOTATE_MAX_CLASSES = 30
+
+
+def plot_name(plot):
+    """The file name of a plot: ``loss.png``, ``accuracy.png``, ``confusion_matrix.png``."""
+    return plot + ".png"
+
+
+def report_files(directory):
+    """The report files that exist in ``directory`` (plots first, ``report.html`` last)."""
+    names = [plot_name(p) for p in PLOTS] + [REPORT_NAME]
+    return [n for n in names if os.path.isfile(os.path.join(directory, n))]
+
+
+def remove_report(run_dir):
+    """Delete the report files of ``run_dir`` (so a failed report never leaves a stale one)."""
+    for name in [REPORT_NAME] + [plot_name(p) for p in PLOTS]:
+        try:
+            os.remove(os.path.join(run_dir, name))
+        except OSError:
+            pass
+
+
+# --- the run's records --------------------------------------------------------------------------
+
+def _read(run_dir, *parts, default=None):
+    try:
+        return atomic.read_json(os.path.join(run_dir, *parts), default)
+    except ValueError:  # unreadable JSON: the report shows what it has
+        return default
+
+
+def resume_points(history, attempts=None):
+    """Where a different try took over in ``history`` (metrics.json, sorted by epoch).
+
+    Returns ``[{"epoch", "try_number", "label"}]``: ``epoch`` is the first epoch recorded by
+    that try; the label says whether it resumed from a checkpoint (and at which step), after
+    ``attempts.json``.
+    """
+    resumed = {}
+    for attempt in attempts or []:
+        resumed[attempt.get("try_number")] = attempt.get("resumed_from")
+    points, previous = [], None
+    for record in history:
+        try_number = record.get("try_number")
+        if previous is not None and try_number != previous:
+            origin = resumed.get(try_number)
+            if origin:
+                label = "try %s resumed at step %s" % (try_number, origin.get("step"))
+            elif try_number in resumed:
+                label = "try %s restarted" % try_number
+            else:
+                label = "try %s" % try_number
+            points.append({"epoch": record.get("epoch"), "try_number": try_number,
+                           "label": label})
+        previous = try_number
+    return points
+
+
+def segments(history):
+    """Runs of consecutive epochs recorded by the same try: ``[(try_number, [records])]``."""
+    runs = []
+    for record in history:
+        if runs and runs[-1][0] == record.get("try_number"):
+            runs[-1][1].append(record)
+        else:
+            runs.append((record.get("try_number"), [record]))
+    return runs
+
+
+# --- plots --------------------------------------------------------------------------------------
+
+def _matplotlib():
+    """``(Figure, FigureCanvasAgg, MaxNLocator)``, selecting Agg before anything else."""
+    if "matplotlib.pyplot" not in sys.modules:
+        os.environ.setdefault("MPLBACKEND", "Agg")
+    import matplotlib
+    if "matplotlib.pyplot" not in sys.modules:
+        matplotlib.use("Agg")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+    return Figure, FigureCanvasAgg, MaxNLocator
+
+
+def _mpl_text(value):
+    """Text for matplotlib: a ``$`` would start mathtext (and fail on most class names)."""
+    return str(value).replace("$", r"\$")
+
+
+def _png(figure, canvas_class):
+    canvas_class(figure)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=PLOT_DPI)
+    return buffer.getvalue()
+
+
+def _placeholder(axes, text):
+    axes.text(0.5, 0.5, text, ha="center", va="center", transform=axes.transAxes, color="0.4")
+    axes.set_xticks([])
+    axes.set_yticks([])
+
+
+def plot_curves(history, attempts, key, title, ylabel):
+    """PNG bytes: ``key`` (training) and ``val_<key>`` (validation) per epoch, per try."""
+    Figure, Canvas, MaxNLocator = _matplotlib()
+    figure = Figure(figsize=(7.5, 4.5), dpi=PLOT_DPI)
+    axes = figure.add_subplot(1, 1, 1)
+    axes.set_title(title)
+    rows = [r for r in history if isinstance(r.get("epoch"), (int, float))]
+    if not rows:
+        _placeholder(axes, "no per-epoch history (metrics.json is missing or empty)")
+        return _png(figure, Canvas)
+    tries = []
+    for try_number, _ in segments(rows):
+        if try_number not in tries:
+            tries.append(try_number)
+    labelled = set()
+    for try_number, records in segments(rows):
+        color = "C%d" % (tries.index(try_number) % 10)
+        epochs = [r["epoch"] for r in records]
+        first = try_number not in labelled
+        labelled.add(try_number)
+        axes.plot(epochs, [r.get(key) for r in records], color=color, marker="o",
+                  linestyle="-", label="training (try %s)" % try_number if first else None)
+        axes.plot(epochs, [r.get("val_" + key) for r in records], color=color, marker="s",
+                  linestyle="--", markerfacecolor="white",
+                  label="validation (try %s)" % try_number if first else None)
+    for point in resume_points(rows, attempts):
+        x = point["epoch"] - 0.5
+        axes.axvline(x, color="0.35", linestyle=":", linewidth=1.5)
+        axes.text(x, 0.98, " " + _mpl_text(point["label"]), transform=axes.get_xaxis_transform(),
+                  rotation=90, ha="right", va="top", fontsize=8, color="0.25",
+                  bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
+    axes.set_xlabel("epoch")
+    axes.set_ylabel(ylabel)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8, loc="best")
+    figure.tight_layout()
+    return _png(figure, Canvas)
+
+
+def plot_confusion(matrix, class_names):
+    """PNG bytes: the confusion matrix ``[true][predicted]`` with annotated counts."""
+    Figure, Canvas, _ = _matplotlib()
+    n = len(matrix)
+    side = min(16.0, max(5.0, 0.5 * n + 3.0))
+    figure = Figure(figsize=(side + 1.0, side), dpi=PLOT_DPI)
+    axes = figure.add_subplot(1, 1, 1)
+    axes.set_title("confusion matrix (eval split)")
+    if not n:
+        _placeholder(axes, "no confusion matrix")
+        return _png(figure, Canvas)
+    image = axes.imshow(matrix, cmap="Blues", interpolation="nearest")
+    figure.colorbar(image, ax=axes, fraction=0.046, pad=0.04)
+    names = [_mpl_text(c) for c in class_names] if len(class_names) == n else \
+        [str(i) for i in range(n)]
+    if n <= 60:
+        axes.set_xticks(range(n))
+        axes.set_yticks(range(n))
+        long_names = max(len(c) for c in names) > 3
+        axes.set_xticklabels(names, rotation=45 if long_names else 0,
+                             ha="right" if long_names else "center")
+        axes.set_yticklabels(names)
+    axes.set_xlabel("predicted class")
+    axes.set_ylabel("true class")
+    if n <= ANNOTATE_MAX_CLASSES:
+        peak = max(max(row) for row in matrix) or 1
+        for i, row in enumerate(matrix):
+            for j, count in enumerate(row):
+                axes.text(j, i, str(count), ha="center", va="center", fontsize=9,
+                          color="white" if count > peak / 2.0 else "black")
+    figure.tight_layout()
+    return _png(figure, Canvas)
+
+
+def render_plots(history, attempts, evaluation):
+    """``{plot: png bytes}`` for every plot of :data:`PLOTS`."""
+    return {
+        "loss": plot_curves(history, attempts, "loss", "loss per epoch", "loss"),
+        "accuracy": plot_curves(history, attempts, "accuracy", "accuracy per epoch",
+                                "accuracy"),
+        "confusion_matrix": plot_confusion(evaluation.get("confusion_matrix") or [],
+                                           evaluation.get("class_names") or []),
+    }
+
+
+# --- HTML ---------------------------------------------------------------------------------------
+
+def _e(value):
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _num(value, digits=4):
+    if isinstance(value, bool) or value is None:
+        return _e("-" if value is None else value)
+    if isinstance(value, int):
+        return _e(value)
+    if isinstance(value, float):
+        return _e("%.*f" % (digits, value))
+    return _e(value)
+
+
+def _table(headers, rows, numeric=()):
+    """An HTML table; cells are already-escaped strings, columns ``numeric`` right-aligned."""
+    out = ["<table>", "<thead><tr>"]
+    out += ["<th>%s</th>" % _e(h) for h in headers]
+    out.append("</tr></thead>")
+    out.append("<tbody>")
+    for row in rows:
+        cells = []
+        for i, cell in enumerate(row):
+            cls = ' class="num"' if i in numeric else ""
+            cells.append("<td%s>%s</td>" % (cls, cell))
+        out.append("<tr>%s</tr>" % "".join(cells))
+    out.append("</tbody></table>")
+    return "\n".join(out)
+
+
+def _pairs(rows):
+    """A two-column key/value table; keys are escaped here, values are escaped already."""
+    out = ["<table class=\"kv\"><tbody>"]
+    for key, value in rows:
+        out.append("<tr><th>%s</th><td>%s</td></tr>" % (_e(key), value))
+    out.append("</tbody></table>")
+    return "\n".join(out)
+
+
+def _img(png, alt):
+    return '<img src="data:image/png;base64,%s" alt="%s">' % (
+        base64.b64encode(png).decode("ascii"), _e(alt))
+
+
+_CSS = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
+       max-width: 1100px; padding: 0 1em; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; border-bottom: 1px solid #ddd; margin-top: 2em; }
+table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.9em; }
+th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+thead th { background: #f3f3f3; } table.kv th { background: #f8f8f8; font-weight: 600; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.decision { display: inline-block; padding: 0.3em 0.8em; border-radius: 4px; color: #fff;
+            font-weight: bold; letter-spacing: 0.05em; }
+.blessed { background: #2e7d32; } .not-blessed { background: #c62828; }
+img { max-width: 100%; height: auto; border: 1px solid #eee; margin: 0.5em 0; }
+code { font-size: 0.9em; } .muted { color: #777; }
+"""
+
+
+def _decision_section(blessing, evaluation):
+    if not blessing:
+        return "<p class=\"muted\">no blessing.json</p>"
+    blessed = blessing.get("blessed") is True
+    baseline = blessing.get("baseline")
+    threshold, tolerance = blessing.get("threshold"), blessing.get("tolerance")
+    required = threshold
+    if baseline and isinstance(baseline.get("value"), (int, float)) and \
+            isinstance(tolerance, (int, float)) and isinstance(threshold, (int, float)):
+        required = max(threshold, baseline["value"] - tolerance)
+    if baseline:
+        base_text = "version %s: %s" % (_e(baseline.get("version")), _num(baseline.get("value")))
+    else:
+        base_text = "none (no earlier exported version)"
+    candidate = blessing.get("candidate") or {}
+    rows = [("metric", _e(blessing.get("metric"))),
+            ("candidate", _num(candidate.get("value"))),
+            ("threshold", _num(threshold)),
+            ("baseline", base_text),
+            ("tolerance", _num(tolerance)),
+            ("required (max of threshold, baseline - tolerance)", _num(required))]
+    return "\n".join([
+        '<p><span class="decision %s">%s</span></p>' % (
+            "blessed" if blessed else "not-blessed",
+            _e((blessing.get("decision") or ("blessed" if blessed else "not blessed")).upper())),
+        "<p>%s</p>" % _e(blessing.get("reason")),
+        _pairs(rows)])
+
+
+_METRIC_ORDER = ("accuracy", "loss", "macro_precision", "macro_recall", "macro_f1")
+
+
+def _metrics_section(evaluation):
+    metrics = evaluation.get("metrics") or {}
+    names = [m for m in _METRIC_ORDER if m in metrics] + sorted(
+        m for m in metrics if m not in _METRIC_ORDER)
+    rows = [(m, _num(metrics[m])) for m in names]
+    rows.append(("eval examples", _num(evaluation.get("examples"))))
+    out = [_pairs(rows), "<h3>Per class</h3>"]
+    out.append(_table(["class", "precision", "recall", "F1", "support"], [
+        [_e(c.get("class_name")), _num(c.get("precision")), _num(c.get("recall")),
+         _num(c.get("f1")), _num(c.get("support"))] for c in evaluation.get("per_class") or []],
+        numeric=(1, 2, 3, 4)))
+    return "\n".join(out)
+
+
+_HYPERPARAMETERS = ("model", "epochs", "batch_size", "learning_rate", "optimizer",
+                    "mixed_precision", "warm_start", "seed")
+
+
+def _training_section(history, attempts, evaluation, pngs, training):
+    out = []
+    if training:
+        out.append(_pairs([(k, _e(training[k])) for k in _HYPERPARAMETERS if k in training]))
+    out += [_img(pngs["loss"], "training and validation loss per epoch"),
+           _img(pngs["accuracy"], "training and validation accuracy per epoch")]
+    points = resume_points(history, attempts)
+    if points:
+        out.append("<p>%s</p>" % _e("; ".join("%s (from epoch %s)" % (p["label"], p["epoch"])
+                                            for p in points)))
+    final = evaluation.get("final") or {}
+    if final:
+        out.append("<p>final weights: %s epochs, %s steps (try %s)</p>" % (
+            _e(final.get("epochs")), _e(final.get("steps")), _e(final.get("try_number"))))
+    out.append(_table(["epoch", "try", "loss", "accuracy", "val_loss", "val_accuracy",
+                       "seconds"], [
+        [_e(r.get("epoch")), _e(r.get("try_number")), _num(r.get("loss")),
+         _num(r.get("accuracy")), _num(r.get("val_loss")), _num(r.get("val_accuracy")),
+         _num(r.get("seconds"), 1)] for r in history], numeric=(2, 3, 4, 5, 6)))
+    return "\n".join(out)
+
+
+def _splits(by_split):
+    return [s for s in ("train", "eval") if s in by_split] + sorted(
+        s for s in by_split if s not in ("train", "eval"))
+
+
+def _data_section(schema, stats, evaluation, dataset):
+    schema = schema or {}
+    fingerprint = schema.get("fingerprint") or evaluation.get("fingerprint") or \
+        (dataset or {}).get("fingerprint")
+    counts = schema.get("counts") or {}
+    rows = [("fingerprint", "<code>%s</code>" % _e(fingerprint)),
+            ("format", _e(schema.get("format"))),
+            ("examples", _e(", ".join("%s %s" % (counts[s], s) for s in _splits(counts))
+                            if counts else "-"))]
+    if schema.get("image"):
+        image = schema["image"]
+        rows.append(("image", _e("%sx%s, %s channel(s)" % (image.get("height"),
+                                                          image.get("width"),
+                                                          image.get("channels")))))
+    elif schema.get("features"):
+        rows.append(("features", _e(", ".join(str(f.get("name")) for f in schema["features"]))))
+    out = [_pairs(rows)]
+    names = schema.get("class_names") or evaluation.get("class_names") or []
+    histogram = (stats or {}).get("class_histogram") or {}
+    splits = _splits(histogram)
+    if names and splits:
+        out.append("<h3>Class histogram</h3>")
+        table_rows = []
+        for c, name in enumerate(names):
+            cells = [_e(name)]
+            for split in splits:
+                values = histogram[split]
+                cells.append(_num(values[c] if c < len(values) else None))
+            table_rows.append(cells)
+        out.append(_table(["class"] + splits, table_rows,
+                          numeric=tuple(range(1, len(splits) + 1))))
+    return "\n".join(out)
+
+
+def _lineage_section(run, attempts, model_name):
+    run = run or {}
+    rows = [("DAG", _e(run.get("dag_id"))), ("run", _e(run.get("run_id"))),
+            ("evaluate task", "%s (try %s)" % (_e(run.get("task_id")), _e(run.get("try_number")))),
+            ("image", _e(run.get("image"))),
+            ("image content id", _e(os.environ.get("TFPIPE_IMAGE_ID"))),
+            ("model name", _e(model_name))]
+    out = [_pairs(rows), "<h3>Training attempts</h3>"]
+
+    def origin(attempt):
+        resumed = attempt.get("resumed_from")
+        if resumed:
+            return "epoch %s, step %s (%s)" % (_e(resumed.get("epoch")), _e(resumed.get("step")),
+                                               _e(os.path.basename(
+                                                   str(resumed.get("checkpoint") or ""))))
+        warm = attempt.get("warm_start")
+        if warm:
+            return "scratch, warm start from version %s" % _e(warm.get("version"))
+        return "scratch"
+    out.append(_table(["try", "status", "resumed from", "start", "end", "epochs run",
+                       "steps run", "error"], [
+        [_e(a.get("try_number")), _e(a.get("status")), origin(a), _e(a.get("start_time")),
+         _e(a.get("end_time")), _num(a.get("epochs_run")), _num(a.get("steps_run")),
+         _e(a.get("error"))] for a in attempts], numeric=(5, 6)))
+    return "\n".join(out)
+
+
+def render_html(pngs, evaluation, blessing, history, attempts, run=None, schema=None,
+                stats=None, dataset=None, model_name=None, training=None, generated=None):
+    """The self-contained HTML report (a string)."""
+    run = run or {}
+    generated = generated or datetime.datetime.now(datetime.timezone.utc).replace(
+        microsecond=0).isoformat()
+    title = "tfpipe run report: %s / %s" % (run.get("dag_id"), run.get("run_id"))
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<title>%s</title>" % _e(title),
+        "<style>%s</style>" % _CSS,
+        "</head>",
+        "<body>",
+        "<h1>%s</h1>" % _e(title),
+        '<p class="muted">generated %s</p>' % _e(generated),
+        "<h2>Blessing decision</h2>", _decision_section(blessing, evaluation),
+        "<h2>Evaluation metrics</h2>", _metrics_section(evaluation),
+        "<h2>Confusion matrix</h2>",
+        _img(pngs["confusion_matrix"], "confusion matrix of the eval split"),
+        "<h2>Training</h2>", _training_section(history, attempts, evaluation, pngs, training),
+        "<h2>Data</h2>", _data_section(schema, stats, evaluation, dataset),
+        "<h2>Lineage</h2>", _lineage_section(run, attempts, model_name),
+        "</body>",
+        "</html>",
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def write_report(run_dir, config=None, evaluation=None, blessing=None, schema=None, stats=None):
+    """Write the plots and ``report.html`` into ``run_dir``; return ``{"report", "plots"}``.
+
+    Whatever is not passed is read from the run directory: ``evaluation.json``,
+    ``blessing.json``, ``config/evaluate.json`` (run identity); ``metrics.json`` and
+    ``attempts.json`` always are. Raises on any failure (the caller decides that a report is
+    never a reason to fail a run).
+    """
+    if evaluation is None:
+        evaluation = _read(run_dir, "evaluation.json", default={})
+    if blessing is None:
+        blessing = _read(run_dir, "blessing.json")
+    if config is None:
+        config = _read(run_dir, "config", "evaluate.json", default={})
+    history = [r for r in _read(run_dir, "metrics.json", default=[]) or []
+               if isinstance(r, dict)]
+    attempts = [a for a in _read(run_dir, "attempts.json", default=[]) or []
+                if isinstance(a, dict)]
+    pngs = render_plots(history, attempts, evaluation)
+    text = render_html(pngs, evaluation, blessing, history, attempts, run=config.get("run"),
+                       schema=schema, stats=stats, dataset=_read(run_dir, "dataset.json"),
+                       model_name=(config.get("export") or {}).get("model_name"),
+                       training=config.get("training"))
+    plots = []
+    for plot in PLOTS:
+        path = os.path.join(run_dir, plot_name(plot))
+        atomic.write_bytes(path, pngs[plot])
+        plots.append(path)
+    path = os.path.join(run_dir, REPORT_NAME)
+    atomic.write_text(path, text)
+    return {"report": path, "plots": plots}
