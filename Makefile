@@ -31,6 +31,8 @@ help:
 	@echo "make test                        run every test (host, Airflow, containers, in-image)"
 	@echo "make image                       build (or reuse) the trainer image"
 	@echo "make bench                       side-by-side speed ratios (not a test)"
+	@echo "make tensorboard RUN=<id>|latest  serve a run's TensorBoard on localhost:PORT (default 6006)"
+	@echo "make shell TASK=<task> RUN=<id>   a shell in a container set up as that task's (ARGS=--print ...)"
 
 docker:
 	@scripts/ensure-docker.sh
@@ -73,11 +75,25 @@ test-trainer: image
 	@tests/trainer/run-in-image.sh -q $(PYTEST_ARGS)
 
 test-host: venv image airflow-db data
+	@scripts/ensure-chromium.sh
 	@echo "[test] host tests: provider, DAGs, Airflow runs with real containers"
 	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: venv image airflow-db data
 	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) bench/run.py
+
+# Seeing and reproducing a run (tfpipe tensorboard / tfpipe shell; see tfpipe/debug.py).
+.PHONY: tensorboard shell
+RUN ?= latest
+TASK ?= train
+PORT ?= 6006
+ARGS ?=
+
+tensorboard: venv image airflow-db
+	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m tfpipe.cli tensorboard $(DAG) '$(RUN)' --port $(PORT) $(ARGS)
+
+shell: venv image airflow-db
+	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m tfpipe.cli shell $(DAG) $(TASK) --run '$(RUN)' $(ARGS)
 
 clean:
 	rm -rf $(AIRFLOW_HOME) $(TFPIPE_HOME)/work $(TFPIPE_HOME)/models $(CACHE)/last-run.log

@@ -19,5 +19,6 @@ def get_provider_info() -> dict:
             }
         ],
         "operators": [{"integration-name": "tfpipe", "python-modules": ["tfpipe.operators", "tfpipe.transfers"]}],
+        "extra-links": ["tfpipe.debug.RunReportLink", "tfpipe.debug.TensorBoardLink"],
         "hooks": [{"integration-name": "tfpipe", "python-modules": ["tfpipe.hooks.gcs"]}],
     }

@@ -24,6 +24,7 @@ from airflow.providers.docker.operators.docker import DockerOperator
 
 from tfpipe import contract
 from tfpipe.config import ResourcesConfig, VolumesConfig, check_image_ref
+from tfpipe.debug import RunReportLink, TensorBoardLink
 from tfpipe.exceptions import (
     DockerEngineUnreachableError,
     GpuUnavailableError,
@@ -356,18 +357,21 @@ class TrainOperator(TfpipeStageOperator):
 
     stage = "train"
     ui_color = "#ffd59e"
+    operator_extra_links = (RunReportLink(), TensorBoardLink())
 
 
 class EvaluateOperator(TfpipeStageOperator):
     """Evaluate and apply the blessing gate; not blessed skips the downstream export."""
 
     stage = "evaluate"
+    operator_extra_links = (RunReportLink(), TensorBoardLink())
 
 
 class ExportOperator(TfpipeStageOperator):
     """Export a versioned SavedModel with raw-feature serving signature and lineage metadata."""
 
     stage = "export"
+    operator_extra_links = (RunReportLink(), TensorBoardLink())
 
 
 OPERATORS: dict[str, type[TfpipeStageOperator]] = {

@@ -77,11 +77,39 @@ from its newest checkpoint; a new run starts fresh unless `warm_start` is set. E
 blesses a candidate with {cfg.evaluation.metric} >= {cfg.evaluation.threshold} and no worse than the
 current model by more than {cfg.evaluation.tolerance}; otherwise export is skipped.
 
-Trigger parameters: `epochs`, `batch_size`, `learning_rate`, `model`, `optimizer`, `seed`,
-`mixed_precision`, `warm_start`, `gpus`, `data_uri` and `publish_uri` (Google Cloud Storage:
-`stage_in` syncs `data_uri` to the data path before prep, `publish` uploads a blessed export to
-`publish_uri`; each skips itself when no URI is set).
+Trigger parameters (the run's `conf` overrides them; empty keeps the configured value):
+
+{_params_table(cfg)}
+
+Google Cloud Storage: `stage_in` syncs `data_uri` to the data path before prep, `publish` uploads
+a blessed export to `publish_uri`; each skips itself when no URI is set.
+
+Seeing and reproducing a run: `train`, `evaluate` and `export` link to the **Run report** and
+**TensorBoard** (serve it with `tfpipe tensorboard {cfg.dag_id} <run_id>`); `tfpipe shell
+{cfg.dag_id} <task> --run <run_id>` opens a shell in a container set up as that task's.
 """
+
+
+#: What a Param means, for the Params whose trigger-form description is only a title.
+_PARAM_MEANINGS = {
+    "learning_rate": "Learning rate of the optimizer.",
+    "optimizer": "Optimizer of the training loop.",
+    "seed": "Random seed: weight initialisation, and the data order (epoch e is shuffled with seed + e).",
+    "mixed_precision": "Train with the mixed_float16 policy (float16 compute, float32 weights).",
+}
+
+
+def _params_table(cfg: PipelineConfig) -> str:
+    rows = ["| param | default | meaning |", "| --- | --- | --- |"]
+    for name, param in pipeline_params(cfg).items():
+        meaning = param.description or _PARAM_MEANINGS.get(name) or param.schema.get("title", "")
+        enum = param.schema.get("enum")
+        if enum:
+            meaning += " One of: " + ", ".join(f"`{v}`" for v in enum) + "."
+        default = "(as configured)" if param.value is None else f"`{param.value}`"
+        meaning = meaning.replace("|", "/").replace("<", "&lt;").replace(">", "&gt;")
+        rows.append(f"| `{name}` | {default} | {meaning} |")
+    return "\n".join(rows)
 
 
 def _schedule(cfg: PipelineConfig) -> Any:

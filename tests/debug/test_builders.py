@@ -1,0 +1,259 @@
+"""Extra links and the pure builders behind `tfpipe shell` / `tfpipe tensorboard` (no engine)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tfpipe import contract, debug
+from tfpipe.config import PipelineConfig
+from tfpipe.pipeline import pipeline_params, training_pipeline
+from tfpipe.specs import GpuRequest, MountSpec
+
+RUN_ID = "manual__2026-11-29T18:10:11.460351+00:00"
+SAFE_RUN = "manual__2026-11-29T18_10_11.460351_00_00"
+HOME = "/srv/ml"
+
+
+def _cfg(**overrides) -> PipelineConfig:
+    settings = {
+        "dag_id": "dbg",
+        "image": {"ref": "tfpipe/trainer:1f14aed53083"},
+        "volumes": {"data": f"{HOME}/data", "work": f"{HOME}/work", "models": f"{HOME}/models"},
+        "data": {"path": "digits/digits.csv"},
+        "training": {"model": "mlp", "epochs": 4},
+        "export": {"model_name": "digits"},
+        "resources": {"environment": {"WANDB_MODE": "offline"}, "private_environment": {"API_TOKEN": "s3cr3t"},
+                      "gpus": "all", "gpu_fallback": "cpu", "mem_limit": "8g", "network_mode": "none"},
+        **overrides,
+    }
+    return PipelineConfig.from_dict(settings)
+
+
+@pytest.fixture(scope="module")
+def dag():
+    return training_pipeline(_cfg())
+
+
+def _key(task_id: str, run_id: str = RUN_ID):
+    from airflow.sdk.types import TaskInstanceKey
+
+    return TaskInstanceKey(dag_id="dbg", task_id=task_id, run_id=run_id, try_number=1, map_index=-1)
+
+
+# --- paths and URLs ----------------------------------------------------------------------------
+
+def test_host_path_maps_the_three_mounts_only(dag):
+    volumes = dag.get_task("train").volumes
+    assert debug.host_path("/work/runs/x/report.html", volumes) == f"{HOME}/work/runs/x/report.html"
+    assert debug.host_path("/models/digits/3/report/report.html", volumes) == f"{HOME}/models/digits/3/report/report.html"
+    assert debug.host_path("/data", volumes) == f"{HOME}/data"
+    assert debug.host_path("/workshop/x", volumes) is None, "a prefix match is not a mount"
+    assert debug.host_path("/etc/passwd", volumes) is None and debug.host_path(None, volumes) is None
+    assert debug.host_run_dir(volumes, "dbg", RUN_ID) == f"{HOME}/work/runs/dbg/{SAFE_RUN}"
+    assert debug.host_tensorboard_dir(volumes, "dbg", RUN_ID).endswith(f"{SAFE_RUN}/train/tensorboard")
+
+
+def test_report_url_prefers_the_task_result_and_falls_back_to_the_run_dir(dag):
+    volumes = dag.get_task("evaluate").volumes
+    run_report = f"file://{HOME}/work/runs/dbg/{SAFE_RUN}/report.html"
+    assert debug.report_url(volumes, "dbg", RUN_ID) == run_report
+    assert debug.report_url(volumes, "dbg", RUN_ID, {"report": None, "blessed": False}) == run_report
+    export = {"model_dir": "/models/digits/3", "report": "/models/digits/3/report/report.html"}
+    assert debug.report_url(volumes, "dbg", RUN_ID, export) == f"file://{HOME}/models/digits/3/report/report.html"
+    assert debug.file_url("/a b/c#d.html") == "file:///a%20b/c%23d.html"
+
+
+def test_tensorboard_url_selects_the_run(monkeypatch):
+    monkeypatch.delenv(debug.TENSORBOARD_URL_ENV, raising=False)
+    url = debug.tensorboard_url("dbg", RUN_ID)
+    # TensorBoard 2.9 reads ?runFilter=<regex> into the run selector; '.' escaped to match literally
+    assert url == f"http://localhost:6006/?runFilter=dbg%2F{SAFE_RUN.replace('.', '%5C.')}#timeseries"
+    monkeypatch.setenv(debug.TENSORBOARD_URL_ENV, "https://tb.example.org:8443/")
+    assert debug.tensorboard_url("dbg", RUN_ID).startswith("https://tb.example.org:8443/?runFilter=dbg%2F")
+    assert debug.tensorboard_run_name("dbg", RUN_ID) == f"dbg/{SAFE_RUN}"
+
+
+# --- operator extra links ----------------------------------------------------------------------
+
+def test_stage_operators_carry_the_links(dag):
+    names = {t.task_id: sorted(link.name for link in t.operator_extra_links) for t in dag.tasks}
+    for task_id in ("train", "evaluate", "export"):
+        assert names[task_id] == ["Run report", "TensorBoard"], task_id
+    assert names["prep"] == [] and names["stage_in"] == [] and names["publish"] == []
+
+
+def test_get_link_of_a_finished_run(dag, monkeypatch):
+    """get_link as the worker calls it when the task ends (the XCom read is stubbed here)."""
+    monkeypatch.delenv(debug.TENSORBOARD_URL_ENV, raising=False)
+    results = {
+        "evaluate": {"blessed": True, "report": f"/work/runs/dbg/{SAFE_RUN}/report.html"},
+        "export": {"model_dir": "/models/digits/2", "report": "/models/digits/2/report/report.html"},
+    }
+    monkeypatch.setattr(debug, "task_result", lambda key: results.get(key.task_id))
+    links = {}
+    for task_id in ("train", "evaluate", "export"):
+        op = dag.get_task(task_id)
+        links[task_id] = {link.name: link.get_link(op, ti_key=_key(task_id)) for link in op.operator_extra_links}
+    run_report = f"file://{HOME}/work/runs/dbg/{SAFE_RUN}/report.html"
+    assert links["train"]["Run report"] == run_report  # train has no report of its own: the run's
+    assert links["evaluate"]["Run report"] == run_report
+    assert links["export"]["Run report"] == f"file://{HOME}/models/digits/2/report/report.html"
+    assert {v["TensorBoard"] for v in links.values()} == {debug.tensorboard_url("dbg", RUN_ID)}
+
+
+def test_get_link_outside_a_worker_falls_back_to_the_run_dir(dag):
+    """Without XCom access (no task runner here) the report link is computed from the run id."""
+    op = dag.get_task("export")
+    link = next(link for link in op.operator_extra_links if link.name == "Run report")
+    assert link.get_link(op, ti_key=_key("export")) == f"file://{HOME}/work/runs/dbg/{SAFE_RUN}/report.html"
+
+
+def test_links_survive_dag_serialization(dag):
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    data = DagSerialization.to_dict(dag)
+    json.dumps(data)
+    encoded = {t["__var"]["task_id"]: t["__var"].get("_operator_extra_links") for t in data["dag"]["tasks"]}
+    expected = {"Run report": "_link_RunReportLink", "TensorBoard": "_link_TensorBoardLink"}
+    assert encoded["train"] == encoded["evaluate"] == encoded["export"] == expected
+    restored = DagSerialization.from_dict(data)
+    # the UI side reads the URL the worker stored in XCom under each xcom_key
+    assert {link.name: link.xcom_key for link in restored.get_task("export").operator_extra_links} == expected
+
+
+def test_provider_info_registers_the_links():
+    import importlib
+
+    from airflow.providers_manager import ProvidersManager
+
+    from tfpipe.get_provider_info import get_provider_info
+
+    classes = get_provider_info()["extra-links"]
+    assert classes == ["tfpipe.debug.RunReportLink", "tfpipe.debug.TensorBoardLink"]
+    loaded = [getattr(importlib.import_module(c.rsplit(".", 1)[0]), c.rsplit(".", 1)[1]) for c in classes]
+    assert {cls().name for cls in loaded} == {"Run report", "TensorBoard"}
+    assert set(classes) <= set(ProvidersManager().extra_links_class_names), "Airflow discovers them"
+
+
+def test_doc_md_explains_every_param():
+    cfg = _cfg()
+    doc = training_pipeline(cfg).doc_md
+    for name in pipeline_params(cfg):
+        row = next((line for line in doc.splitlines() if line.startswith(f"| `{name}` |")), None)
+        assert row is not None, f"Param {name} is not in the DAG's doc_md"
+        meaning = row.rsplit("|", 2)[-2].strip()
+        assert len(meaning) > 12, f"Param {name} has no meaning in doc_md: {row}"
+
+
+# --- what a task's container is ----------------------------------------------------------------
+
+def test_task_plan_is_what_execute_builds(dag):
+    train = dag.get_task("train")
+    params = {**dag.params.dump(), "epochs": 7, "gpus": "1"}
+    plan = debug.task_plan(train, dag_id="dbg", run_id=RUN_ID, try_number=3, params=params)
+    config = json.loads(plan.environment[contract.CONFIG_ENV])
+    assert config == plan.config
+    assert config["stage"] == "train" and config["training"]["epochs"] == 7
+    assert config["run"] == {"dag_id": "dbg", "run_id": RUN_ID, "task_id": "train", "try_number": 3,
+                             "image": "tfpipe/trainer:1f14aed53083"}
+    assert config["paths"]["run_dir"] == f"/work/runs/dbg/{SAFE_RUN}"
+    assert plan.image == "tfpipe/trainer:1f14aed53083"
+    assert plan.command == ("python3", "-m", "trainer", "train")
+    assert plan.mounts == (MountSpec(f"{HOME}/data", "/data", True), MountSpec(f"{HOME}/work", "/work", False),
+                           MountSpec(f"{HOME}/models", "/models", False))
+    assert plan.user == "1000:1000" and plan.network_mode == "none" and plan.mem_limit == "8g"
+    assert plan.shm_size == 1 << 30
+    assert plan.gpus == GpuRequest(count=1), "the run's gpus Param applies to a GPU stage"
+    assert plan.environment["WANDB_MODE"] == "offline" and plan.environment["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    assert "API_TOKEN" not in plan.environment and plan.left_out == ("API_TOKEN",)
+    assert "s3cr3t" not in json.dumps(dict(plan.environment))
+    assert plan.labels["tfpipe.try_number"] == "3" and plan.labels["tfpipe.stage"] == "train"
+    # export is no GPU stage: the gpus Param does not reach it
+    export = debug.task_plan(dag.get_task("export"), dag_id="dbg", run_id=RUN_ID, try_number=1, params=params)
+    assert export.gpus is None and export.config["export"]["model_name"] == "digits"
+    # an image recorded by the run wins over the DAG's current one, in the config too
+    pinned = debug.task_plan(train, dag_id="dbg", run_id=RUN_ID, try_number=1, params=params,
+                             image="tfpipe/trainer:0123456789ab")
+    assert pinned.image == pinned.config["run"]["image"] == "tfpipe/trainer:0123456789ab"
+
+
+def _opt(args: list[str], flag: str) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args) if a == flag]
+
+
+def test_shell_args(dag):
+    plan = debug.task_plan(dag.get_task("evaluate"), dag_id="dbg", run_id=RUN_ID, try_number=2,
+                           params=dag.params.dump())
+    args = debug.shell_args(plan, dag_id="dbg", run_id=RUN_ID, task_id="evaluate", name="tfpipe-shell-x")
+    assert args[:3] == ["docker", "run", "--rm"] and "--interactive" in args and "--tty" in args
+    image_at = args.index(plan.image)
+    assert args[image_at + 1:image_at + 3] == ["sh", "-c"] and "exec bash" in args[image_at + 3]
+    assert "python3 -m trainer evaluate" in args[-1], "the banner says how to rerun the stage"
+    head = args[:image_at]
+    assert "tfpipe.role=shell" in _opt(head, "--label") and "tfpipe.run_id=" + RUN_ID in _opt(head, "--label")
+    assert _opt(head, "--user") == ["1000:1000"] and _opt(head, "--network") == ["none"]
+    assert _opt(head, "--shm-size") == [str(1 << 30)] and _opt(head, "--memory") == ["8g"]
+    assert _opt(head, "--gpus") == ["all"]
+    assert _opt(head, "--mount") == [f"type=bind,src={HOME}/data,dst=/data,readonly",
+                                     f"type=bind,src={HOME}/work,dst=/work",
+                                     f"type=bind,src={HOME}/models,dst=/models"]
+    env = dict(e.split("=", 1) for e in _opt(head, "--env"))
+    assert json.loads(env[contract.CONFIG_ENV]) == plan.config and "API_TOKEN" not in env
+    assert "s3cr3t" not in " ".join(args)
+    assert _opt(head, "--workdir") == [], "no working dir of its own: the image's, as the task's"
+
+    detached = debug.shell_args(plan, dag_id="dbg", run_id=RUN_ID, task_id="evaluate", detach=True, gpus=False)
+    assert detached[-2:] == ["sleep", "infinity"] and "--detach" in detached and "--tty" not in detached
+    assert "--gpus" not in detached
+    printed = debug.printable(args)
+    assert printed.startswith("docker run --rm") and "'TFPIPE_CONFIG={" in printed
+
+
+def test_mount_gpu_and_engine_arguments():
+    assert debug.mount_arg(MountSpec("/srv/a,b", "/data", True)) == 'type=bind,"src=/srv/a,b",dst=/data,readonly'
+    assert debug.gpus_arg(GpuRequest(count=-1)) == "all"
+    assert debug.gpus_arg(GpuRequest(count=2)) == "2"
+    assert debug.gpus_arg(GpuRequest(device_ids=("0", "1"))) == '"device=0,1"'
+    assert debug.docker_base("unix://var/run/docker.sock") == ["docker"]
+    assert debug.docker_base("unix:///run/docker.sock") == ["docker"]
+    assert debug.docker_base("tcp://gpu-host-1:2376") == ["docker", "-H", "tcp://gpu-host-1:2376"]
+
+
+def test_tensorboard_args():
+    args = debug.tensorboard_args(image="tfpipe/trainer:1f14aed53083", event_dir="/srv/ml/work/runs/dbg/r/train/tensorboard",
+                                  dag_id="dbg", run_id=RUN_ID, port=6106, user="1000:1000", detach=True)
+    assert args[:4] == ["docker", "run", "--rm", "--detach"]
+    assert _opt(args, "--publish") == ["127.0.0.1:6106:6006"], "published on the loopback only"
+    assert _opt(args, "--mount") == [
+        f"type=bind,src=/srv/ml/work/runs/dbg/r/train/tensorboard,dst=/logs/dbg/{SAFE_RUN},readonly"]
+    assert "tfpipe.role=tensorboard" in _opt(args, "--label")
+    assert not any(label.startswith("tfpipe.dag_id=") for label in _opt(args, "--label")), \
+        "a TensorBoard is no stage container of the run"
+    assert args[args.index("tfpipe/trainer:1f14aed53083") + 1:] == [
+        "tensorboard", "--logdir", "/logs", "--host", "0.0.0.0", "--port", "6006"]
+
+
+def test_jupyter_args_publish_on_loopback_with_a_token(dag):
+    plan = debug.task_plan(dag.get_task("train"), dag_id="dbg", run_id=RUN_ID, try_number=1,
+                           params=dag.params.dump())
+    args = debug.jupyter_args(plan, port=8899, token="tok")
+    assert _opt(args, "--publish") == ["127.0.0.1:8899:8888"]
+    assert _opt(args, "--network") == ["bridge"], "network_mode='none' cannot publish a port"
+    assert "JUPYTER_TOKEN=tok" in _opt(args, "--env") and "tfpipe.role=shell" in _opt(args, "--label")
+    assert args[args.index(plan.image) + 1:][:2] == ["jupyter", "lab"]
+    assert debug.jupyter_url(8899, "tok") == "http://127.0.0.1:8899/lab?token=tok"
+
+
+def test_cli_parses_the_new_subcommands():
+    import argparse
+
+    from tfpipe import cli
+
+    parser = argparse.ArgumentParser()
+    cli._add_debug_parsers(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["shell", "tfpipe_digits", "train"])
+    assert (args.run, args.port, args.jupyter, args.print, args.detach) == ("latest", 8888, False, False, False)
+    args = parser.parse_args(["tensorboard", "tfpipe_digits", "latest", "--port", "6007", "--print"])
+    assert (args.run_id, args.port, args.print) == ("latest", 6007, True)

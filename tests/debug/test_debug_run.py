@@ -1,0 +1,261 @@
+"""Seeing and reproducing a real run: its extra links, TensorBoard, the report in Chromium, the shell.
+
+One DAG run through Airflow (`tfpipe run`, real containers) is shared by the module. While it runs,
+a watcher records `docker inspect` of every stage container, so the shell can be compared with
+the container the task really had.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import zlib
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DIGITS_CSV, REPO, dag_command, run_dag, write_dag
+from tfpipe import contract, debug
+
+pytestmark = pytest.mark.integration
+
+DAG_ID = "tfpipe_debug"
+SECRET_NAME = "API_TOKEN"
+
+
+class StageWatcher(threading.Thread):
+    """Records `docker inspect` of each stage container (not helpers) of a DAG while it exists."""
+
+    def __init__(self, client, dag_id: str):
+        super().__init__(daemon=True)
+        self.client, self.dag_id = client, dag_id
+        self.seen: dict[str, dict] = {}
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            for c in self.client.api.containers(all=True, filters={"label": f"tfpipe.dag_id={self.dag_id}"}):
+                labels = c.get("Labels") or {}
+                stage = labels.get("tfpipe.stage")
+                if stage and "tfpipe.role" not in labels and stage not in self.seen:
+                    try:
+                        self.seen[stage] = self.client.api.inspect_container(c["Id"])
+                    except Exception:  # removed meanwhile
+                        pass
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, trainer_image, docker_client):
+    """A blessed, exported run of a small digits DAG with one public and one private variable."""
+    if not DIGITS_CSV.exists():
+        pytest.fail(f"{DIGITS_CSV} is missing: run `make data`")
+    root = tmp_path_factory.mktemp("debug")
+    home, dags = root / "home", root / "dags"
+    (home / "data" / "digits").mkdir(parents=True)
+    shutil.copy(DIGITS_CSV, home / "data" / "digits" / "digits.csv")
+    secret = "s3cr3t-" + __import__("uuid").uuid4().hex
+    path = write_dag(dags, DAG_ID, training={"model": "mlp", "epochs": 3, "batch_size": 64},
+                     evaluation={"threshold": 0.5, "tolerance": 1.0},
+                     resources={"environment": {"TFPIPE_DEBUG_MARK": "public-value"},
+                                "private_environment": {SECRET_NAME: "@SECRET@"}})
+    # the secret comes from the worker's environment, never from the DAG file's text
+    path.write_text(path.read_text().replace("'@SECRET@'", 'os.environ["TFPIPE_TEST_SECRET"]'))
+    extra_env = {"TFPIPE_TEST_SECRET": secret}
+    watcher = StageWatcher(docker_client, DAG_ID)
+    watcher.start()
+    try:
+        summary, log = run_dag(DAG_ID, {"learning_rate": 0.003}, home=home, image=trainer_image,
+                               dags_folder=dags, extra_env=extra_env)
+    finally:
+        watcher.stop.set()
+        watcher.join(timeout=5)
+    assert summary["state"] == "success", log[-6000:]
+    assert summary["tasks"]["export"]["state"] == "success", "the test DAG's gate blesses every model"
+    _, env = dag_command(DAG_ID, None, home=home, image=trainer_image, dags_folder=dags, extra_env=extra_env)
+    return {"summary": summary, "home": home, "dags": dags, "env": env, "secret": secret,
+            "inspected": watcher.seen, "image": trainer_image}
+
+
+def _tfpipe(ctx, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tfpipe.cli", *args, "--dags-folder", str(ctx["dags"])],
+                          env=ctx["env"], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def _links(run_id: str) -> dict[str, dict[str, str]]:
+    """The extra links the worker stored for each task (what the UI shows)."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    links: dict[str, dict[str, str]] = {}
+    with create_session() as session:
+        for row in session.scalars(XComModel.get_many(run_id=run_id, dag_ids=DAG_ID)):
+            if row.key.startswith("_link_"):
+                links.setdefault(row.task_id, {})[row.key] = XComModel.deserialize_value(row)
+    return links
+
+
+def test_links_of_the_finished_run_point_at_its_report_and_tensorboard(finished_run):
+    run_id, home = finished_run["summary"]["run_id"], finished_run["home"]
+    links = _links(run_id)
+    assert set(links) == {"train", "evaluate", "export"}
+    run_dir = home / "work" / "runs" / DAG_ID / contract.safe_name(run_id, 120)
+    assert links["train"]["_link_RunReportLink"] == debug.file_url(str(run_dir / "report.html"))
+    assert links["evaluate"]["_link_RunReportLink"] == debug.file_url(str(run_dir / "report.html"))
+    # export's link comes from its XCom result (read by the worker): the copy in the model version
+    exported = Path(finished_run["summary"]["model_dir"]) / "report" / "report.html"
+    assert links["export"]["_link_RunReportLink"] == debug.file_url(str(exported))
+    assert (run_dir / "report.html").is_file() and exported.is_file()
+    for task_links in links.values():
+        assert task_links["_link_TensorBoardLink"] == debug.tensorboard_url(DAG_ID, run_id)
+
+
+def test_shell_container_is_the_task_container(finished_run, docker_client):
+    ctx = finished_run
+    run_id = ctx["summary"]["run_id"]
+    task = ctx["inspected"].get("train")
+    assert task, f"never saw the train container (saw {sorted(ctx['inspected'])})"
+    proc = _tfpipe(ctx, "shell", DAG_ID, "train", "--run", run_id, "--detach")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cid = proc.stdout.strip().splitlines()[-1]
+    assert f"left out of the shell (private_environment, values not copied): {SECRET_NAME}" in proc.stderr
+    try:
+        shell = docker_client.api.inspect_container(cid)
+        assert shell["State"]["Running"]
+        assert shell["Config"]["Labels"]["tfpipe.role"] == "shell"
+        for key in ("tfpipe.dag_id", "tfpipe.run_id", "tfpipe.task_id", "tfpipe.stage", "tfpipe.try_number"):
+            assert shell["Config"]["Labels"][key] == task["Config"]["Labels"][key], key
+        assert shell["Config"]["Image"] == task["Config"]["Image"] == ctx["image"]
+        assert shell["Image"] == task["Image"], "the same image id"
+
+        def mounts(c):
+            return sorted((m["Source"], m["Destination"], m["RW"]) for m in c["Mounts"])
+
+        assert mounts(shell) == mounts(task)
+        assert ("/data", False) in {(m[1], m[2]) for m in mounts(shell)}
+        for key in ("User", "WorkingDir"):
+            assert shell["Config"][key] == task["Config"][key], key
+        for key in ("NetworkMode", "ShmSize", "Memory", "Privileged", "DeviceRequests"):
+            assert shell["HostConfig"][key] == task["HostConfig"][key], key
+
+        task_env = dict(e.split("=", 1) for e in task["Config"]["Env"])
+        shell_env = dict(e.split("=", 1) for e in shell["Config"]["Env"])
+        assert task_env[SECRET_NAME] == ctx["secret"], "the task itself had the secret"
+        assert SECRET_NAME not in shell_env and ctx["secret"] not in json.dumps(shell)
+        assert json.loads(shell_env[contract.CONFIG_ENV]) == json.loads(task_env[contract.CONFIG_ENV])
+        assert json.loads(shell_env[contract.CONFIG_ENV])["training"]["learning_rate"] == 0.003, "the run's conf"
+        assert shell_env == {k: v for k, v in task_env.items() if k != SECRET_NAME}
+
+        # the stage reruns by hand in it: train resumes from its final checkpoint and reports
+        rerun = subprocess.run(["docker", "exec", cid, "python3", "-m", "trainer", "train"],
+                               capture_output=True, text=True, timeout=180)
+        assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+        result = contract.parse_result_line(rerun.stdout.splitlines())
+        assert result and result["resumed_from"]["step"] == result["steps"]
+    finally:
+        subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
+
+
+def test_shell_print_and_jupyter(finished_run):
+    ctx = finished_run
+    run_id = ctx["summary"]["run_id"]
+    printed = _tfpipe(ctx, "shell", DAG_ID, "evaluate", "--run", "latest", "--print")
+    assert printed.returncode == 0, printed.stderr[-3000:]
+    line = printed.stdout.strip()
+    assert line.startswith("docker run --rm") and "tfpipe.role=shell" in line and ctx["image"] in line
+    assert f"tfpipe.run_id={run_id}" in line, "latest is the newest run dir"
+    assert ctx["secret"] not in line and f"{SECRET_NAME}=" not in line
+    jupyter = _tfpipe(ctx, "shell", DAG_ID, "evaluate", "--run", run_id, "--jupyter")
+    assert jupyter.returncode == 2
+    assert "has no Jupyter" in jupyter.stderr and "docker/requirements.lock" in jupyter.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tensorboard_serves_the_run(finished_run):
+    ctx = finished_run
+    run_id = ctx["summary"]["run_id"]
+    port = _free_port()
+    proc = _tfpipe(ctx, "tensorboard", DAG_ID, run_id, "--port", str(port), "--detach")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cid, url = proc.stdout.strip().splitlines()[-2:]
+    assert url == debug.tensorboard_url(DAG_ID, run_id, base=f"http://localhost:{port}")
+    try:
+        deadline, status, last = time.time() + 90, None, None
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as resp:
+                    status = resp.status
+                    break
+            except OSError as err:
+                last = err
+                time.sleep(0.5)
+        assert status == 200, f"TensorBoard did not answer on port {port}: {last}"
+        # the run is there, named as the link's filter expects
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs", timeout=5) as resp:
+                runs = json.loads(resp.read())
+            if runs:
+                break
+            time.sleep(0.5)
+        assert runs == [debug.tensorboard_run_name(DAG_ID, run_id)]
+    finally:
+        subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
+
+
+def _png_rows(data: bytes) -> tuple[int, int, list[bytes]]:
+    """Width, height and the decompressed (still filtered) scanlines of a non-interlaced PNG."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    width, height, depth, colour, _, _, interlace = header
+    assert depth == 8 and interlace == 0
+    channels = {0: 1, 2: 3, 4: 2, 6: 4}[colour]
+    raw = zlib.decompress(idat)
+    stride = 1 + width * channels
+    return width, height, [raw[i * stride:(i + 1) * stride] for i in range(height)]
+
+
+def test_report_renders_in_headless_chromium(finished_run, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        pytest.skip("no chromium on PATH (scripts/ensure-chromium.sh installs Debian's as root)")
+    link = _links(finished_run["summary"]["run_id"])["evaluate"]["_link_RunReportLink"]
+    assert link.startswith("file:///")
+    out = tmp_path / "report.png"
+    profile = tempfile.mkdtemp(prefix="chromium-")
+    try:
+        proc = subprocess.run(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+             f"--screenshot={out}", "--window-size=1200,1600", link],
+            capture_output=True, text=True, timeout=120)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    assert out.is_file(), f"no screenshot (exit {proc.returncode}): {proc.stderr[-2000:]}"
+    assert out.stat().st_size > 10 * 1024
+    width, height, rows = _png_rows(out.read_bytes())
+    assert (width, height) == (1200, 1600)
+    # a blank page has (almost) one distinct scanline; the report has text, tables and plots
+    assert len(set(rows)) > 100, f"the screenshot looks blank ({len(set(rows))} distinct rows)"
+    assert len(set(b"".join(rows[::40]))) > 32, "the screenshot has hardly any distinct byte values"
