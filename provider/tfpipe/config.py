@@ -340,7 +340,8 @@ class TrainingConfig(_Section):
 
     :param model: ``mlp``, ``cnn``, ``resnet50`` or ``package.module:function`` on ``code_path``.
     :param model_kwargs: extra keyword arguments for the model builder.
-    :param code_path: container path added to ``sys.path`` for a custom model.
+    :param code_path: directory added to ``sys.path`` for a custom model: relative to the data
+        volume (``"code"`` = ``/data/code``) or an absolute container path.
     :param epochs: target number of epochs (training resumes *until* it).
     :param batch_size: global batch size.
     :param learning_rate: optimizer learning rate.
@@ -380,9 +381,12 @@ class TrainingConfig(_Section):
         if ":" in self.model and not self.code_path:
             raise _fail("training.code_path", f"custom model {self.model!r} needs code_path",
                         "set code_path to the container directory that holds the package")
-        if self.code_path is not None and (not isinstance(self.code_path, str) or not self.code_path.startswith("/")):
-            raise _fail("training.code_path", f"must be an absolute container path, got {self.code_path!r}",
-                        "e.g. '/data/code'")
+        if self.code_path is not None:
+            if not isinstance(self.code_path, str) or not self.code_path:
+                raise _fail("training.code_path", f"must be a path, got {self.code_path!r}",
+                            "give a directory relative to volumes.data (e.g. 'code') or a container path")
+            if not self.code_path.startswith("/"):
+                check_relative_path("training.code_path", self.code_path)
         if not isinstance(self.model_kwargs, Mapping):
             raise _fail("training.model_kwargs", "must be a mapping", "e.g. {'hidden_units': [128, 64]}")
         for name in ("epochs", "batch_size", "checkpoint_every_steps", "keep_checkpoints", "shuffle_buffer"):

@@ -63,6 +63,7 @@ BAD_CONFIGS = [
     (with_("training.optimizer", "adamw"), ["training.optimizer", "'adam'"]),
     (with_("training.model", "transformer"), ["training.model", "mlp"]),
     (with_("training.model", "pkg.mod:build"), ["training.code_path", "code_path"]),
+    (with_("training.code_path", "../elsewhere"), ["training.code_path", "leaves the data volume"]),
     (with_("training.mixed_precision", "yes"), ["training.mixed_precision", "boolean"]),
     (with_("image.ref", "tfpipe/trainer"), ["image.ref", "no tag", "allow_floating_tag"]),
     (with_("image.ref", "tfpipe/trainer:latest"), ["image.ref", "floating", "digest"]),
