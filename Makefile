@@ -20,6 +20,7 @@ export PATH := $(VENV)/bin:$(PATH)
 DAG ?= tfpipe_digits
 CONF ?= {}
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 # The image reference is content-derived; read it after `image` ran.
 IMAGE_REF = $$(cat $(CACHE)/trainer-image)
 
@@ -80,7 +81,7 @@ test-host: venv image airflow-db data
 	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: venv image airflow-db data
-	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) bench/run.py
+	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) bench/run.py $(BENCH_ARGS)
 
 # Seeing and reproducing a run (tfpipe tensorboard / tfpipe shell; see tfpipe/debug.py).
 .PHONY: tensorboard shell

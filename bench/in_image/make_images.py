@@ -1,0 +1,78 @@
+"""Write a synthetic image-folder data set with PIL and prepare it with the trainer's own prep.
+
+Run inside the trainer image (Python 3.8/3.9, TF 2.9) with the bench root mounted at ``--root``:
+
+    python3 bench/in_image/make_images.py --root /bench --count 1200 --size 64 --channels 3
+
+Layout written (all under ``--root``)::
+
+    data/images/class_<k>/img_<n>.png    raw PNGs (one folder per class)
+    work/datasets/<fingerprint>/         TFRecords + schema.json + stats.json (trainer.prep)
+    work/runs/bench/prep/dataset.json    the pointer prep writes for its run
+
+The classes differ by colour and by a bright square in a class-specific corner, so a small CNN
+learns something (the loss goes down) and training is not a degenerate no-op. The last stdout
+line is ``BENCH_RESULT {json}`` with the dataset directory and counts.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import util  # noqa: E402  (bench/in_image/util.py)
+
+
+def write_pngs(root, count, size, channels, classes, seed):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.RandomState(seed)
+    written = 0
+    for n in range(count):
+        k = n % classes
+        folder = os.path.join(root, "class_%d" % k)
+        if not os.path.isdir(folder):
+            os.makedirs(folder)
+        base = rng.randint(0, 96, size=(size, size, channels)).astype(np.int32)
+        base[..., k % channels] += 40 + 10 * k  # class colour cast
+        q = size // 4
+        corner = [(0, 0), (0, size - q), (size - q, 0), (size - q, size - q)][k % 4]
+        base[corner[0]:corner[0] + q, corner[1]:corner[1] + q, :] += 100
+        pixels = np.clip(base, 0, 255).astype(np.uint8)
+        mode = "RGB" if channels == 3 else "L"
+        image = Image.fromarray(pixels if channels == 3 else pixels[..., 0], mode)
+        image.save(os.path.join(folder, "img_%05d.png" % n))
+        written += 1
+    return written
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--root", default="/bench")
+    parser.add_argument("--count", type=int, default=1200)
+    parser.add_argument("--size", type=int, default=64)
+    parser.add_argument("--channels", type=int, default=3)
+    parser.add_argument("--classes", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+
+    started = time.time()
+    images = os.path.join(args.root, "data", "images")
+    count = write_pngs(images, args.count, args.size, args.channels, args.classes, args.seed)
+    png_s = time.time() - started
+
+    from trainer import prep
+
+    config = util.stage_config(args.root, "prep", dag_id="bench", run_id="prep",
+                               data=util.image_data_section(args.size, args.channels))
+    result = prep.run(config)
+    util.emit({"dataset_dir": result["dataset_dir"], "fingerprint": result["fingerprint"],
+               "examples": result["examples"], "pngs": count, "png_seconds": round(png_s, 2),
+               "seconds": round(time.time() - started, 2)})
+
+
+if __name__ == "__main__":
+    main()

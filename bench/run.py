@@ -1,0 +1,1129 @@
+#!/usr/bin/env python3
+"""``make bench``: side-by-side speed ratios of tfpipe, measured A/B interleaved on this machine.
+
+Not a test: nothing here asserts a target. Every figure runs A, B, A, B, ... (``--pairs``, at
+least 5 by default) so drift of a shared machine hits both sides alike; its ratio is the median
+of the per-pair ratios A/B. The table goes to stdout, the figures to ``bench/results.json``::
+
+    {"<name>": {"ratio": median, "min": ..., "max": ..., "pairs": n, "target": ..., ...}}
+
+(plus the details of each figure: medians of A and B in seconds, notes, ``error`` when a figure
+failed; a failed figure never stops the others). Logs of every figure go to ``.cache/bench/``.
+
+    make bench                                  # everything, < 20 min on 2 CPU cores
+    .venv/bin/python bench/run.py --only dag_parse_ratio --pairs 3
+    .venv/bin/python bench/run.py --list
+
+The figures and what A and B are: see ``FIGURES`` below and ``bench/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+import re
+import runpy
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+RESULTS = BENCH / "results.json"
+LOGS = REPO / ".cache" / "bench"
+RESULT_PREFIX = "BENCH_RESULT "
+UID_GID = (1000, 1000)  # the trainer image's user: files on mounts belong to it
+
+# The environment `make` exports (Makefile), so `.venv/bin/python bench/run.py` works directly too.
+os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".airflow"))
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "False"
+sys.path.insert(0, str(REPO / "provider"))  # tfpipe, when the venv lacks the editable install
+
+
+# --------------------------------------------------------------------------------------------
+# small helpers
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class BenchError(RuntimeError):
+    """A figure could not be measured; the message goes to the table and results.json."""
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def ratio_stats(a: list[float], b: list[float]) -> dict[str, Any]:
+    """Median, min and max of the per-pair ratios a[i] / b[i]."""
+    n = min(len(a), len(b))
+    if n == 0:
+        raise BenchError("no complete A/B pair was measured")
+    ratios = [a[i] / b[i] for i in range(n)]
+    return {"ratio": round(median(ratios), 4), "min": round(min(ratios), 4),
+            "max": round(max(ratios), 4), "pairs": n,
+            "a_median_s": round(median(a[:n]), 4), "b_median_s": round(median(b[:n]), 4),
+            "per_pair": [round(r, 4) for r in ratios]}
+
+
+def chown_tree(path: Path) -> None:
+    """Make ``path`` (and what is below it) belong to the image's uid 1000 and be writable."""
+    for root, dirs, files in os.walk(path):
+        for name in [root, *(os.path.join(root, d) for d in dirs), *(os.path.join(root, f) for f in files)]:
+            try:
+                os.chown(name, *UID_GID)
+            except PermissionError:
+                os.chmod(name, 0o777 if os.path.isdir(name) else 0o666)
+
+
+def make_dirs(*paths: Path) -> None:
+    """Create directories and hand them to uid 1000 (what the operators' helper container does)."""
+    for path in paths:
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            os.chown(path, *UID_GID)
+        except PermissionError:
+            path.chmod(0o777)
+
+
+def parse_result(text: str) -> dict[str, Any] | None:
+    for line in reversed(text.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX):])
+    return None
+
+
+@dataclasses.dataclass
+class Figure:
+    name: str
+    target: float | None
+    what: str
+    run: Callable[["Context"], dict[str, Any]]
+    gpu: bool = False
+    min_seconds: float = 30  # not started when less of the time budget is left
+
+
+# --------------------------------------------------------------------------------------------
+# the run's context: image, temp dirs, containers, time budget
+
+
+class Context:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.pairs: int = args.pairs
+        self.session = uuid.uuid4().hex[:8]
+        self.started = time.monotonic()
+        self.budget_s: float = args.budget
+        self.image = self._image()
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"tfpipe-bench-{self.session}-"))
+        os.chmod(self.tmp, 0o777)
+        LOGS.mkdir(parents=True, exist_ok=True)
+        self._images_root: Path | None = None
+        self._images_error: str | None = None
+        self._names = 0
+        self.python = sys.executable
+
+    # -- image ---------------------------------------------------------------------------------
+    def _image(self) -> str:
+        ref = os.environ.get("TFPIPE_IMAGE")
+        if not ref:
+            log("TFPIPE_IMAGE is not set: building (or reusing) the trainer image with docker/build-image.sh")
+            proc = subprocess.run([str(REPO / "docker" / "build-image.sh")], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"bench: docker/build-image.sh failed:\n{proc.stderr[-3000:]}")
+            ref = proc.stdout.strip().splitlines()[-1]
+        if subprocess.run(["docker", "image", "inspect", ref], capture_output=True).returncode != 0:
+            raise SystemExit(f"bench: the trainer image {ref} is not in the Docker engine: run `make image`")
+        os.environ["TFPIPE_IMAGE"] = ref
+        return ref
+
+    # -- time budget ---------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def left(self) -> float:
+        return self.budget_s - self.elapsed()
+
+    # -- containers ----------------------------------------------------------------------------
+    def container_name(self, what: str) -> str:
+        self._names += 1
+        return f"tfpipe-bench-{self.session}-{what}-{self._names}"
+
+    def docker_run_args(self, what: str) -> list[str]:
+        """``docker run`` options every bench container gets: a name and the session label."""
+        return ["--name", self.container_name(what), "--label", f"tfpipe.bench={self.session}"]
+
+    def in_image(self, script: str, args: list[str], *, logfile: Path, timeout: float,
+                 docker_args: list[str] | None = None, mount_root: Path | None = None) -> dict[str, Any]:
+        """Run ``bench/in_image/<script>`` in the trainer image against the working tree."""
+        root = mount_root or self.tmp
+        cmd = ["docker", "run", "--rm", *self.docker_run_args(Path(script).stem.replace("_", "-")),
+               "-v", f"{REPO}:/src:ro", "-v", f"{root}:/bench", "-w", "/src",
+               "-e", "PYTHONPATH=/src:/opt/tfpipe/deps", "--shm-size", "1g", *(docker_args or []),
+               self.image, "python3", f"bench/in_image/{script}", "--root", "/bench", *args]
+        out = run_logged(cmd, logfile, timeout=timeout, kill_container=cmd[4])
+        result = parse_result(out)
+        if result is None:
+            raise BenchError(f"{script} printed no result line (see {logfile})")
+        if result.get("error"):
+            raise BenchError(f"{script}: {result['error']}")
+        return result
+
+    def images_root(self) -> Path:
+        """The synthetic 64x64 RGB image data set (PNGs + trainer.prep), made once per bench run."""
+        if self._images_error:
+            raise BenchError(f"the synthetic image data set could not be made: {self._images_error}")
+        if self._images_root is None:
+            root = self.tmp / "images"
+            root.mkdir()
+            chown_tree(root)
+            os.chmod(root, 0o777)
+            log("making the synthetic image data set (1,200 64x64 RGB PNGs, trainer.prep)")
+            try:
+                result = self.in_image("make_images.py", ["--count", "1200", "--size", "64", "--channels", "3"],
+                                       logfile=LOGS / "make_images.log", timeout=300, mount_root=root)
+            except BenchError as err:
+                self._images_error = str(err)
+                raise
+            log(f"image data set: {result['examples']} in {result['seconds']} s")
+            self._images_root = root
+        return self._images_root
+
+    def cleanup(self) -> None:
+        ids = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=tfpipe.bench={self.session}"],
+                             capture_output=True, text=True).stdout.split()
+        if ids:
+            subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
+        if self.args.keep_temp:
+            log(f"kept temporary files in {self.tmp}")
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def run_logged(cmd: list[str], logfile: Path, *, timeout: float, env: dict[str, str] | None = None,
+               cwd: Path | None = None, kill_container: str | None = None) -> str:
+    """Run ``cmd``; stdout+stderr go to ``logfile``; return stdout; BenchError on failure."""
+    with open(logfile, "a") as handle:
+        handle.write(f"\n$ {' '.join(cmd)[:2000]}\n")
+        handle.flush()
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=handle, text=True, env=env,
+                                  cwd=cwd, timeout=timeout)
+        except subprocess.TimeoutExpired as err:
+            if kill_container:
+                subprocess.run(["docker", "rm", "-f", kill_container], capture_output=True)
+            raise BenchError(f"timed out after {timeout:.0f} s: {' '.join(cmd)[:200]} (see {logfile})") from err
+        handle.write(proc.stdout)
+    if proc.returncode != 0:
+        raise BenchError(f"exit {proc.returncode}: {' '.join(cmd)[:200]} (see {logfile})")
+    return proc.stdout
+
+
+def interleave(ctx: Context, name: str, run_a: Callable[[int], float], run_b: Callable[[int], float],
+               *, pairs: int | None = None, min_pairs: int = 5) -> tuple[list[float], list[float], list[str]]:
+    """A, B, A, B, ...: return the seconds of each side and notes (e.g. stopped for time).
+
+    After ``min_pairs`` pairs a figure stops early when the next pair would not fit in the run's
+    time budget (noted in the result)."""
+    pairs = pairs or ctx.pairs
+    a: list[float] = []
+    b: list[float] = []
+    notes: list[str] = []
+    for i in range(pairs):
+        pair_started = time.monotonic()
+        a.append(run_a(i))
+        b.append(run_b(i))
+        took = time.monotonic() - pair_started
+        log(f"{name}: pair {i + 1}/{pairs}: A {a[-1]:.3f} s, B {b[-1]:.3f} s, A/B {a[-1] / b[-1]:.3f}")
+        if i + 1 < pairs and i + 1 >= min(min_pairs, pairs) and ctx.left() < took * 1.2:
+            notes.append(f"stopped after {i + 1} of {pairs} pairs: the next pair ({took:.0f} s) would "
+                         f"exceed the bench's time budget ({ctx.budget_s:.0f} s)")
+            break
+    return a, b, notes
+
+
+# --------------------------------------------------------------------------------------------
+# dag_parse_ratio
+
+REFERENCE_DAG = '''"""Reference DAG for the bench: one DockerOperator, nothing else."""
+from datetime import datetime
+
+from airflow.providers.docker.operators.docker import DockerOperator
+from airflow.sdk import DAG
+
+with DAG(dag_id="bench_reference_docker", schedule="0 3 * * *", start_date=datetime(2024, 1, 1),
+         catchup=False, tags=["bench"]):
+    DockerOperator(task_id="train", image="tfpipe/trainer:0.1.0",
+                   command=["python3", "-m", "trainer", "train"], mount_tmp_dir=False)
+'''
+
+PARSE_PROBE = r'''
+import json, runpy, sys, time
+import airflow                # imported before the clock starts: every DAG file processor has it,
+from airflow.sdk import DAG   # and every DAG file (the reference too) builds a DAG from it
+path = sys.argv[1]
+started = time.perf_counter()
+runpy.run_path(path, run_name="bench_dag_file")
+print(json.dumps({"seconds": time.perf_counter() - started}))
+'''
+
+
+BREAKDOWN_PROBE = r'''
+import json, runpy, sys, time
+import airflow
+from airflow.sdk import DAG
+t0 = time.perf_counter()
+import airflow.providers.docker.operators.docker
+t1 = time.perf_counter()
+if sys.argv[2] == "tfpipe":
+    import tfpipe.pipeline
+t2 = time.perf_counter()
+runpy.run_path(sys.argv[1], run_name="bench_dag_file")
+t3 = time.perf_counter()
+print(json.dumps({"docker_provider": t1 - t0, "tfpipe_modules": t2 - t1, "dag_build": t3 - t2}))
+'''
+
+
+def dag_parse(ctx: Context) -> dict[str, Any]:
+    files = sorted((REPO / "dags").glob("tfpipe_*.py"))
+    if not files:
+        raise BenchError("no dags/tfpipe_*.py files")
+    ref_dir = ctx.tmp / "reference-dag"
+    ref_dir.mkdir()
+    reference = ref_dir / "bench_reference_docker.py"
+    reference.write_text(REFERENCE_DAG)
+    env = {**os.environ, "TFPIPE_HOME": str(ctx.tmp / "parse-home"), "PYTHONDONTWRITEBYTECODE": "1"}
+    logfile = LOGS / "dag_parse_ratio.log"
+
+    def exec_seconds(path: Path) -> float:
+        out = run_logged([ctx.python, "-c", PARSE_PROBE, str(path)], logfile, timeout=120, env=env, cwd=REPO)
+        return json.loads(out.strip().splitlines()[-1])["seconds"]
+
+    for path in [*files, reference]:  # warm the page cache, compile nothing: untimed
+        exec_seconds(path)
+    per_file: dict[str, dict[str, Any]] = {}
+    all_a: list[float] = []
+    all_b: list[float] = []
+    notes: list[str] = []
+    # For each pair round, every DAG file is paired with its own, adjacent reference sample.
+    samples: dict[str, tuple[list[float], list[float]]] = {f.name: ([], []) for f in files}
+    for i in range(ctx.pairs):
+        for f in files:
+            samples[f.name][0].append(exec_seconds(f))
+            samples[f.name][1].append(exec_seconds(reference))
+        log(f"dag_parse_ratio: round {i + 1}/{ctx.pairs}: " + ", ".join(
+            f"{n} {s[0][-1] * 1000:.0f}/{s[1][-1] * 1000:.0f} ms" for n, s in samples.items()))
+    for name, (a, b) in samples.items():
+        per_file[name] = {k: v for k, v in ratio_stats(a, b).items() if k != "per_pair"}
+        all_a += a
+        all_b += b
+    worst = max(per_file, key=lambda n: per_file[n]["ratio"])
+    stats = ratio_stats(samples[worst][0], samples[worst][1])
+    overall = ratio_stats(all_a, all_b)
+    stats.update(
+        min=overall["min"], max=overall["max"], pairs=len(samples[worst][0]),
+        worst_file=worst, files=per_file,
+        method=("exec time of the DAG file alone (runpy.run_path), in a fresh interpreter per sample, "
+                "after `import airflow` and `from airflow.sdk import DAG` (untimed); ratio = the worst "
+                "file's median of per-pair ratios; min/max over all files' pairs"),
+    )
+    # Where the time goes (diagnostic, untimed for the ratio): 3 samples of each, medians in ms.
+    parts: dict[str, list[dict[str, float]]] = {"tfpipe": [], "reference": []}
+    for _ in range(3):
+        for kind, path in (("tfpipe", files[0]), ("reference", reference)):
+            out = run_logged([ctx.python, "-c", BREAKDOWN_PROBE, str(path), kind], logfile, timeout=120,
+                             env=env, cwd=REPO)
+            parts[kind].append(json.loads(out.strip().splitlines()[-1]))
+    breakdown = {kind: {k: round(1000 * median([p[k] for p in samples]), 1) for k in samples[0]}
+                 for kind, samples in parts.items()}
+    stats["breakdown_ms"] = breakdown
+    t, r = breakdown["tfpipe"], breakdown["reference"]
+    stats["why"] = (f"{files[0].name}: {t['docker_provider']:.0f} ms importing the Docker provider (the "
+                    f"reference pays the same {r['docker_provider']:.0f} ms), {t['tfpipe_modules']:.0f} ms importing "
+                    f"tfpipe's own modules (tfpipe.pipeline and what it imports), {t['dag_build']:.0f} ms building "
+                    f"the DAG (4 operators, Params, docs) vs {r['dag_build']:.0f} ms for the reference's DAG")
+    stats["notes"] = notes
+    return stats
+
+
+# --------------------------------------------------------------------------------------------
+# orchestration_overhead_ratio
+
+
+def _utc(stamp: str) -> float:
+    return dt.datetime.fromisoformat(stamp).replace(tzinfo=dt.timezone.utc).timestamp()
+
+
+def fresh_home(parent: Path, name: str) -> Path:
+    """A TFPIPE_HOME holding only a copy of the digits CSV (as tests/conftest.py makes)."""
+    source = REPO / ".demo" / "data" / "digits" / "digits.csv"
+    if not source.exists():
+        raise BenchError(f"{source} is missing: run `make data`")
+    home = parent / name
+    (home / "data" / "digits").mkdir(parents=True)
+    shutil.copy(source, home / "data" / "digits" / "digits.csv")
+    return home
+
+
+def pipeline_config_of(dag_file: Path, home: Path):
+    """The PipelineConfig a tfpipe DAG file builds (with TFPIPE_HOME=home), without Airflow."""
+    import tfpipe
+    from tfpipe.config import PipelineConfig
+
+    captured: dict[str, Any] = {}
+
+    def capture(cfg, **_kwargs):
+        captured["cfg"] = cfg if isinstance(cfg, PipelineConfig) else PipelineConfig.from_dict(cfg)
+
+    saved_home = os.environ.get("TFPIPE_HOME")
+    had = "training_pipeline" in tfpipe.__dict__
+    saved = tfpipe.__dict__.get("training_pipeline")
+    tfpipe.training_pipeline = capture
+    os.environ["TFPIPE_HOME"] = str(home)
+    try:
+        runpy.run_path(str(dag_file), run_name="bench_dag_config")
+    finally:
+        if had:
+            tfpipe.training_pipeline = saved
+        else:
+            del tfpipe.training_pipeline
+        if saved_home is None:
+            os.environ.pop("TFPIPE_HOME", None)
+        else:
+            os.environ["TFPIPE_HOME"] = saved_home
+    if "cfg" not in captured:
+        raise BenchError(f"{dag_file} did not call training_pipeline()")
+    return captured["cfg"]
+
+
+def host_path(cfg, container_path: str) -> Path:
+    from tfpipe import contract
+
+    for prefix, source in ((contract.CONTAINER_DATA, cfg.volumes.data), (contract.CONTAINER_WORK, cfg.volumes.work),
+                           (contract.CONTAINER_MODELS, cfg.volumes.models)):
+        if container_path == prefix or container_path.startswith(prefix + "/"):
+            return Path(source + container_path[len(prefix):])
+    raise BenchError(f"{container_path} is on no volume")
+
+
+def stage_docker_args(spec, config: dict[str, Any], cfg=None) -> list[str]:
+    """The `docker run` options equivalent to what the stage operator gives its container."""
+    from tfpipe import contract
+
+    private = dict(getattr(getattr(cfg, "resources", None), "private_environment", None) or {})
+
+    args = ["--user", spec.user, "--network", spec.network_mode]
+    if spec.shm_size:
+        args += ["--shm-size", spec.shm_size]
+    if spec.mem_limit:
+        args += ["--memory", spec.mem_limit]
+    for mount in spec.mounts:
+        args += ["--mount", f"type=bind,source={mount.source},target={mount.target}"
+                 + (",readonly" if mount.read_only else "")]
+    for key, value in {**spec.environment, **private, contract.CONFIG_ENV: contract.dumps(config)}.items():
+        args += ["-e", f"{key}={value}"]
+    return args
+
+
+def orchestration(ctx: Context) -> dict[str, Any]:
+    from tfpipe import contract
+    from tfpipe.specs import plan_pipeline, resolve_stage_config, writable_dirs
+
+    dag_id = "tfpipe_digits"
+    dag_file = REPO / "dags" / f"{dag_id}.py"
+    logfile = LOGS / "orchestration_overhead_ratio.log"
+    parent = ctx.tmp / "orchestration"
+    parent.mkdir()
+    startup: list[float] = []
+    first_task_api: list[float] = []
+    tail: list[float] = []
+    task_seconds: dict[str, list[float]] = {}
+    stage_seconds: dict[str, list[float]] = {}
+
+    def airflow_run(i: int) -> float:
+        home = fresh_home(parent, f"airflow-{i}")
+        env = {**os.environ, "TFPIPE_HOME": str(home), "TFPIPE_IMAGE": ctx.image, "PYTHONUNBUFFERED": "1"}
+        env["PATH"] = f"{Path(ctx.python).parent}:{env.get('PATH', '')}"
+        cmd = [ctx.python, "-m", "tfpipe.cli", "run", dag_id]
+        started_wall = time.time()
+        started = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+        seconds = time.perf_counter() - started
+        with open(logfile, "a") as handle:
+            handle.write(f"\n$ {' '.join(cmd)}  (TFPIPE_HOME={home})\n{proc.stderr}\n{proc.stdout}\n")
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        summary = json.loads(lines[-1]) if lines else {}
+        if proc.returncode != 0 or summary.get("state") != "success":
+            raise BenchError(f"tfpipe run {dag_id} ended {summary.get('state', 'without a summary')} "
+                             f"(exit {proc.returncode}; see {logfile})")
+        retried = [t for t, v in summary.get("tasks", {}).items() if v.get("try_number", 1) != 1]
+        if retried:
+            raise BenchError(f"tfpipe run {dag_id}: task(s) {retried} were retried: the timing is not comparable")
+        stamp = r"^(\d{4}-\d\d-\d\dT[\d:.]+)Z? "
+        events = [(m.group(2), m.group(3), _utc(m.group(1))) for m in re.finditer(
+            stamp + r".*\[DAG TEST\] (starting|end) task(?: task)?_id=(\w+)", proc.stderr, re.M)]
+        running = re.search(stamp + r".*\[DAG TEST\] running task", proc.stderr, re.M)
+        started_api = re.search(stamp + r".*\] Task started ", proc.stderr, re.M)
+        if events:
+            startup.append(events[0][2] - started_wall)
+            begun: dict[str, float] = {}
+            for kind, task, t in events:
+                if kind == "starting":
+                    begun[task] = t
+                elif task in begun:
+                    task_seconds.setdefault(task, []).append(t - begun[task])
+            tail.append(started_wall + seconds - events[-1][2])
+        if running and started_api:
+            first_task_api.append(_utc(started_api.group(1)) - _utc(running.group(1)))
+        shutil.rmtree(home, ignore_errors=True)
+        return seconds
+
+    def plain_run(i: int) -> float:
+        home = fresh_home(parent, f"plain-{i}")
+        cfg = pipeline_config_of(dag_file, home)
+        run_id = f"bench__plain_{ctx.session}_{i}"
+        stages = []
+        for spec in plan_pipeline(cfg):  # configs and directories first: outside the timed span
+            config = resolve_stage_config(spec.config, dag_id=cfg.dag_id, run_id=run_id, task_id=spec.task_id,
+                                          try_number=1, image=spec.image)
+            dirs = writable_dirs(spec.stage, config, config["paths"]["run_dir"])
+            make_dirs(*(host_path(cfg, d) for d in dirs))
+            cmd = ["docker", "run", "--rm", *ctx.docker_run_args(f"plain-{spec.stage}"),
+                   *stage_docker_args(spec, config, cfg), spec.image, *spec.command]
+            stages.append((spec.stage, cmd))
+        started = time.perf_counter()
+        for stage, cmd in stages:
+            stage_started = time.perf_counter()
+            with open(logfile, "a") as handle:
+                handle.write(f"\n$ docker run ... {stage} (TFPIPE_HOME={home})\n")
+                handle.flush()
+                proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=handle, text=True, timeout=600)
+                handle.write(proc.stdout)
+            stage_seconds.setdefault(stage, []).append(time.perf_counter() - stage_started)
+            if proc.returncode == contract.ExitCode.NOT_BLESSED and stage == "evaluate":
+                break  # as Airflow does: export is skipped
+            if proc.returncode != 0 or contract.parse_result_line(proc.stdout.splitlines()) is None:
+                raise BenchError(f"plain docker run of {stage} exited {proc.returncode} (see {logfile})")
+        seconds = time.perf_counter() - started
+        shutil.rmtree(home, ignore_errors=True)
+        return seconds
+
+    a, b, notes = interleave(ctx, "orchestration_overhead_ratio", airflow_run, plain_run)
+    stats = ratio_stats(a, b)
+    stats["notes"] = notes
+    stats["b_stage_median_s"] = {s: round(median(v), 2) for s, v in stage_seconds.items()}
+    stats["a_task_median_s"] = {t: round(median(v), 2) for t, v in task_seconds.items()}
+    if startup and task_seconds:
+        start, end = median(startup), median(tail)
+        api = median(first_task_api) if first_task_api else 0.0
+        stages = stats["b_stage_median_s"]
+        tasks = stats["a_task_median_s"]
+        other = {t: v for t, v in tasks.items() if t not in stages}
+        first = next(iter(tasks))
+        per_stage = [tasks[t] - stages[t] for t in stages if t in tasks]
+        between = max(0.0, stats["a_median_s"] - start - sum(tasks.values()) - end)
+        stats.update(a_startup_median_s=round(start, 2), a_first_task_api_start_s=round(api, 2),
+                     a_exit_median_s=round(end, 2))
+        parts = [f"{start:.1f} s before the first task (interpreter, Airflow and provider imports, DagBag "
+                 f"parse, metadata DB writes)",
+                 f"{api:.1f} s for dag.test's in-process execution API to start, paid by the first task "
+                 f"({first})"]
+        if other:
+            parts.append("the tasks without a stage container take " + ", ".join(
+                f"{t} {v - (api if t == first else 0):.1f} s" for t, v in other.items())
+                + (" (after the API start)" if first in other else ""))
+        if per_stage:
+            parts.append(f"each stage task takes about {median(per_stage):.1f} s more than its plain "
+                         f"`docker run` (task runner, state and XCom through the execution API, docker-py, the "
+                         f"helper container preparing the volume directories)")
+        parts.append(f"{between:.1f} s between tasks and {end:.1f} s after the last one (scheduling loop, "
+                     f"summary, interpreter exit)")
+        stats["why"] = (f"A-B = {stats['a_median_s'] - stats['b_median_s']:.1f} s per run: " + "; ".join(parts)
+                        + f". Plain docker run of the 4 stages: {stats['b_median_s']:.1f} s")
+    return stats
+
+
+# --------------------------------------------------------------------------------------------
+# input_pipeline_ratio, checkpoint_overhead_ratio (in-image)
+
+
+def input_pipeline(ctx: Context) -> dict[str, Any]:
+    root = ctx.images_root()
+    result = ctx.in_image("input_pipeline.py", ["--pairs", str(ctx.pairs), "--epochs", "2", "--uncached"],
+                          logfile=LOGS / "input_pipeline_ratio.log", timeout=900, mount_root=root)
+    stats = ratio_stats(result["a"], result["b"])
+    stats["cpu_ratio"] = ratio_stats(result["a_cpu"], result["b_cpu"])["ratio"]
+    if result.get("c"):
+        uncached = ratio_stats(result["c"], result["b"])
+        stats["uncached_ratio"] = uncached["ratio"]
+        stats["uncached_note"] = ("C/B with training.cache false (TFRecords re-read and parsed every epoch): "
+                                  f"median {uncached['ratio']}, min {uncached['min']}, max {uncached['max']}")
+    stats["info"] = (f"{stats['a_median_s'] * 1000:.0f} vs {stats['b_median_s'] * 1000:.0f} ms per step (cnn, batch "
+                     f"{result['batch_size']}, {result['image_shape']} uint8); process CPU time A/B "
+                     f"{stats['cpu_ratio']}" + (f"; {stats['uncached_note']}" if "uncached_note" in stats else ""))
+    alone = result["pipeline_alone_s_per_batch"]
+    stats["pipeline_alone_ms_per_batch"] = round(alone * 1000, 2)
+    share = f"the pipeline alone makes a batch in {alone * 1000:.1f} ms ({alone / stats['b_median_s'] * 100:.0f}% of a step)"
+    if stats["cpu_ratio"] <= 1.10:
+        stats["why"] = (f"{share} and the process CPU time A/B is {stats['cpu_ratio']}: the wall-time excess is "
+                        f"contention, not the pipeline; on a shared 2-core machine a step takes about twice as long "
+                        f"while another process holds a core, so pairs that straddle such a change swing widely "
+                        f"(per pair {stats['min']}-{stats['max']}); rerun with `--only input_pipeline_ratio --pairs 10` "
+                        f"on a quiet machine")
+    else:
+        stats["why"] = (f"{share}; the process CPU time A/B is {stats['cpu_ratio']}: feeding from tf.data costs CPU "
+                        f"that a 2-core machine takes from the training step's threads")
+    stats.update(unit=result["unit"], batch_size=result["batch_size"], image_shape=result["image_shape"],
+                 steps_per_epoch=result["steps_per_epoch"], epochs_per_sample=result["epochs_per_sample"],
+                 model="cnn")
+    return stats
+
+
+def checkpoint_overhead(ctx: Context) -> dict[str, Any]:
+    root = ctx.images_root()
+    result = ctx.in_image("checkpoint_overhead.py", ["--pairs", str(ctx.pairs), "--epochs", "2", "--every", "20"],
+                          logfile=LOGS / "checkpoint_overhead_ratio.log", timeout=900, mount_root=root)
+    stats = ratio_stats(result["a"], result["b"])
+    stats["cpu_ratio"] = ratio_stats(result["a_cpu"], result["b_cpu"])["ratio"]
+    direct = result["saves_per_run"] * result["ms_per_save"] / 1000.0 / stats["b_median_s"]
+    stats.update(unit=result["unit"], steps=result["steps"], steps_per_epoch=result["steps_per_epoch"],
+                 checkpoint_every_steps=result["checkpoint_every_steps"], saves_per_run=result["saves_per_run"],
+                 ms_per_save=result["ms_per_save"], model="cnn",
+                 direct_estimate=round(1 + direct, 4),
+                 direct_note=(f"{result['saves_per_run']} saves x {result['ms_per_save']} ms = "
+                              f"{direct * 100:.1f}% of the median run without checkpoints"))
+    stats["info"] = stats["why"] = (
+        f"measured directly, {stats['direct_note']} (ratio {stats['direct_estimate']}); the wall-time pairs "
+        f"spread {stats['min']}-{stats['max']} on this shared machine; process CPU time A/B {stats['cpu_ratio']}")
+    return stats
+
+
+# --------------------------------------------------------------------------------------------
+# resume_cost_ratio
+
+
+RESUME_EPOCHS = 8
+
+
+def resume_cost(ctx: Context) -> dict[str, Any]:
+    from tfpipe import contract
+    from tfpipe.config import PipelineConfig
+    from tfpipe.specs import config_template, plan_pipeline, resolve_stage_config
+
+    root = ctx.images_root()
+    logfile = LOGS / "resume_cost_ratio.log"
+    cfg = PipelineConfig.from_dict({
+        "dag_id": "bench_resume",
+        "image": {"ref": ctx.image},
+        "volumes": {"data": str(root / "data"), "work": str(root / "work"), "models": str(root / "models")},
+        "data": {"path": "images", "format": "images", "image_size": [64, 64], "channels": 3,
+                 "eval_fraction": 0.2, "shard_size": 250},
+        "training": {"model": "cnn", "epochs": RESUME_EPOCHS, "batch_size": 32, "checkpoint_every_steps": 20},
+        "export": {"model_name": "bench_resume"},
+    })
+    spec = next(s for s in plan_pipeline(cfg) if s.stage == "train")
+    template = config_template(cfg, "train")
+    prep_pointer = root / "work" / "runs" / "bench" / "prep" / "dataset.json"
+    if not prep_pointer.exists():
+        raise BenchError(f"{prep_pointer} is missing: the image data set was not prepared")
+    kills: list[dict[str, Any]] = []
+
+    def start(run_id: str, try_number: int) -> tuple[subprocess.Popen, str, Path, float]:
+        config = resolve_stage_config(template, dag_id=cfg.dag_id, run_id=run_id, task_id="train",
+                                      try_number=try_number, image=ctx.image)
+        run_dir = host_path(cfg, config["paths"]["run_dir"])
+        if try_number == 1:  # the run's prep output and directories: prepared beforehand, untimed
+            make_dirs(run_dir, root / "work" / "cache" / "cuda", root / "models")
+            shutil.copy(prep_pointer, run_dir / "dataset.json")
+            os.chown(run_dir / "dataset.json", *UID_GID)
+        args = ctx.docker_run_args("resume")
+        name = args[1]
+        cmd = ["docker", "run", "--rm", *args, *stage_docker_args(spec, config), spec.image, *spec.command]
+        handle = open(logfile, "a")
+        handle.write(f"\n$ docker run ... train ({run_id}, try {try_number})\n")
+        handle.flush()
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT)
+        proc._bench_log = handle  # type: ignore[attr-defined]
+        return proc, name, run_dir, started
+
+    def finish(proc: subprocess.Popen, name: str, timeout: float = 600) -> int:
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as err:
+            subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+            proc.wait()
+            raise BenchError(f"the train container {name} ran over {timeout:.0f} s (see {logfile})") from err
+        finally:
+            proc._bench_log.close()  # type: ignore[attr-defined]
+
+    def progress(run_dir: Path) -> tuple[int, int]:
+        """(step reached, target steps) from attempts.json / metrics.json (written at checkpoints)."""
+        target, step = 0, 0
+        try:
+            attempts = json.loads((run_dir / "attempts.json").read_text())
+            last = attempts[-1]
+            target = int(last.get("target_steps") or 0)
+            step = int(last.get("start_step") or 0) + int(last.get("steps_run") or 0)
+        except (OSError, ValueError, IndexError, KeyError):
+            pass
+        try:
+            metrics = json.loads((run_dir / "metrics.json").read_text())
+            if metrics:
+                step = max(step, int(metrics[-1].get("step") or 0))
+        except (OSError, ValueError, KeyError):
+            pass
+        return step, target
+
+    def interrupted(i: int) -> float:
+        run_id = f"bench__resume_{ctx.session}_{i}"
+        proc, name, run_dir, started = start(run_id, 1)
+        step, target = 0, 0
+        while proc.poll() is None:
+            step, target = progress(run_dir)
+            if target and step >= target / 2:
+                subprocess.run(["docker", "kill", name], capture_output=True)
+                break
+            time.sleep(0.05)
+        code = finish(proc, name)
+        first = time.perf_counter() - started
+        if code == 0:
+            raise BenchError(f"try 1 of {run_id} finished before it was killed at 50% (see {logfile})")
+        proc, name, _, started = start(run_id, 2)
+        code = finish(proc, name)
+        second = time.perf_counter() - started
+        if code != 0:
+            raise BenchError(f"try 2 of {run_id} (the resume) exited {code} (see {logfile})")
+        attempts = json.loads((run_dir / "attempts.json").read_text())
+        resumed = (attempts[-1].get("resumed_from") or {}).get("step")
+        if resumed is None:
+            raise BenchError(f"try 2 of {run_id} did not resume from a checkpoint (see {run_dir}/attempts.json)")
+        kills.append({"killed_at_step": step, "resumed_from_step": resumed, "target_steps": target,
+                      "first_try_s": round(first, 2), "second_try_s": round(second, 2)})
+        return first + second
+
+    def uninterrupted(i: int) -> float:
+        proc, name, _, started = start(f"bench__straight_{ctx.session}_{i}", 1)
+        code = finish(proc, name)
+        seconds = time.perf_counter() - started
+        if code != 0:
+            raise BenchError(f"the uninterrupted training run exited {code} (see {logfile})")
+        return seconds
+
+    a, b, notes = interleave(ctx, "resume_cost_ratio", interrupted, uninterrupted)
+    stats = ratio_stats(a, b)
+    stats["notes"] = notes
+    stats["tries"] = kills
+    lost = [k["killed_at_step"] - k["resumed_from_step"] for k in kills]
+    cost = median([x - y for x, y in zip(a, b)])
+    stats["restart_cost_s"] = round(cost, 2)
+    stats["workload"] = (f"cnn on 957 synthetic 64x64 RGB images, batch 32, {RESUME_EPOCHS} epochs x 30 steps, "
+                         "checkpoint every 20 steps and every epoch; killed (docker kill, SIGKILL) as soon as "
+                         "attempts.json/metrics.json show >= 50% of the steps")
+    stats["info"] = stats["why"] = (f"the interrupted run costs {cost:.1f} s more (median of A-B): a second container start, "
+                    f"Python/TensorFlow import, data set and model set-up and tf.function tracing, plus "
+                    f"{median(lost) if lost else 0:.0f} steps redone after the kill (the kill follows a "
+                    f"checkpoint here; a random kill redoes up to 20 steps more). That cost is fixed, so for a "
+                    f"job of T seconds the ratio is about 1 + {cost:.1f}/T: this {stats['b_median_s']:.0f} s "
+                    f"job is short")
+    return stats
+
+
+# --------------------------------------------------------------------------------------------
+# image_rebuild_ratio
+
+DOCKER_SHIM = """#!/bin/sh
+# bench: a cold build: every `docker build` of build-image.sh runs with --no-cache
+if [ "$1" = build ]; then shift; exec {docker} build --no-cache "$@"; fi
+exec {docker} "$@"
+"""
+
+
+def image_rebuild(ctx: Context) -> dict[str, Any]:
+    logfile = LOGS / "image_rebuild_ratio.log"
+    work = ctx.tmp / "image"
+    work.mkdir()
+    # Which root the project's image uses (never rebuilt here: no pull, no debootstrap).
+    proc = subprocess.run([str(REPO / "docker" / "build-image.sh")], capture_output=True, text=True, timeout=900)
+    with open(logfile, "a") as handle:
+        handle.write(f"\n$ docker/build-image.sh (the project's image)\n{proc.stderr}{proc.stdout}")
+    if proc.returncode != 0:
+        raise BenchError(f"docker/build-image.sh failed (see {logfile})")
+    match = re.search(r"\] root: (offline|\S+)", proc.stderr)
+    if not match:
+        raise BenchError(f"cannot tell the root image from build-image.sh's output (see {logfile})")
+    root_choice = match.group(1)
+    project_cache = Path(os.environ.get("TFPIPE_CACHE") or REPO / ".cache")
+    wheelhouses = sorted(project_cache.glob("wheelhouse-py*"))
+    docker = shutil.which("docker")
+    shim = work / "shim"
+    shim.mkdir()
+    (shim / "docker").write_text(DOCKER_SHIM.format(docker=docker))
+    (shim / "docker").chmod(0o755)
+    def copy_tree(name: str) -> Path:
+        tree = work / name
+        shutil.copytree(REPO / "docker", tree / "docker")
+        shutil.copytree(REPO / "trainer", tree / "trainer",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        return tree
+
+    def build(tree: Path, cache: Path, *, cold: bool) -> tuple[float, str]:
+        env = {**os.environ, "TFPIPE_CACHE": str(cache), "TFPIPE_ROOT_IMAGE": root_choice}
+        if cold:
+            env["PATH"] = f"{shim}:{env['PATH']}"
+            if wheelhouses:  # the wheels are downloaded already: no network, as on a dev machine
+                env["PIP_NO_INDEX"] = "1"
+                env["PIP_FIND_LINKS"] = str(cache / wheelhouses[-1].name)
+        cmd = [str(tree / "docker" / "build-image.sh")]
+        started = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        except subprocess.TimeoutExpired as err:
+            raise BenchError(f"{'cold' if cold else 'code-only'} build ran over 900 s") from err
+        seconds = time.perf_counter() - started
+        # The images this build made (fresh content tags, never the project's): removed right away.
+        made = re.findall(r"(?:deps|trainer): docker build (\S+)", proc.stderr)
+        if made:
+            subprocess.run(["docker", "rmi", *reversed(made)], capture_output=True)  # children first
+        with open(logfile, "a") as handle:
+            handle.write(f"\n$ {cmd[0]} ({'cold' if cold else 'code-only'}, {seconds:.1f} s; removed {made})\n"
+                         f"{proc.stderr}{proc.stdout}")
+        if proc.returncode != 0:
+            raise BenchError(f"{'cold' if cold else 'code-only'} build failed (see {logfile})")
+        deps = re.search(r"deps: docker build (\S+)", proc.stderr)
+        if cold and not deps:
+            raise BenchError(f"the cold build reused a deps image: not cold (see {logfile})")
+        if not cold and deps:
+            raise BenchError(f"the code-only build rebuilt the deps image: is the project's deps image missing? "
+                             f"(see {logfile})")
+        if "trainer: docker build" not in proc.stderr:
+            raise BenchError(f"the build reused the trainer image: the change was not seen (see {logfile})")
+        return seconds, proc.stdout.strip().splitlines()[-1]
+
+    def code_only(i: int) -> float:
+        tree = copy_tree(f"code-{i}")
+        with open(tree / "trainer" / "__init__.py", "a") as handle:
+            handle.write(f"# bench: code-only change {ctx.session}-{i}\n")
+        seconds, _ = build(tree, work / f"cache-code-{i}", cold=False)
+        shutil.rmtree(tree, ignore_errors=True)
+        return seconds
+
+    def cold_build(i: int) -> float:
+        tree = copy_tree(f"cold-{i}")
+        with open(tree / "docker" / "deps.Dockerfile", "a") as handle:
+            handle.write(f"# bench: cold build {ctx.session}-{i}\n")  # a new deps tag, same recipe
+        cache = work / f"cache-cold-{i}"
+        cache.mkdir()
+        for wheelhouse in wheelhouses:
+            target = cache / wheelhouse.name
+            target.mkdir()
+            for wheel in wheelhouse.iterdir():
+                try:
+                    os.link(wheel, target / wheel.name)
+                except OSError:
+                    shutil.copy2(wheel, target / wheel.name)
+        seconds, _ = build(tree, cache, cold=True)
+        shutil.rmtree(tree, ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
+        return seconds
+
+    # Cold builds are the slowest samples of the bench (70-100 s each): when the run's time budget
+    # cannot take all pairs, fewer are run and the note says so (the margin to the target is wide).
+    a, b, notes = interleave(ctx, "image_rebuild_ratio", code_only, cold_build, min_pairs=1)
+    stats = ratio_stats(a, b)
+    stats["notes"] = notes
+    stats["root"] = root_choice
+    stats["info"] = (f"code-only rebuild {stats['a_median_s']:.1f} s, cold deps + trainer build "
+                     f"{stats['b_median_s']:.0f} s (root: {root_choice})")
+    stats["method"] = ("A: build-image.sh on a copy of trainer/ + docker/ with a comment added to "
+                       "trainer/__init__.py (deps image cached). B: the same script on a copy whose "
+                       "deps.Dockerfile has an extra comment (a new deps tag) and whose `docker build`s run "
+                       "with --no-cache: deps and trainer built from the existing root image, wheels from "
+                       "the local wheelhouse (no download). Built images are removed after each sample.")
+    return stats
+
+
+# --------------------------------------------------------------------------------------------
+# GPU section
+
+
+def gpu_visible() -> str | None:
+    """None when a GPU can be used from containers, else why not."""
+    if not shutil.which("nvidia-smi"):
+        return "no GPU visible: nvidia-smi is not installed"
+    proc = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    if proc.returncode != 0 or "GPU" not in proc.stdout:
+        return f"no GPU visible: `nvidia-smi -L` failed ({(proc.stderr or proc.stdout).strip()[:200]})"
+    runtimes = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True,
+                              text=True).stdout
+    if "nvidia" not in runtimes:
+        return ("a GPU is visible but Docker has no nvidia runtime: install the NVIDIA Container Toolkit "
+                "(`nvidia-ctk runtime configure --runtime=docker`, restart dockerd)")
+    return None
+
+
+def gpu_utilization_sampler(samples: list[float], stop: threading.Event, index: str = "0") -> None:
+    while not stop.is_set():
+        proc = subprocess.run(["nvidia-smi", "-i", index, "--query-gpu=utilization.gpu", "--format=csv"],
+                              capture_output=True, text=True)
+        for line in proc.stdout.splitlines()[1:]:  # first line: the csv header
+            value = line.strip().rstrip("%").strip()
+            if value.isdigit():
+                samples.append(float(value))
+        stop.wait(0.5)
+
+
+def gpu_resnet50(ctx: Context) -> dict[str, Any]:
+    why_not = gpu_visible()
+    if why_not:
+        return {"skipped": why_not}
+    logfile = LOGS / "gpu_resnet50.log"
+    batch = os.environ.get("BENCH_GPU_BATCH", "64")
+    cmd = ["docker", "run", "--rm", *ctx.docker_run_args("gpu"), "--gpus", "device=0",
+           "-v", f"{REPO}:/src:ro", "-w", "/src", "-e", "PYTHONPATH=/src:/opt/tfpipe/deps", "--shm-size", "1g",
+           ctx.image, "python3", "bench/in_image/gpu_resnet50.py", "--batch-size", batch]
+    utilization: dict[str, list[float]] = {}
+    output: list[str] = []
+    with open(logfile, "a") as handle:
+        handle.write(f"\n$ {' '.join(cmd)}\n")
+        handle.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=handle, text=True, bufsize=1)
+        stop: threading.Event | None = None
+        thread: threading.Thread | None = None
+        watchdog = threading.Timer(900, lambda: subprocess.run(["docker", "rm", "-f", cmd[4]], capture_output=True))
+        watchdog.start()
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            handle.write(line)
+            output.append(line)
+            parts = line.split()
+            if line.startswith("BENCH_STEADY start"):
+                utilization[parts[2]] = []
+                stop = threading.Event()
+                thread = threading.Thread(target=gpu_utilization_sampler, args=(utilization[parts[2]], stop))
+                thread.start()
+            elif line.startswith("BENCH_STEADY end") and stop and thread:
+                stop.set()
+                thread.join()
+                stop = thread = None
+        if stop and thread:
+            stop.set()
+            thread.join()
+        code = proc.wait()
+        watchdog.cancel()
+    result = parse_result("".join(output))
+    if result is None:
+        raise BenchError(f"gpu_resnet50.py exited {code} without a result (see {logfile})")
+    if result.get("error"):
+        return {"skipped": result["error"]}
+    out: dict[str, Any] = {"model": "resnet50", "batch_size": result["batch_size"],
+                           "image_size": result["image_size"], "gpus": result["gpus"]}
+    for policy, values in result["policies"].items():
+        samples = utilization.get(policy) or []
+        out[f"{policy}_images_per_s"] = round(values["images_per_s"], 1)
+        out[f"{policy}_gpu_util_pct"] = round(statistics.mean(samples), 1) if samples else None
+    fp32, fp16 = out.get("float32_images_per_s"), out.get("mixed_float16_images_per_s")
+    if fp32 and fp16:
+        out["ratio"] = round(fp16 / fp32, 3)  # mixed precision speed-up (no target)
+        out["ratio_is"] = "mixed_float16 images/s / float32 images/s"
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+
+FIGURES = [
+    Figure("dag_parse_ratio", 1.2,
+           "exec time of each dags/tfpipe_*.py / a one-DockerOperator DAG file (fresh interpreter, Airflow imported)",
+           dag_parse),
+    Figure("input_pipeline_ratio", 1.10,
+           "train step time fed by trainer.data's TFRecord pipeline / by in-memory tensors (cnn, 64x64, CPU)",
+           input_pipeline),
+    Figure("checkpoint_overhead_ratio", 1.05,
+           "Loop.fit wall time with per-epoch + per-20-step checkpoints / with the save a no-op",
+           checkpoint_overhead),
+    Figure("orchestration_overhead_ratio", 1.25,
+           "tfpipe run tfpipe_digits through Airflow / the 4 stage containers by plain docker run",
+           orchestration, min_seconds=60),
+    Figure("resume_cost_ratio", 1.15,
+           "train killed at 50% + resumed (both tries' wall time) / one uninterrupted train container",
+           resume_cost, min_seconds=90),
+    Figure("image_rebuild_ratio", 0.1,
+           "build-image.sh after a trainer-code change / cold deps + trainer build",
+           image_rebuild, min_seconds=120),
+    Figure("gpu_resnet50", None,
+           "GPU only: ResNet-50 images/s, float32 and mixed_float16, GPU utilization in the steady state",
+           gpu_resnet50, gpu=True),
+]
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def verdict(entry: dict[str, Any]) -> str:
+    if "error" in entry:
+        return "ERROR"
+    if "skipped" in entry:
+        return "skipped"
+    if entry.get("target") is None or entry.get("ratio") is None:
+        return "-"
+    return "ok" if entry["ratio"] <= entry["target"] else "MISSED"
+
+
+def table(results: dict[str, Any], names: list[str]) -> str:
+    header = ["figure", "ratio", "min", "max", "pairs", "target", "result", "A median s", "B median s"]
+    rows = []
+    for name in names:
+        e = results.get(name, {})
+        target = f"<= {e['target']}" if e.get("target") is not None else "-"
+        rows.append([name, fmt(e.get("ratio")), fmt(e.get("min")), fmt(e.get("max")), fmt(e.get("pairs")),
+                     target, verdict(e), fmt(e.get("a_median_s")), fmt(e.get("b_median_s"))])
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def explanations(results: dict[str, Any], names: list[str]) -> list[str]:
+    out = []
+    for name in names:
+        e = results.get(name, {})
+        if "error" in e:
+            out.append(f"- `{name}`: not measured: {e['error']}")
+        elif "skipped" in e:
+            out.append(f"- `{name}`: skipped: {e['skipped']}")
+        elif name == "gpu_resnet50":
+            out.append(f"- `{name}`: float32 {e.get('float32_images_per_s')} images/s "
+                       f"({e.get('float32_gpu_util_pct')}% GPU), mixed_float16 {e.get('mixed_float16_images_per_s')} "
+                       f"images/s ({e.get('mixed_float16_gpu_util_pct')}% GPU), batch {e.get('batch_size')}")
+        elif verdict(e) == "MISSED":
+            out.append(f"- `{name}` misses its target ({e['ratio']} > {e['target']}): {e.get('why', 'see results.json')}")
+        if e.get("info") and not (verdict(e) == "MISSED" and e["info"] == e.get("why")):
+            out.append(f"- `{name}`: {e['info']}")
+        for note in e.get("notes") or []:
+            out.append(f"- `{name}`: {note}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help="run only this figure (repeatable, or comma-separated); see --list")
+    parser.add_argument("--pairs", type=int, default=5, help="A/B pairs per figure (default 5)")
+    parser.add_argument("--budget", type=float, default=19 * 60,
+                        help="seconds the whole run may take; figures stop adding pairs (after the minimum) "
+                             "or are skipped when it is used up (default 1140)")
+    parser.add_argument("--list", action="store_true", help="list the figures and exit")
+    parser.add_argument("--keep-temp", action="store_true", help="keep the temporary directory (debugging)")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="results file (default bench/results.json)")
+    args = parser.parse_args(argv)
+    if args.list:
+        for f in FIGURES:
+            print(f"{f.name:30} target {fmt(f.target)}  {f.what}")
+        return 0
+    only = {n.strip() for item in args.only for n in item.split(",") if n.strip()}
+    unknown = only - {f.name for f in FIGURES}
+    if unknown:
+        parser.error(f"unknown figure(s) {sorted(unknown)}; see --list")
+    if args.pairs < 1:
+        parser.error("--pairs must be at least 1")
+    figures = [f for f in FIGURES if not only or f.name in only]
+
+    ctx = Context(args)
+
+    def on_signal(signum, _frame):
+        log(f"signal {signum}: cleaning up")
+        ctx.cleanup()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log(f"image {ctx.image}, {args.pairs} pairs per figure, {len(figures)} figure(s), temp {ctx.tmp}, "
+        f"logs {LOGS}")
+    results: dict[str, Any] = {}
+    if only and args.output.exists():  # a partial run updates the figures it ran
+        try:
+            results = json.loads(args.output.read_text())
+        except ValueError:
+            results = {}
+    try:
+        for figure in figures:
+            started = time.monotonic()
+            entry: dict[str, Any]
+            if ctx.left() < figure.min_seconds and not figure.gpu:
+                entry = {"error": f"only {ctx.left():.0f} s of the bench's time budget ({args.budget:.0f} s) "
+                                  f"were left, the figure needs at least {figure.min_seconds:.0f} s"}
+            else:
+                log(f"--- {figure.name}: {figure.what}")
+                try:
+                    entry = figure.run(ctx)
+                except BenchError as err:
+                    entry = {"error": str(err)}
+                except Exception as err:  # a bug in one figure must not stop the others
+                    with open(LOGS / f"{figure.name}.log", "a") as handle:
+                        traceback.print_exc(file=handle)
+                    entry = {"error": f"{type(err).__name__}: {err} (traceback in {LOGS / (figure.name + '.log')})"}
+            entry = {"ratio": entry.pop("ratio", None), "min": entry.pop("min", None), "max": entry.pop("max", None),
+                     "pairs": entry.pop("pairs", None), "target": figure.target, **entry,
+                     "seconds": round(time.monotonic() - started, 1),
+                     "measured_at": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
+                     "image": ctx.image}
+            if entry.get("error"):
+                log(f"{figure.name}: ERROR: {entry['error']}")
+            else:
+                log(f"{figure.name}: ratio {fmt(entry['ratio'])} (target {fmt(figure.target)}) "
+                    f"in {entry['seconds']:.0f} s")
+            results[figure.name] = entry
+            args.output.write_text(json.dumps(results, indent=2, sort_keys=False) + "\n")
+    finally:
+        ctx.cleanup()
+
+    names = [f.name for f in figures]
+    total = ctx.elapsed()
+    print()
+    print(table(results, names))
+    print()
+    print(f"total {total / 60:.1f} min on {os.cpu_count()} CPU(s) ({platform.machine()}), image {ctx.image}; "
+          f"results in {args.output.relative_to(REPO) if args.output.is_relative_to(REPO) else args.output}")
+    notes = explanations(results, names)
+    gpu = results.get("gpu_resnet50", {}) if "gpu_resnet50" in names else {}
+    gpu_text = f"GPU {', '.join(gpu.get('gpus') or ['?'])}" if gpu.get("ratio") else "no GPU"
+    print()
+    print("<!-- README fragment (Performance): paste below -->")
+    print(textwrap.dedent(f"""\
+        Speed targets are measured, never asserted in tests. `make bench` runs every figure as
+        interleaved A/B pairs (A, B, A, B, ...) on one machine and reports the median of the per-pair
+        ratios A/B; `bench/README.md` says what A and B are. Latest run: {dt.date.today().isoformat()},
+        {os.cpu_count()} CPU cores, {gpu_text}, {args.pairs} pairs per figure, {total / 60:.1f} min in all
+        (`make bench`; one figure: `.venv/bin/python bench/run.py --only NAME --pairs N`):
+        """))
+    print(table(results, names))
+    if notes:
+        print()
+        print("\n".join(notes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
