@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -93,3 +94,15 @@ def test_gpu_request_without_nvidia_runtime_names_the_fix(tfpipe_home, trainer_i
     assert summary["tasks"]["train"]["state"] == "failed"
     assert summary["tasks"]["train"]["try_number"] == 1, "a missing GPU runtime must not be retried"
     assert "NVIDIA Container Toolkit" in log and "gpu_fallback='cpu'" in log
+
+
+@pytest.mark.gpu
+def test_training_on_gpus_through_airflow(tfpipe_home, trainer_image, docker_client):
+    """Where the engine has the NVIDIA runtime and the image a CUDA root, training uses the GPUs."""
+    if "nvidia" not in (docker_client.info().get("Runtimes") or {}):
+        pytest.skip("no GPU visible: the Docker engine has no NVIDIA runtime (install the NVIDIA Container Toolkit)")
+    summary, log = run_dag("tfpipe_digits_manual", {"gpus": "all", "epochs": 2}, home=tfpipe_home,
+                           image=trainer_image)
+    assert summary["state"] == "success", log[-6000:]
+    assert "requesting all GPUs for train" in log
+    assert re.search(r"tensorflow 2\.9\.3, [1-9][0-9]* GPU\(s\)", log), "the training container saw no GPU"
