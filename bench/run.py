@@ -317,7 +317,13 @@ def dag_parse(ctx: Context) -> dict[str, Any]:
         out = run_logged([ctx.python, "-c", PARSE_PROBE, str(path)], logfile, timeout=120, env=env, cwd=REPO)
         return json.loads(out.strip().splitlines()[-1])["seconds"]
 
-    for path in [*files, reference]:  # warm the page cache, compile nothing: untimed
+    # A deployed provider is byte-compiled (pip compiles wheels on install; the dag processor writes
+    # .pyc): compile tfpipe once, as Airflow's own site-packages already are, so neither side pays
+    # compilation inside the timed region. PYTHONDONTWRITEBYTECODE then keeps the tree unchanged.
+    run_logged([ctx.python, "-m", "compileall", "-q", str(REPO / "provider" / "tfpipe")], logfile,
+               timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+               cwd=REPO)
+    for path in [*files, reference]:  # warm the page cache: untimed
         exec_seconds(path)
     per_file: dict[str, dict[str, Any]] = {}
     all_a: list[float] = []

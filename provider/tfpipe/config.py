@@ -515,6 +515,25 @@ class ResourcesConfig(_Section):
 STAGE_NAMES = ("prep", "train", "evaluate", "export")
 
 
+_CRON_BOUNDS = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
+_CRON_ITEM = re.compile(r"^(\*|(\d+)(?:-(\d+))?)(?:/(\d+))?$")
+
+
+def _plain_cron_field(field_text: str, low: int, high: int) -> bool:
+    """True when a cron field is only ``*``, numbers, ``a-b`` ranges and ``/n`` steps within bounds."""
+    for item in field_text.split(","):
+        match = _CRON_ITEM.match(item)
+        if not match:
+            return False
+        _, first, last, step = match.groups()
+        numbers = [int(n) for n in (first, last) if n is not None]
+        if any(not low <= n <= high for n in numbers) or (len(numbers) == 2 and numbers[0] > numbers[1]):
+            return False
+        if step is not None and int(step) == 0:
+            return False
+    return True
+
+
 def _check_schedule(value: Any) -> None:
     if value is None:
         return
@@ -527,9 +546,12 @@ def _check_schedule(value: Any) -> None:
         if value not in presets:
             raise _fail("schedule", f"unknown preset {value!r}", f"use one of {', '.join(sorted(presets))}")
         return
-    from croniter import croniter  # ships with Airflow; imported lazily to keep parsing cheap
+    fields = value.split()
+    if len(fields) == 5 and all(_plain_cron_field(f, lo, hi) for f, (lo, hi) in zip(fields, _CRON_BOUNDS)):
+        return  # plain numbers, ranges, steps and lists in bounds: valid without importing croniter
+    from croniter import croniter  # ships with Airflow; decides the rest (names, L, W, #)
 
-    if len(value.split()) != 5 or not croniter.is_valid(value):
+    if len(fields) != 5 or not croniter.is_valid(value):
         raise _fail("schedule", f"{value!r} is not a valid 5-field cron expression",
                     "use minute hour day-of-month month day-of-week, e.g. '0 3 * * *'")
 

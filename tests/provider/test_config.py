@@ -140,3 +140,24 @@ def test_floating_tag_opt_in():
 def test_training_tunables_are_fields():
     names = {f for f in TrainingConfig.__dataclass_fields__}
     assert set(TrainingConfig.TUNABLE) <= names
+
+
+def test_fast_cron_check_never_accepts_what_croniter_rejects():
+    """Plain cron schedules are checked without importing croniter (DAG files parse faster);
+    the fast path must be a strict subset of what croniter (Airflow's own parser) accepts."""
+    import random
+
+    from croniter import croniter
+
+    from tfpipe.config import _CRON_BOUNDS, _plain_cron_field
+
+    tokens = ["*", "*/5", "0", "59", "60", "1-5", "5-1", "0-59/15", "1,2,3", "*/0", "7", "31", "32", "12",
+              "13", "0-7", "L", "MON", "1#2", "x"]
+    rng = random.Random(7)
+    accepted = 0
+    for _ in range(3000):
+        expr = " ".join(rng.choice(tokens) for _ in range(5))
+        if all(_plain_cron_field(f, lo, hi) for f, (lo, hi) in zip(expr.split(), _CRON_BOUNDS)):
+            accepted += 1
+            assert croniter.is_valid(expr), expr
+    assert accepted > 20  # the fast path is exercised
