@@ -253,3 +253,14 @@ def test_key_file_is_read_on_the_worker(tmp_path, monkeypatch):
     credentials, project = hook.get_credentials()
     assert project == "p-1" and type(credentials).__name__ == "Credentials"
     assert str(key) in hook.credentials_source and "s3cr3t" not in hook.credentials_source
+
+
+def test_a_key_file_that_is_not_json_names_the_file_and_fix(monkeypatch, tmp_path):
+    key = tmp_path / "key.json"
+    key.write_text('{"type": "service_account", "private_key": "-----BEGIN PRIVATE KEY-----xyz')
+    _conn(monkeypatch, {"key_path": str(key)})
+    with pytest.raises(GcsAccessError) as err:
+        TfpipeGcsHook("gcs_bad").get_conn()
+    message = str(err.value)
+    assert "the key file is not valid JSON" in message and "download the key again" in message
+    assert "PRIVATE KEY" not in message and "xyz" not in message

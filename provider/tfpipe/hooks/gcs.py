@@ -209,28 +209,26 @@ class TfpipeGcsHook(BaseHook):
         return credentials, project or key_project
 
     @staticmethod
-    def _parse_key_json(value: Any, what: str) -> dict:
+    def _parse_key_json(value: Any, what: str, fix: str = "paste the whole JSON key file, unchanged") -> dict:
         from airflow.providers.common.compat.sdk import mask_secret
 
         if isinstance(value, Mapping):
             return dict(value)
         if not isinstance(value, str):
             raise GcsAccessError(f"{what} must be the key JSON as a string or an object, got a "
-                                 f"{type(value).__name__}. Fix: paste the whole JSON key file.")
+                                 f"{type(value).__name__}. Fix: {fix}.")
         mask_secret(value)
         try:
             info = json.loads(value)
         except json.JSONDecodeError as err:  # the message carries the position only, never the text
             raise GcsAccessError(f"{what} is not valid JSON ({err.msg} at line {err.lineno} column {err.colno}). "
-                                 "Fix: paste the whole JSON key file, unchanged.") from None
+                                 f"Fix: {fix}.") from None
         if not isinstance(info, dict):
-            raise GcsAccessError(f"{what} must be a JSON object (a key file). Fix: paste the whole JSON key file.")
+            raise GcsAccessError(f"{what} must be a JSON object (a key file). Fix: {fix}.")
         return info
 
-    @staticmethod
-    def _read_key_file(path: str, what: str) -> dict:
-        from airflow.providers.common.compat.sdk import mask_secret
-
+    @classmethod
+    def _read_key_file(cls, path: str, what: str) -> dict:
         try:
             with open(path, encoding="utf-8") as handle:
                 text = handle.read()
@@ -241,15 +239,7 @@ class TfpipeGcsHook(BaseHook):
         except OSError as err:
             raise GcsAccessError(f"{what}: cannot read the key file ({err.strerror}). Fix: make it readable "
                                  "by the user the Airflow worker runs as.") from None
-        mask_secret(text)
-        try:
-            info = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise GcsAccessError(f"{what}: the key file is not valid JSON ({err.msg} at line {err.lineno}). "
-                                 "Fix: download the key again as JSON.") from None
-        if not isinstance(info, dict):
-            raise GcsAccessError(f"{what}: the key file is not a JSON object. Fix: download the key again as JSON.")
-        return info
+        return cls._parse_key_json(text, f"{what}: the key file", fix="download the key again as JSON")
 
     @staticmethod
     def _from_info(info: dict, what: str) -> tuple[Any, str | None]:
