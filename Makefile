@@ -73,7 +73,7 @@ test: venv image airflow-db data test-trainer test-host
 
 test-trainer: image
 	@echo "[test] trainer tests inside the TF 2.9 image"
-	@tests/trainer/run-in-image.sh -q $(PYTEST_ARGS)
+	@tests/trainer/run-in-image.sh $(PYTEST_ARGS)
 
 test-host: venv image airflow-db data
 	@scripts/ensure-chromium.sh
