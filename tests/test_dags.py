@@ -118,3 +118,14 @@ def test_airflow_lists_the_provider():
     start = proc.stdout.index("[")
     names = [p["package_name"] for p in json.loads(proc.stdout[start:])]
     assert "airflow-provider-tfpipe" in names
+
+
+@pytest.mark.reliability
+def test_tfpipe_run_rejects_bad_parameters_before_a_run():
+    env = {**__import__("os").environ, "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags")}
+    proc = subprocess.run([sys.executable, "-m", "tfpipe.cli", "run", "tfpipe_digits_manual", "--conf",
+                           '{"epochs": 0}'], capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stdout == ""
+    assert "rejected the run parameters" in proc.stderr and "epochs" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -428,7 +428,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--conf is not valid JSON ({err}); pass an object such as '{{\"epochs\": 5}}'")
     if not isinstance(conf, dict):
         parser.error("--conf must be a JSON object such as '{\"epochs\": 5}'")
-    summary = run(args.dag_id, conf, args.dags_folder, rerun=args.rerun)
+    from airflow.providers.common.compat.sdk import ParamValidationError
+
+    try:
+        summary = run(args.dag_id, conf, args.dags_folder, rerun=args.rerun)
+    except ParamValidationError as err:  # rejected before a run starts, as the trigger form does
+        print(f"tfpipe: {args.dag_id} rejected the run parameters: {err}. Fix: pass values its Params "
+              "accept (the trigger form shows them).", file=sys.stderr)
+        return 2
     print(json.dumps(summary, sort_keys=False, default=str), flush=True)
     return 0 if summary["state"] == "success" else 1
 
