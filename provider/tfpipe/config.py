@@ -677,7 +677,3 @@ class PipelineConfig:
     def model_asset_uri(self) -> str:
         """The URI of the model asset export emits."""
         return self.model_asset or f"tfpipe://models/{self.export.model_name}"
-
-    def with_training(self, **overrides: Any) -> PipelineConfig:
-        """A copy with training fields replaced (validated again)."""
-        return dataclasses.replace(self, training=dataclasses.replace(self.training, **overrides))
