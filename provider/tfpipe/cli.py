@@ -33,7 +33,7 @@ from typing import Any
 
 
 def _load_dag(dag_id: str, dags_folder: str):
-    from airflow.dag_processing.dagbag import DagBag
+    from tfpipe.compat import DagBag
 
     bag = DagBag(dag_folder=dags_folder)
     if bag.import_errors:

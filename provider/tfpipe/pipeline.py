@@ -18,6 +18,7 @@ from typing import Any
 
 from airflow.providers.common.compat.sdk import DAG, Asset, Param, TriggerRule
 
+from tfpipe import compat
 from tfpipe.config import BUILTIN_MODELS, OPTIMIZERS, PipelineConfig
 from tfpipe.operators import OPERATORS, TfpipeStageOperator
 from tfpipe.specs import StageSpec, plan_pipeline
@@ -114,10 +115,8 @@ def _params_table(cfg: PipelineConfig) -> str:
 
 def _schedule(cfg: PipelineConfig) -> Any:
     if cfg.data_asset and cfg.schedule:
-        from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable
-
-        return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cfg.schedule, timezone="UTC"),
-                                   assets=[Asset(cfg.data_asset)])
+        return compat.AssetOrTimeSchedule(timetable=compat.CronTriggerTimetable(cfg.schedule, timezone="UTC"),
+                                          assets=[Asset(cfg.data_asset)])
     if cfg.data_asset:
         return [Asset(cfg.data_asset)]
     return cfg.schedule
@@ -127,7 +126,7 @@ def operator_from_spec(spec: StageSpec, cfg: PipelineConfig) -> TfpipeStageOpera
     """Turn one backend-neutral stage spec into its Docker operator."""
     kwargs: dict[str, Any] = {}
     if spec.retries > 1:
-        kwargs.update(retry_exponential_backoff=2.0, max_retry_delay=timedelta(hours=1))
+        kwargs.update(retry_exponential_backoff=compat.doubling_backoff(), max_retry_delay=timedelta(hours=1))
     if spec.pool:
         kwargs["pool"] = spec.pool
     if spec.outlets:
