@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _load_dag(dag_id: str, dags_folder: str):
-    from tfpipe.compat import DagBag
+def _load_dag(dag_id: str, dags_folder: str, *, for_test: bool = False):
+    from tfpipe.compat import DagBag, write_dags_for_test
 
     bag = DagBag(dag_folder=dags_folder)
     if bag.import_errors:
@@ -43,6 +43,8 @@ def _load_dag(dag_id: str, dags_folder: str):
     if dag is None:
         known = ", ".join(sorted(bag.dag_ids)) or "none"
         raise SystemExit(f"tfpipe: no DAG {dag_id!r} in {dags_folder} (found: {known})")
+    if for_test:  # about to run it with dag.test()
+        write_dags_for_test(bag)
     return dag
 
 
@@ -134,7 +136,7 @@ def run(dag_id: str, conf: dict[str, Any] | None, dags_folder: str, rerun: str |
     sys.stdout.flush()
     os.dup2(2, 1)
     try:
-        dag = _load_dag(dag_id, dags_folder)
+        dag = _load_dag(dag_id, dags_folder, for_test=True)
         ensure_pools(dag)
         if rerun:
             dag_run = dag.test(**_reenter(dag_id, rerun))

@@ -38,7 +38,7 @@ _HOMES: dict[str, tuple[tuple[str, str], ...]] = {
                          ("airflow.serialization.serialized_objects", "SerializedDAG")),
 }
 
-__all__ = ["doubling_backoff", "has_resumable_jobs", "task_state_store", *_HOMES]
+__all__ = ["doubling_backoff", "has_resumable_jobs", "task_state_store", "write_dags_for_test", *_HOMES]
 
 
 def _find(name: str) -> tuple[Any, str]:
@@ -99,3 +99,19 @@ def doubling_backoff() -> float | bool:
     """
     return 2.0 if backoff_takes_multiplier() else True
 
+
+
+def write_dags_for_test(bag: Any) -> None:
+    """Write a DagBag's DAGs, and the assets they use, to the metadata DB where ``dag.test()`` does not.
+
+    From 3.1 on ``dag.test()`` syncs the DAG bundle to the DB first (``sync_bag_to_db`` arrived with
+    that), which also activates the assets tasks emit. 3.0's ``dag.test()`` runs the DAG from memory
+    only, and a task with an outlet (``export``'s model asset) then fails with
+    ``AirflowInactiveAssetInInletOrOutletException``. ``tfpipe run`` calls this before ``dag.test()``.
+    """
+    if hasattr(importlib.import_module(type(bag).__module__), "sync_bag_to_db"):
+        return
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+
+    DagBundlesManager().sync_bundles_to_db()  # the DAG rows refer to their bundle's row
+    bag.sync_to_db(bundle_name="dags-folder", bundle_version=None)

@@ -68,3 +68,32 @@ def test_resumable_jobs_are_airflows_or_the_stand_in():
 def test_an_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'DagFolder'"):
         compat.DagFolder  # noqa: B018
+
+
+def _lock_pins() -> dict[str, str]:
+    """Lock file name -> the apache-airflow release it pins."""
+    from tests.conftest import REPO
+
+    pins = {}
+    for lock in sorted((REPO / "requirements").glob("airflow-*.lock")):
+        pins[lock.name] = next(line.split("==")[1].strip() for line in lock.read_text().splitlines()
+                               if line.startswith("apache-airflow=="))
+    return pins
+
+
+def test_lower_bound_readme_and_locks_agree():
+    """pyproject's lower bound is the oldest locked (and so tested) release; the README lists every lock."""
+    import tomllib
+
+    from packaging.version import Version
+
+    from tests.conftest import REPO
+
+    pins = _lock_pins()
+    assert len(pins) >= 4, pins
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    bound = next(d for d in dependencies if d.startswith("apache-airflow>="))
+    assert bound == "apache-airflow>=" + min(pins.values(), key=Version)
+    readme = (REPO / "README.md").read_text()
+    for lock, version in pins.items():
+        assert f"| {version} | `" in readme and lock.split("-")[1].removesuffix(".lock") in version, lock
