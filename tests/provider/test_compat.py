@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import inspect
-from datetime import timedelta
 
 import pytest
 
