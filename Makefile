@@ -31,6 +31,7 @@ help:
 	@echo "make run DAG=<id> CONF='<json>'   run one DAG run of any DAG in dags/"
 	@echo "make test                        run every test (lint, host, Airflow, containers, in-image)"
 	@echo "make lint                        ruff check (part of make test)"
+	@echo "make test-compat AIRFLOW_VERSION=X.Y.Z  the provider's tests on another Airflow 3 release"
 	@echo "make image                       build (or reuse) the trainer image"
 	@echo "make bench                       side-by-side speed ratios (not a test)"
 	@echo "make tensorboard RUN=<id>|latest  serve a run's TensorBoard on localhost:PORT (default 6006)"
@@ -70,7 +71,7 @@ run: venv image airflow-db data
 	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m tfpipe.cli run $(DAG) --conf '$(CONF)' 2> >(tee $(CACHE)/last-run.log >&2) \
 	  || (echo "[run] $(DAG) did not succeed; full log: $(CACHE)/last-run.log" >&2; exit 1)
 
-test: venv image airflow-db data lint test-trainer test-host
+test: venv image airflow-db data lint test-trainer test-host test-compat-oldest
 
 # ruff (pinned in requirements/host.lock; rules in pyproject.toml): pyflakes/pycodestyle, Airflow's AIR rules,
 # and no module-level TensorFlow, google.cloud or kubernetes imports on the Airflow side.
@@ -86,6 +87,19 @@ test-host: venv image airflow-db data
 	@scripts/ensure-chromium.sh
 	@echo "[test] host tests: provider, DAGs, Airflow runs with real containers"
 	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Airflow version matrix: one lock per supported release in requirements/airflow-X.Y.lock (the
+# newest is host.lock, the main venv's). `make test` runs the matrix ends: the newest through
+# test-host, the oldest here. The oldest is read from the locks, so adding one moves it.
+AIRFLOW_OLDEST = $(shell sed -n 's/^apache-airflow==//p' requirements/airflow-*.lock | sort -V | head -1)
+AIRFLOW_VERSION ?= $(AIRFLOW_OLDEST)
+.PHONY: test-compat test-compat-oldest
+
+test-compat: image data
+	@TFPIPE_IMAGE=$(IMAGE_REF) PYTHON=$(PYTHON) scripts/test-compat.sh $(AIRFLOW_VERSION) $(PYTEST_ARGS)
+
+test-compat-oldest: image data
+	@TFPIPE_IMAGE=$(IMAGE_REF) PYTHON=$(PYTHON) scripts/test-compat.sh $(AIRFLOW_OLDEST) $(PYTEST_ARGS)
 
 bench: venv image airflow-db data
 	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) bench/run.py $(BENCH_ARGS)

@@ -18,7 +18,7 @@ from typing import Any
 
 from airflow.providers.common.compat.sdk import DAG, Asset, Param, TriggerRule
 
-from tfpipe import contract
+from tfpipe import compat, contract
 from tfpipe.config import PipelineConfig
 from tfpipe.operators.docker import OPERATORS
 from tfpipe.operators.gcs import GcsPublishOperator, GcsStageInOperator
@@ -135,10 +135,8 @@ def _params_table(cfg: PipelineConfig) -> str:
 
 def _schedule(cfg: PipelineConfig) -> Any:
     if cfg.data_asset and cfg.schedule:
-        from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable
-
-        return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cfg.schedule, timezone="UTC"),
-                                   assets=[Asset(cfg.data_asset)])
+        return compat.AssetOrTimeSchedule(timetable=compat.CronTriggerTimetable(cfg.schedule, timezone="UTC"),
+                                          assets=[Asset(cfg.data_asset)])
     if cfg.data_asset:
         return [Asset(cfg.data_asset)]
     return cfg.schedule
@@ -152,7 +150,7 @@ def operator_from_spec(spec: StageSpec, cfg: PipelineConfig) -> Any:
     """
     kwargs: dict[str, Any] = {}
     if spec.retries > 1:
-        kwargs.update(retry_exponential_backoff=2.0, max_retry_delay=timedelta(hours=1))
+        kwargs.update(retry_exponential_backoff=compat.doubling_backoff(), max_retry_delay=timedelta(hours=1))
     if spec.pool:
         kwargs["pool"] = spec.pool
     if spec.outlets:

@@ -14,7 +14,6 @@ def get_provider_info() -> dict:
         "integrations": [
             {
                 "integration-name": "tfpipe",
-                "external-doc-url": "https://github.com/tfpipe/airflow-provider-tfpipe",
                 "tags": ["software"],
             }
         ],

@@ -20,6 +20,7 @@ def _created_containers(client, since: float, dag_id: str) -> list[dict]:
     return [e["Actor"]["Attributes"] for e in events]
 
 
+@pytest.mark.compat
 def test_digits_pipeline_end_to_end(tfpipe_home: Path, trainer_image: str, docker_client):
     started = time.time()
     summary, log = run_dag("tfpipe_digits", {}, home=tfpipe_home, image=trainer_image)

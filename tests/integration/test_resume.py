@@ -89,6 +89,7 @@ def _epochs_in_history(home: Path, dag_id: str) -> list[int]:
     return [h["epoch"] for h in json.loads((_run_dir(home, dag_id) / "metrics.json").read_text())]
 
 
+@pytest.mark.compat
 def test_container_killed_mid_training_resumes_on_retry(tfpipe_home, trainer_image, docker_client, tmp_path):
     dags = tmp_path / "dags"
     write_dag(dags, "resume_kill", training=TRAINING, retries=2)

@@ -178,7 +178,7 @@ def test_pipeline_has_stage_in_and_publish():
     params = copy.deepcopy(dag.params)
     params["data_uri"] = "gs://raw-data/digits/"
     params.validate()
-    from airflow.sdk.exceptions import ParamValidationError
+    from airflow.providers.common.compat.sdk import ParamValidationError
 
     for bad in ("s3://raw/digits", "/srv/raw"):
         params = copy.deepcopy(dag.params)

@@ -208,9 +208,8 @@ def test_a_pod_that_never_ran_is_left_to_kubernetes_pod_operator():
 
 
 def test_the_example_dag_is_a_kubernetes_pipeline():
-    from airflow.dag_processing.dagbag import DagBag
-
     from tests.conftest import REPO
+    from tfpipe.compat import DagBag
 
     bag = DagBag(dag_folder=str(REPO / "dags" / "k8s_tfpipe_digits.py"))
     assert bag.import_errors == {}

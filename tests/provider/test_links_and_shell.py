@@ -39,7 +39,7 @@ def dag():
 
 
 def _key(task_id: str, run_id: str = RUN_ID):
-    from airflow.sdk.types import TaskInstanceKey
+    from airflow.providers.common.compat.sdk import TaskInstanceKey
 
     return TaskInstanceKey(dag_id="dbg", task_id=task_id, run_id=run_id, try_number=1, map_index=-1)
 
@@ -113,7 +113,7 @@ def test_get_link_outside_a_worker_falls_back_to_the_run_dir(dag):
 
 
 def test_links_survive_dag_serialization(dag):
-    from airflow.serialization.serialized_objects import DagSerialization
+    from tfpipe.compat import DagSerialization
 
     data = DagSerialization.to_dict(dag)
     json.dumps(data)

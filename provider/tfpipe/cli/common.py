@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 
-def load_dag(dag_id: str, dags_folder: str):
-    from airflow.dag_processing.dagbag import DagBag
+def load_dag(dag_id: str, dags_folder: str, *, for_test: bool = False):
+    """The DAG ``dag_id`` of ``dags_folder``; ``for_test``: written to the DB as ``dag.test()`` needs it."""
+    from tfpipe.compat import DagBag, write_dags_for_test
 
     bag = DagBag(dag_folder=dags_folder)
     if bag.import_errors:
@@ -22,6 +23,8 @@ def load_dag(dag_id: str, dags_folder: str):
     if dag is None:
         known = ", ".join(sorted(bag.dag_ids)) or "none"
         raise SystemExit(f"tfpipe: no DAG {dag_id!r} in {dags_folder} (found: {known})")
+    if for_test:
+        write_dags_for_test(bag)
     return dag
 
 

@@ -107,7 +107,7 @@ def run(dag_id: str, conf: dict[str, Any] | None, dags_folder: str, rerun: str |
     Airflow's logs (task logs included) go to stderr, so stdout carries only the summary line.
     """
     with quiet_stdout():
-        dag = load_dag(dag_id, dags_folder)
+        dag = load_dag(dag_id, dags_folder, for_test=True)
         ensure_pools(dag)
         if rerun:
             dag_run = dag.test(**_reenter(dag_id, rerun))

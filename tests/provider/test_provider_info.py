@@ -1,0 +1,53 @@
+"""The provider metadata Airflow reads (`airflow providers list`, the UI's Providers page)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from importlib import metadata, resources
+
+import jsonschema
+
+from tfpipe.get_provider_info import get_provider_info
+
+
+def _strings(value):
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+    elif isinstance(value, str):
+        yield value
+
+
+def test_provider_info_validates_against_airflows_own_schema():
+    schema = json.loads(resources.files("airflow").joinpath("provider_info.schema.json").read_text())
+    jsonschema.validate(get_provider_info(), schema)
+
+
+def test_provider_info_matches_the_installed_distribution():
+    info = get_provider_info()
+    assert info["package-name"] == "airflow-provider-tfpipe"
+    assert info["versions"][0] == metadata.version(info["package-name"])
+
+
+def test_every_module_and_class_it_names_imports():
+    info = get_provider_info()
+    modules = [m for section in ("operators", "hooks") for entry in info.get(section, [])
+               for m in entry["python-modules"]]
+    assert modules
+    for name in modules:
+        importlib.import_module(name)
+    for path in info.get("extra-links", []):
+        module, cls = path.rsplit(".", 1)
+        assert isinstance(getattr(importlib.import_module(module), cls), type), path
+
+
+def test_provider_info_names_no_url():
+    """Airflow shows these URLs as links. Nothing of tfpipe is published on the web, so any URL here
+    would lead nowhere; add one only once the page it names exists."""
+    urls = [s for s in _strings(get_provider_info()) if re.search(r"[a-z][a-z0-9+.-]*://", s)]
+    assert urls == []
