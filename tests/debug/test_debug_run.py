@@ -236,10 +236,70 @@ def _png_rows(data: bytes) -> tuple[int, int, list[bytes]]:
     return width, height, [raw[i * stride:(i + 1) * stride] for i in range(height)]
 
 
-def test_report_renders_in_headless_chromium(finished_run, tmp_path):
+def _chromium() -> str:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not chromium:
-        pytest.skip("no chromium on PATH (scripts/ensure-chromium.sh installs Debian's as root)")
+    if not chromium:  # make test installs it (scripts/ensure-chromium.sh) or stops saying why
+        pytest.fail("no chromium on PATH: run scripts/ensure-chromium.sh (installs Debian's as root)")
+    return chromium
+
+
+def _images_in_page(chromium: str, url: str) -> list[dict]:
+    """Open ``url`` in headless Chromium and read every <img> as the page decoded it (DevTools)."""
+    from websockets.sync.client import connect
+
+    port = _free_port()
+    profile = tempfile.mkdtemp(prefix="chromium-")
+    proc = subprocess.Popen(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+         "--remote-debugging-address=127.0.0.1", f"--remote-debugging-port={port}", url],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, pages = time.time() + 60, []
+        while time.time() < deadline and not pages:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as resp:
+                    pages = [p for p in json.loads(resp.read()) if p.get("type") == "page"]
+            except OSError:
+                time.sleep(0.3)
+        assert pages, "headless Chromium opened no page"
+        script = ("document.readyState === 'complete' ? JSON.stringify(Array.from(document.images, i => "
+                  "({alt: i.alt, complete: i.complete, width: i.naturalWidth, height: i.naturalHeight}))) : null")
+        with connect(pages[0]["webSocketDebuggerUrl"], max_size=None, open_timeout=30) as ws:
+            for attempt in range(300):
+                ws.send(json.dumps({"id": attempt, "method": "Runtime.evaluate",
+                                    "params": {"expression": script, "returnByValue": True}}))
+                reply = json.loads(ws.recv(timeout=30))
+                while reply.get("id") != attempt:  # events interleave with the answer
+                    reply = json.loads(ws.recv(timeout=30))
+                value = reply["result"]["result"].get("value")
+                if value:
+                    return json.loads(value)
+                time.sleep(0.1)
+        raise AssertionError(f"the page {url} never finished loading")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_report_plots_decode_in_headless_chromium(finished_run):
+    """The plots are images the browser decoded (non-zero natural size), not broken placeholders."""
+    link = _links(finished_run["summary"]["run_id"])["evaluate"]["_link_RunReportLink"]
+    images = _images_in_page(_chromium(), link)
+    alts = sorted(i["alt"] for i in images)
+    assert alts == sorted(["training and validation loss per epoch", "training and validation accuracy per epoch",
+                           "confusion matrix of the eval split"]), images
+    for image in images:
+        assert image["complete"] and image["width"] > 100 and image["height"] > 100, image
+
+
+def test_report_renders_in_headless_chromium(finished_run, tmp_path):
+    chromium = _chromium()
     link = _links(finished_run["summary"]["run_id"])["evaluate"]["_link_RunReportLink"]
     assert link.startswith("file:///")
     out = tmp_path / "report.png"

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from tests.conftest import REPO, dag_command, parse_summary, run_dag, write_dag
@@ -154,7 +155,7 @@ def test_worker_killed_orphan_removed_then_resumed(tfpipe_home, trainer_image, d
     assert "removing leftover container" in log
     assert "resumed from epoch" in log
     assert sampler.max_running == 1, "two training containers ran at once on one checkpoint directory"
-    with pytest.raises(Exception):
+    with pytest.raises(docker.errors.NotFound):
         orphan.reload()  # removed
 
 
