@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -14,15 +15,39 @@ from tests.conftest import run_dag, write_dag
 pytestmark = pytest.mark.integration
 
 
-def _created_containers(client, since: float, dag_id: str) -> list[dict]:
-    events = client.events(since=int(since), until=int(time.time()) + 1, decode=True,
-                           filters={"type": "container", "event": "create", "label": f"tfpipe.dag_id={dag_id}"})
-    return [e["Actor"]["Attributes"] for e in events]
+class CreatedContainers(threading.Thread):
+    """Collects the engine's container "create" events of one DAG as they happen.
+
+    Read live, not afterwards with ``since``/``until``: the engine keeps only its last 256 events,
+    which other users of a shared engine overrun during a long run."""
+
+    def __init__(self, client, dag_id: str):
+        super().__init__(daemon=True)
+        self.created: list[dict] = []
+        self.stream = client.events(decode=True, filters={"type": "container", "event": "create",
+                                                          "label": f"tfpipe.dag_id={dag_id}"})
+
+    def run(self):
+        try:
+            for event in self.stream:
+                self.created.append(event["Actor"]["Attributes"])
+        except Exception:  # the stream was closed
+            pass
+
+    def stop(self) -> list[dict]:
+        time.sleep(1)  # events of the last containers reach the stream
+        self.stream.close()
+        self.join(timeout=10)
+        return self.created
 
 
 def test_digits_pipeline_end_to_end(tfpipe_home: Path, trainer_image: str, docker_client):
-    started = time.time()
-    summary, log = run_dag("tfpipe_digits", {}, home=tfpipe_home, image=trainer_image)
+    events = CreatedContainers(docker_client, "tfpipe_digits")
+    events.start()
+    try:
+        summary, log = run_dag("tfpipe_digits", {}, home=tfpipe_home, image=trainer_image)
+    finally:
+        created = events.stop()
     assert summary["state"] == "success", log[-8000:]
     assert summary["tasks"] == {**{t: {"state": "success", "try_number": 1}
                                    for t in ("prep", "train", "evaluate", "export")},
@@ -38,8 +63,7 @@ def test_digits_pipeline_end_to_end(tfpipe_home: Path, trainer_image: str, docke
     assert len(metadata["attempts"]) == 1
 
     # every stage ran in a labelled, deterministically named container, and none is left behind
-    created = [a for a in _created_containers(docker_client, started, "tfpipe_digits")
-               if a.get("tfpipe.run_id") == summary["run_id"]]
+    created = [a for a in created if a.get("tfpipe.run_id") == summary["run_id"]]
     helpers = [a for a in created if a.get("tfpipe.role") == "prepare-volumes"]
     created = [a for a in created if "tfpipe.role" not in a]
     assert len(helpers) == 4, "each stage prepares its directories from a container on the engine"
