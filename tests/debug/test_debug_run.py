@@ -305,7 +305,9 @@ def test_report_plots_decode_in_headless_chromium(finished_run):
     link = _links(finished_run["summary"]["run_id"])["evaluate"]["_link_RunReportLink"]
     with _chromium_page(_chromium(), link) as evaluate:
         images = json.loads(_wait_until(evaluate, (
-            "document.readyState === 'complete' ? JSON.stringify(Array.from(document.images, i => "
+            # the tab shows about:blank first: wait for the report itself to have loaded
+            "location.protocol === 'file:' && document.readyState === 'complete' ? "
+            "JSON.stringify(Array.from(document.images, i => "
             "({alt: i.alt, complete: i.complete, width: i.naturalWidth, height: i.naturalHeight}))) : null")))
     alts = sorted(i["alt"] for i in images)
     assert alts == sorted(["training and validation loss per epoch", "training and validation accuracy per epoch",
@@ -349,7 +351,8 @@ def test_the_ui_gets_a_file_url_that_a_browser_will_not_open_from_it(finished_ru
 
     # an http page (as the UI is) with that link: clicking it leaves the page where it was
     link = stored["evaluate"]["_link_RunReportLink"]
-    (tmp_path / "ui.html").write_text(f'<a id="report" href="{link}">Run report</a>')
+    (tmp_path / "ui.html").write_text(f'<a id="report" href="{link}">Run report</a> <a id="control" href="other.html">x</a>')
+    (tmp_path / "other.html").write_text("<p>another http page</p>")
     server = http.server.ThreadingHTTPServer(
         ("127.0.0.1", 0), functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -357,10 +360,14 @@ def test_the_ui_gets_a_file_url_that_a_browser_will_not_open_from_it(finished_ru
     try:
         page = f"http://127.0.0.1:{server.server_address[1]}/ui.html"
         with _chromium_page(_chromium(), page) as evaluate:
-            _wait_until(evaluate, "document.readyState === 'complete' && !!document.getElementById('report')")
+            _wait_until(evaluate, f"location.href === {json.dumps(page)} && document.readyState === 'complete' "
+                                  "&& !!document.getElementById('report')")
             evaluate("document.getElementById('report').click()")
             time.sleep(2)
             assert evaluate("location.href") == page, "Chromium followed a file:// link from an http page"
+            # the control: clicking an http link on the same page does navigate
+            evaluate("document.getElementById('control').click()")
+            _wait_until(evaluate, "location.pathname === '/other.html'")
     finally:
         server.shutdown()
         server.server_close()
