@@ -165,7 +165,8 @@ def test_task_killed_by_airflow_stops_its_container_which_checkpoints_then_is_re
     the operator's on_kill, which stops the container (SIGTERM: it checkpoints at its current step
     and exits 143) and removes it; the retry then resumes from exactly that checkpoint."""
     dags = tmp_path / "dags"
-    write_dag(dags, "resume_on_kill", training=TRAINING, retries=1)
+    epochs = 8  # enough to be killed mid-training; the retry then has little left to do
+    write_dag(dags, "resume_on_kill", training={**TRAINING, "epochs": epochs}, retries=1)
     cmd, env = dag_command("resume_on_kill", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -192,7 +193,7 @@ def test_task_killed_by_airflow_stops_its_container_which_checkpoints_then_is_re
     assert second["resumed_from"]["step"] == stopped_at
     assert summary["state"] == "success", log[-6000:]
     assert summary["tasks"]["train"]["try_number"] == 2
-    assert _epochs_in_history(tfpipe_home, "resume_on_kill") == list(range(1, EPOCHS + 1))
+    assert _epochs_in_history(tfpipe_home, "resume_on_kill") == list(range(1, epochs + 1))
 
 
 def test_cleared_after_retries_ran_out_resumes_and_skips_corrupt_checkpoint(
