@@ -1,7 +1,7 @@
 """Checkpointing of the training loop: optimizers, save/restore with fallback, warm start.
 
-The training state is one ``tf.train.Checkpoint(model, optimizer, step, epoch, steps_per_epoch)``
-managed by a ``tf.train.CheckpointManager`` in ``<run_dir>/train/checkpoints`` (files
+The training state is one ``tf.train.Checkpoint(model, optimizer, step, epoch, steps_per_epoch,
+batch_size, dataset)`` managed by a ``tf.train.CheckpointManager`` in ``<run_dir>/train/checkpoints`` (files
 ``ckpt-<step>.*``). A checkpoint that cannot be restored (truncated data file, bad index, ...) is
 moved to ``checkpoints/corrupt/`` with a WARNING and the previous one is tried instead.
 """
@@ -64,11 +64,16 @@ class TrainState(object):
         self.step = counter("step")
         self.epoch = counter("epoch")
         self.steps_per_epoch = counter("steps_per_epoch")
+        # What the saved position means: a step counts batches of this size over this data set,
+        # so a try with another batch size or other data cannot continue from it.
+        self.batch_size = counter("batch_size")
+        self.dataset = counter("dataset")
         self.directory = directory
         self.keep = keep
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=self.step,
                                               epoch=self.epoch,
-                                              steps_per_epoch=self.steps_per_epoch)
+                                              steps_per_epoch=self.steps_per_epoch,
+                                              batch_size=self.batch_size, dataset=self.dataset)
         self.manager = self._open_manager()
 
     def _open_manager(self):
@@ -77,7 +82,7 @@ class TrainState(object):
 
     def _variables(self):
         return (list(self.model.variables) + list(self.optimizer.variables())
-                + [self.step, self.epoch, self.steps_per_epoch])
+                + [self.step, self.epoch, self.steps_per_epoch, self.batch_size, self.dataset])
 
     def candidates(self):
         """Checkpoint prefixes, newest first: the manager's list plus any stray ``ckpt-N``
@@ -134,9 +139,38 @@ class TrainState(object):
             os.remove(state)
         self.manager = self._open_manager()
 
+    def record_inputs(self, fingerprint, batch_size, steps_per_epoch):
+        """Record the data set and batch size the steps of this state count (saved with it)."""
+        self.dataset.assign(fingerprint_id(fingerprint))
+        self.batch_size.assign(batch_size)
+        self.steps_per_epoch.assign(steps_per_epoch)
+
+    def check_inputs(self, path, fingerprint, batch_size):
+        """Raise BadInput unless the restored state was trained on ``fingerprint`` at ``batch_size``.
+
+        Comparing steps per epoch is not enough: 245 rows give 8 steps at batch 32 and at 31.
+        """
+        saved_batch = int(self.batch_size.numpy())
+        if saved_batch != batch_size:
+            raise BadInput("training.batch_size: checkpoint %s was taken at batch size %d, this try "
+                           "asks for %d, so its step count means other batches. Fix: keep "
+                           "batch_size %d for this run, or start a new DAG run"
+                           % (path, saved_batch, batch_size, saved_batch))
+        saved_id = int(self.dataset.numpy())
+        if saved_id != fingerprint_id(fingerprint):
+            raise BadInput("data: checkpoint %s was taken on data set %015x..., this try's prep chose "
+                           "%s (the data or the prep settings changed since). Fix: restore the data "
+                           "this run started with, or start a new DAG run"
+                           % (path, saved_id, fingerprint[:15] + "..."))
+
     def save(self):
         """Save a checkpoint numbered by the global step; return its path."""
         return self.manager.save(checkpoint_number=int(self.step.numpy()))
+
+
+def fingerprint_id(fingerprint):
+    """A data set fingerprint (sha256 hex) as a checkpointable int64: its first 60 bits."""
+    return int(fingerprint[:15], 16)
 
 
 def write_weights(model, prefix):

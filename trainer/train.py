@@ -19,7 +19,7 @@ import time
 
 from trainer import atomic, checkpoints, common, contract, data, models
 from trainer.common import LOG
-from trainer.errors import BadInput, Diverged
+from trainer.errors import Diverged
 
 common.quiet_tensorflow()
 import tensorflow as tf  # noqa: E402
@@ -260,15 +260,11 @@ def run(config):
     resumed_from, warm = None, None
     if restored:
         epoch, step = int(loop.state.epoch.numpy()), int(loop.state.step.numpy())
-        saved_spe = int(loop.state.steps_per_epoch.numpy())
-        if saved_spe != loop.spe:
-            raise BadInput("checkpoint %s was taken with %d steps per epoch, this config gives %d"
-                           " (training.batch_size or the data set changed): use a new run"
-                           % (restored, saved_spe, loop.spe))
+        loop.state.check_inputs(restored, schema["fingerprint"], training["batch_size"])
         resumed_from = {"epoch": epoch, "step": step, "checkpoint": restored}
         LOG.info("resumed from epoch %d step %d (checkpoint %s)", epoch, step, restored)
     else:
-        loop.state.steps_per_epoch.assign(loop.spe)
+        loop.state.record_inputs(schema["fingerprint"], training["batch_size"], loop.spe)
         LOG.info("starting from scratch")
         if training["warm_start"]:
             warm = checkpoints.warm_start(loop.model, common.model_root(config))

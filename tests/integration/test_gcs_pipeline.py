@@ -49,3 +49,13 @@ def test_digits_dag_stages_in_and_publishes(tmp_path: Path, trainer_image, bucke
     assert marker["run_id"] == summary["run_id"]
     assert list_published_versions(conf["publish_uri"], "digits") == [int(version)]
     assert summary["published"] == f"gs://{bucket.name}/{prefix}"
+
+    # a second run on the unchanged bucket: stage-in moves nothing, so prep finds the same
+    # fingerprint and reuses its data set (a cache hit); no new data set is written
+    again, log2 = run_dag("tfpipe_digits", conf, home=home, image=trainer_image,
+                          extra_env={"STORAGE_EMULATOR_HOST": emulator_env}, timeout=600)
+    assert again["state"] == "success", log2[-8000:]
+    assert again["tasks"]["stage_in"]["state"] == "success" and again["tasks"]["prep"]["state"] == "success"
+    assert "0 to download, 1 unchanged, 0 to delete" in log2 and "is up to date" in log2
+    assert "cache hit" in log2
+    assert list((home / "work" / "datasets").glob("*/fingerprint.json")) == fingerprints

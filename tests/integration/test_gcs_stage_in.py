@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
+import struct
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -72,3 +76,101 @@ def test_no_uri_skips(tmp_path, trainer_image):
 
     with pytest.raises(AirflowSkipException, match="no data URI"):
         _operator(tmp_path, trainer_image, "digits/").execute(fake_context("stage_in", params={"data_uri": None}))
+
+
+class DroppingProxy(threading.Thread):
+    """A TCP proxy in front of the emulator that resets the first ``drop`` connections it accepts
+    (as a flaky network does) and forwards every later one, byte for byte."""
+
+    def __init__(self, upstream: str, drop: int):
+        super().__init__(daemon=True)
+        host, port = upstream.rsplit("//", 1)[1].split(":")
+        self.upstream = (host, int(port))
+        self.drop, self.dropped, self.forwarded = drop, 0, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.stopped = threading.Event()
+
+    def run(self):
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.dropped < self.drop:
+                self.dropped += 1
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()  # with linger 0: a TCP reset
+                continue
+            self.forwarded += 1
+            upstream = socket.create_connection(self.upstream)
+            for src, dst in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.stopped.set()
+        self.listener.close()
+
+
+class HelperInspector(threading.Thread):
+    """Records ``docker inspect`` of every helper container of ``role`` while it exists."""
+
+    def __init__(self, client, role: str):
+        super().__init__(daemon=True)
+        self.client, self.role = client, role
+        self.seen: dict[str, dict] = {}
+        self.stopped = threading.Event()
+
+    def run(self):
+        while not self.stopped.is_set():
+            for c in self.client.api.containers(all=True, filters={"label": f"tfpipe.role={self.role}"}):
+                if c["Id"] not in self.seen:
+                    try:
+                        self.seen[c["Id"]] = self.client.api.inspect_container(c["Id"])
+                    except Exception:  # removed meanwhile
+                        pass
+            time.sleep(0.02)
+
+
+def test_network_errors_are_retried_and_helpers_have_no_network(tmp_path, trainer_image, bucket, docker_client,
+                                                                 emulator_env, monkeypatch):
+    """The first connections to Cloud Storage are reset; the transfer retries and completes. The
+    helper container that writes into the volume has no network of its own."""
+    objects = {f"raw/digits/part-{i}.csv": f"x,label\n{i},0\n".encode() for i in range(3)}
+    for name, body in objects.items():
+        bucket.blob(name).upload_from_string(body)
+    proxy = DroppingProxy(emulator_env, drop=2)
+    proxy.start()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+    inspector = HelperInspector(docker_client, "gcs-stage-in")
+    inspector.start()
+    try:
+        result = _operator(tmp_path, trainer_image, "digits/", source_uri=f"gs://{bucket.name}/raw/digits").execute(
+            fake_context("stage_in"))
+    finally:
+        inspector.stopped.set()
+        inspector.join(timeout=5)
+        proxy.close()
+    assert proxy.dropped == 2 and proxy.forwarded >= 1, "the proxy reset connections, then forwarded the retries"
+    assert (result["objects"], result["downloaded"]) == (3, 3)
+    for name, body in objects.items():
+        assert (tmp_path / "data" / "digits" / name.rsplit("/", 1)[1]).read_bytes() == body
+    assert inspector.seen, "never saw a stage-in helper container"
+    for seen in inspector.seen.values():
+        assert seen["HostConfig"]["NetworkMode"] == "none"
+        assert list(seen["NetworkSettings"]["Networks"]) == ["none"]
+        assert seen["HostConfig"]["Privileged"] is False

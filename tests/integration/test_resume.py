@@ -2,8 +2,8 @@
 
 Each scenario runs a DAG through Airflow (``tfpipe run`` = ``dag.test()``) with the real Docker
 engine and the TF 2.9 image, and kills something for real: the training container
-(``docker kill``, SIGKILL) or the whole Airflow process (SIGKILL to its process group, so
-``on_kill`` never runs).
+(``docker kill``, SIGKILL), the task's process (SIGTERM: Airflow runs ``on_kill``), or the whole
+Airflow process (SIGKILL to its process group, so ``on_kill`` never runs).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from tests.conftest import REPO, dag_command, parse_summary, run_dag, write_dag
@@ -155,8 +156,45 @@ def test_worker_killed_orphan_removed_then_resumed(tfpipe_home, trainer_image, d
     assert "removing leftover container" in log
     assert "resumed from epoch" in log
     assert sampler.max_running == 1, "two training containers ran at once on one checkpoint directory"
-    with pytest.raises(Exception):
+    with pytest.raises(docker.errors.NotFound):
         orphan.reload()  # removed
+
+
+def test_task_killed_by_airflow_stops_its_container_which_checkpoints_then_is_removed(
+        tfpipe_home, trainer_image, docker_client, tmp_path):
+    """SIGTERM to the task's process (what Airflow's supervisor sends a task it kills): Airflow calls
+    the operator's on_kill, which stops the container (SIGTERM: it checkpoints at its current step
+    and exits 143) and removes it; the retry then resumes from exactly that checkpoint."""
+    dags = tmp_path / "dags"
+    epochs = 8  # enough to be killed mid-training; the retry then has little left to do
+    write_dag(dags, "resume_on_kill", training={**TRAINING, "epochs": epochs}, retries=1)
+    cmd, env = dag_command("resume_on_kill", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        container = _wait_for(lambda: _training_container(docker_client, "resume_on_kill"), 240,
+                              "the training container")
+        _wait_for(lambda: _checkpointed_mid_training(tfpipe_home, "resume_on_kill"), 240, "a checkpoint mid-training")
+        proc.send_signal(signal.SIGTERM)  # the task runner's handler calls task.on_kill()
+        _wait_for(lambda: not docker_client.api.containers(all=True, filters={"id": container.id}), 60,
+                  "on_kill to remove the training container")
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    summary, log = parse_summary(out, err, proc.returncode), out + err
+    assert f"on_kill: stopping and removing {container.id[:12]}" in log
+    with pytest.raises(docker.errors.NotFound):
+        container.reload()
+    first, second = json.loads((_run_dir(tfpipe_home, "resume_on_kill") / "attempts.json").read_text())
+    # the trainer itself ended try 1 (SIGTERM handler): a SIGKILLed try has no end time
+    assert first["status"] == "interrupted" and first["end_time"], first
+    stopped_at = int(Path(first["last_checkpoint"]).name.split("-")[-1])
+    assert first["start_step"] + first["steps_run"] == stopped_at, "the checkpoint is the step where it stopped"
+    assert second["resumed_from"]["checkpoint"] == first["last_checkpoint"]
+    assert second["resumed_from"]["step"] == stopped_at
+    assert summary["state"] == "success", log[-6000:]
+    assert summary["tasks"]["train"]["try_number"] == 2
+    assert _epochs_in_history(tfpipe_home, "resume_on_kill") == list(range(1, epochs + 1))
 
 
 def test_cleared_after_retries_ran_out_resumes_and_skips_corrupt_checkpoint(

@@ -7,6 +7,9 @@ the container the task really had.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
 import json
 import shutil
 import socket
@@ -237,10 +240,142 @@ def _png_rows(data: bytes) -> tuple[int, int, list[bytes]]:
     return width, height, [raw[i * stride:(i + 1) * stride] for i in range(height)]
 
 
-def test_report_renders_in_headless_chromium(finished_run, tmp_path):
+def _chromium() -> str:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not chromium:
-        pytest.skip("no chromium on PATH (scripts/ensure-chromium.sh installs Debian's as root)")
+    if not chromium:  # make test installs it (scripts/ensure-chromium.sh) or stops saying why
+        pytest.fail("no chromium on PATH: run scripts/ensure-chromium.sh (installs Debian's as root)")
+    return chromium
+
+
+@contextlib.contextmanager
+def _chromium_page(chromium: str, url: str):
+    """Headless Chromium showing ``url``; yields ``evaluate(js)`` (DevTools Runtime.evaluate)."""
+    from websockets.sync.client import connect
+
+    port = _free_port()
+    profile = tempfile.mkdtemp(prefix="chromium-")
+    proc = subprocess.Popen(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+         "--remote-debugging-address=127.0.0.1", f"--remote-debugging-port={port}", url],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, pages = time.time() + 60, []
+        while time.time() < deadline and not pages:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as resp:
+                    pages = [p for p in json.loads(resp.read()) if p.get("type") == "page"]
+            except OSError:
+                time.sleep(0.3)
+        assert pages, "headless Chromium opened no page"
+        with connect(pages[0]["webSocketDebuggerUrl"], max_size=None, open_timeout=30) as ws:
+            ids = iter(range(1, 1 << 30))
+
+            def evaluate(expression: str):
+                call = next(ids)
+                ws.send(json.dumps({"id": call, "method": "Runtime.evaluate",
+                                    "params": {"expression": expression, "returnByValue": True}}))
+                reply = json.loads(ws.recv(timeout=30))
+                while reply.get("id") != call:  # events interleave with the answer
+                    reply = json.loads(ws.recv(timeout=30))
+                return reply["result"]["result"].get("value")
+
+            yield evaluate
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _wait_until(evaluate, expression: str, timeout: float = 30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = evaluate(expression)
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"never true in the page: {expression}")
+
+
+def test_report_plots_decode_in_headless_chromium(finished_run):
+    """The plots are images the browser decoded (non-zero natural size), not broken placeholders."""
+    link = _links(finished_run["summary"]["run_id"])["evaluate"]["_link_RunReportLink"]
+    with _chromium_page(_chromium(), link) as evaluate:
+        images = json.loads(_wait_until(evaluate, (
+            # the tab shows about:blank first: wait for the report itself to have loaded
+            "location.protocol === 'file:' && document.readyState === 'complete' ? "
+            "JSON.stringify(Array.from(document.images, i => "
+            "({alt: i.alt, complete: i.complete, width: i.naturalWidth, height: i.naturalHeight}))) : null")))
+    alts = sorted(i["alt"] for i in images)
+    assert alts == sorted(["training and validation loss per epoch", "training and validation accuracy per epoch",
+                           "confusion matrix of the eval split"]), images
+    for image in images:
+        assert image["complete"] and image["width"] > 100 and image["height"] > 100, image
+
+
+LINKS_VIA_REST = r"""
+import json, sys
+from fastapi.testclient import TestClient
+from airflow.api_fastapi.app import create_app
+
+dag_id, run_id = sys.argv[1:3]
+with TestClient(create_app()) as client:
+    out = {}
+    for task in ("train", "evaluate", "export"):
+        resp = client.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task}/links")
+        out[task] = {"status": resp.status_code, "body": resp.json()}
+print("LINKS " + json.dumps(out))
+"""
+
+
+def test_the_ui_gets_a_file_url_that_a_browser_will_not_open_from_it(finished_run, tmp_path):
+    """What the README says of the Run report link: the REST API the UI calls serves the file:// URL,
+    and Chromium refuses to follow it from an http page (the file itself opens when typed in)."""
+    run_id = finished_run["summary"]["run_id"]
+    env = {**finished_run["env"], "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"}
+    proc = subprocess.run([sys.executable, "-c", LINKS_VIA_REST, DAG_ID, run_id], capture_output=True, text=True,
+                          env=env, timeout=180, cwd=REPO)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("LINKS ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-3000:]
+    served = json.loads(lines[-1][len("LINKS "):])
+    stored = _links(run_id)
+    for task in ("train", "evaluate", "export"):
+        assert served[task]["status"] == 200, served[task]
+        body = json.dumps(served[task]["body"])
+        url = stored[task]["_link_RunReportLink"]
+        assert url.startswith("file:///") and json.dumps(url) in body, (task, served[task])
+        assert json.dumps(stored[task]["_link_TensorBoardLink"]) in body
+
+    # an http page (as the UI is) with that link: clicking it leaves the page where it was
+    link = stored["evaluate"]["_link_RunReportLink"]
+    (tmp_path / "ui.html").write_text(f'<a id="report" href="{link}">Run report</a> <a id="control" href="other.html">x</a>')
+    (tmp_path / "other.html").write_text("<p>another http page</p>")
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        page = f"http://127.0.0.1:{server.server_address[1]}/ui.html"
+        with _chromium_page(_chromium(), page) as evaluate:
+            _wait_until(evaluate, f"location.href === {json.dumps(page)} && document.readyState === 'complete' "
+                                  "&& !!document.getElementById('report')")
+            evaluate("document.getElementById('report').click()")
+            time.sleep(2)
+            assert evaluate("location.href") == page, "Chromium followed a file:// link from an http page"
+            # the control: clicking an http link on the same page does navigate
+            evaluate("document.getElementById('control').click()")
+            _wait_until(evaluate, "location.pathname === '/other.html'")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_report_renders_in_headless_chromium(finished_run, tmp_path):
+    chromium = _chromium()
     link = _links(finished_run["summary"]["run_id"])["evaluate"]["_link_RunReportLink"]
     assert link.startswith("file:///")
     out = tmp_path / "report.png"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tfpipe.config import PipelineConfig, TrainingConfig, check_image_ref
@@ -44,7 +46,7 @@ def test_good_config_builds_with_defaults():
 
 def test_config_is_frozen():
     cfg = PipelineConfig.from_dict(GOOD)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.training.epochs = 3  # type: ignore[misc]
 
 

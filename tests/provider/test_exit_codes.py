@@ -1,22 +1,31 @@
-"""The exit-code contract between the trainer container and the operator, as one table.
+"""The exit-code contract between the trainer container and the operator, as one table of real exits.
 
-This is the one place a stand-in is used: the table exercises the mapping function with a
-minimal task-instance object, as Airflow's Docker provider does for its own exit-code table.
-The same codes are produced for real by the trainer in tests/trainer and tests/integration.
+Each row runs a real container of the trainer image on the engine that ends the way a stage can
+end (an exit code, a kill, an out-of-memory kill) and sends it through the operator's own
+run-and-map path: the operator reads the exit state from the engine and raises what Airflow acts
+on. The only stand-in is the task instance, which records the XCom the evaluate stage pushes.
+The trainer producing these codes for real is tested in tests/trainer and tests/integration.
 """
 
 from __future__ import annotations
+
+import uuid
+from pathlib import Path
 
 import pytest
 from airflow.providers.common.compat.sdk import AirflowFailException, DownstreamTasksSkipped
 
 from tfpipe import contract
+from tfpipe.config import PipelineConfig
 from tfpipe.exceptions import StageFailedError, StageRejectedError
 from tfpipe.operators.docker import OPERATORS
 from tfpipe.specs import config_template
-from tfpipe.config import PipelineConfig
 
 from .test_config import GOOD
+
+pytestmark = pytest.mark.integration
+
+RESULT = contract.RESULT_PREFIX + '{"blessing": {"blessed": false}}'
 
 
 class _RecordingTI:
@@ -27,51 +36,61 @@ class _RecordingTI:
         self.pushed[key] = value
 
 
-def _operator(stage):
+def _operator(stage: str, image: str, home, mem_limit: str | None):
     from airflow.sdk import DAG
 
-    cfg = PipelineConfig.from_dict(GOOD)
+    volumes = {name: str(home / name) for name in ("data", "work", "models")}
+    for path in volumes.values():
+        Path(path).mkdir(parents=True, exist_ok=True)
+    cfg = PipelineConfig.from_dict({**GOOD, "image": {"ref": image}, "volumes": volumes})
     with DAG("exit_codes", schedule=None):
-        ops = {s: OPERATORS[s](task_id=s, image=cfg.image.ref, stage_config=config_template(cfg, s),
-                               volumes=cfg.volumes) for s in contract.STAGES}
+        ops = {s: OPERATORS[s](task_id=s, image=image, stage_config=config_template(cfg, s), volumes=cfg.volumes,
+                               mem_limit=mem_limit if s == stage else None) for s in contract.STAGES}
         ops["evaluate"] >> ops["export"]
     return ops[stage]
 
 
 EXIT_TABLE = [
-    # stage, exit code, oom, expected exception, retried by Airflow?
-    ("evaluate", contract.ExitCode.NOT_BLESSED, False, DownstreamTasksSkipped, False),
-    ("prep", contract.ExitCode.BAD_INPUT, False, StageRejectedError, False),
-    ("train", contract.ExitCode.BAD_INPUT, False, StageRejectedError, False),
-    ("train", contract.ExitCode.DIVERGED, False, StageRejectedError, False),
-    ("train", 1, False, StageFailedError, True),
-    ("train", 137, False, StageFailedError, True),
-    ("train", 137, True, StageFailedError, True),
-    ("train", 143, False, StageFailedError, True),
-    ("export", 2, False, StageFailedError, True),
+    # stage, what the container runs, mem_limit, expected exception, retried by Airflow?
+    ("evaluate", f"echo working; echo '{RESULT}'; exit {contract.ExitCode.NOT_BLESSED}", None,
+     DownstreamTasksSkipped, False),
+    ("prep", f"exit {contract.ExitCode.BAD_INPUT}", None, StageRejectedError, False),
+    ("train", f"exit {contract.ExitCode.BAD_INPUT}", None, StageRejectedError, False),
+    ("train", f"exit {contract.ExitCode.DIVERGED}", None, StageRejectedError, False),
+    ("train", "exit 1", None, StageFailedError, True),
+    # a child shell SIGKILLed (PID 1 of a container cannot be signalled from inside): exit 137
+    ("train", 'sh -c "kill -KILL \\$\\$"', None, StageFailedError, True),
+    ("train", "python3 -c \"x = b'x' * (512 << 20)\"", "64m", StageFailedError, True),
+    ("train", "exit 143", None, StageFailedError, True),
+    ("export", "exit 2", None, StageFailedError, True),
     # NOT_BLESSED from any stage but evaluate is just a failure
-    ("train", contract.ExitCode.NOT_BLESSED, False, StageFailedError, True),
+    ("train", f"exit {contract.ExitCode.NOT_BLESSED}", None, StageFailedError, True),
 ]
 
 
-@pytest.mark.parametrize("stage,code,oom,expected,retried", EXIT_TABLE)
-def test_exit_code_table(stage, code, oom, expected, retried):
-    op = _operator(stage)
+@pytest.mark.parametrize("stage,script,mem_limit,expected,retried", EXIT_TABLE,
+                         ids=[f"{r[0]}-{r[1][:24]}-{r[2]}" for r in EXIT_TABLE])
+def test_real_container_exits_map_through_the_operator(stage, script, mem_limit, expected, retried,
+                                                       trainer_image, docker_client, tmp_path):
+    op = _operator(stage, trainer_image, tmp_path, mem_limit)
+    op.command = ["sh", "-c", script]
+    op.container_name = f"tfpipe-exit-codes-{uuid.uuid4().hex[:10]}"
+    op.labels = {"tfpipe.test": "exit-codes"}
     ti = _RecordingTI()
-    logs = ["working", contract.RESULT_PREFIX + '{"blessing": {"blessed": false}}']
     with pytest.raises(expected) as err:
-        op._raise_for_exit(code, oom, logs, {"ti": ti})
+        op._run_and_map_exit({"ti": ti})
     assert isinstance(err.value, AirflowFailException) is (not retried and expected is not DownstreamTasksSkipped)
+    assert docker_client.containers.list(all=True, filters={"name": op.container_name}) == [], "container left"
     if expected is DownstreamTasksSkipped:
         assert err.value.tasks == ["export"]
         assert ti.pushed["return_value"] == {"blessing": {"blessed": False}}
-    if oom:
-        assert "out-of-memory" in str(err.value) and err.value.oom_killed
-    if code == 137 and not oom:
-        assert "killed" in str(err.value)
-
-
-def test_exit_code_meanings():
-    assert contract.ExitCode.describe(0) == "success"
-    assert set(contract.ExitCode.NO_RETRY) == {contract.ExitCode.BAD_INPUT, contract.ExitCode.DIVERGED}
-    assert len({contract.ExitCode.NOT_BLESSED, contract.ExitCode.BAD_INPUT, contract.ExitCode.DIVERGED}) == 3
+        return
+    code = err.value.exit_code
+    if mem_limit:
+        assert code == 137 and err.value.oom_killed
+        assert "out-of-memory" in str(err.value) and f"mem_limit={mem_limit}" in str(err.value)
+    elif "KILL" in script:
+        assert code == 137 and not err.value.oom_killed and "killed" in str(err.value)
+    else:
+        assert code == int(script.split()[-1])
+        assert f"(exit {code})" in str(err.value)

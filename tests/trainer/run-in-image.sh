@@ -21,6 +21,13 @@ for arg in "$@"; do
 done
 tty=()
 [ -t 1 ] && tty=(-t)
-exec docker run --rm "${tty[@]}" -v "$repo:/src:ro" -w /src \
+# An engine with the NVIDIA runtime gets the GPUs passed in, so the gpu-marked tests run there
+# (TFPIPE_TEST_GPUS=none keeps them out, e.g. to compare with a CPU run).
+gpus=()
+if [ "${TFPIPE_TEST_GPUS:-all}" != none ] && docker info --format '{{json .Runtimes}}' | grep -q '"nvidia"'; then
+  gpus=(--gpus "${TFPIPE_TEST_GPUS:-all}")
+  echo "run-in-image: the engine has an NVIDIA runtime: passing --gpus ${TFPIPE_TEST_GPUS:-all}" >&2
+fi
+exec docker run --rm "${tty[@]}" "${gpus[@]}" -v "$repo:/src:ro" -w /src \
   -e PYTHONPATH="/src${image_path:+:$image_path}" -e HOME=/tmp \
   "$image" python3 -m pytest -p no:cacheprovider --confcutdir=tests/trainer -q "${target[@]}" "$@"

@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-pytest.importorskip("tensorflow")
+# Inside the image TensorFlow must import: a broken image fails collection, never skips.
+import tensorflow  # noqa: E402,F401
 
 from trainer import evaluate, export, prep, train  # noqa: E402
 from trainer.errors import NotBlessed  # noqa: E402

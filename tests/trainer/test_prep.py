@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-tf = pytest.importorskip("tensorflow")
+# Inside the image TensorFlow must import: a broken image fails collection, never skips.
+import tensorflow as tf  # noqa: E402
 
 from conftest import write_blobs_csv, write_image_folder  # noqa: E402
 from trainer import common, prep  # noqa: E402

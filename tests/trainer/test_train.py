@@ -10,10 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-tf = pytest.importorskip("tensorflow")
+# Inside the image TensorFlow must import: a broken image fails collection, never skips.
+import tensorflow as tf  # noqa: E402
 
-from conftest import REPO, write_image_folder  # noqa: E402
-from trainer import checkpoints, contract, prep, train  # noqa: E402
+from conftest import REPO, write_blobs_csv, write_image_folder  # noqa: E402
+from trainer import checkpoints, contract, data, prep, train  # noqa: E402
 from trainer.errors import BadInput  # noqa: E402
 
 
@@ -133,8 +134,48 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(ws, capsys):
 
 @pytest.mark.resume
 @pytest.mark.reliability
+def test_sigterm_mid_epoch_saves_exactly_the_current_step(ws, monkeypatch, capsys):
+    """SIGTERM arrives 5 batches into epoch 2 (step 13 of 8-step epochs): the checkpoint is ckpt-13."""
+    prep.run(ws.config("prep"))
+    settings = {"epochs": 3, "checkpoint_every_steps": 0}  # only epoch ends would checkpoint
+    original = train.Loop.__init__
+
+    def init_then_signal_at_13(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        step_fn, count = self.train_step, [0]
+
+        def step_and_maybe_signal(x, y):
+            loss = step_fn(x, y)
+            count[0] += 1
+            if count[0] == 13:  # the real signal, to this process: the real handler runs
+                os.kill(os.getpid(), signal.SIGTERM)
+            return loss
+        self.train_step = step_and_maybe_signal
+    monkeypatch.setattr(train.Loop, "__init__", init_then_signal_at_13)
+    with pytest.raises(SystemExit) as info:
+        train.run(ws.config("train", training=settings))
+    assert info.value.code == 143
+    out = capsys.readouterr().out
+    ckpt_dir = os.path.join(ws.run_dir(), "train", "checkpoints")
+    assert "stopped at epoch 2 step 13 after checkpoint %s" % os.path.join(ckpt_dir, "ckpt-13") in out
+    assert tf.train.latest_checkpoint(ckpt_dir).endswith("ckpt-13")
+    assert sorted(os.path.basename(p)[:-len(".index")] for p in glob.glob(os.path.join(ckpt_dir, "*.index"))) \
+        == ["ckpt-13", "ckpt-8"]
+    reader = tf.train.load_checkpoint(os.path.join(ckpt_dir, "ckpt-13"))
+    assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 13
+    attempt = ws.read("attempts.json")[0]
+    assert attempt["status"] == "interrupted" and attempt["steps_run"] == 13
+    assert attempt["last_checkpoint"].endswith("ckpt-13")
+    monkeypatch.setattr(train.Loop, "__init__", original)
+    result = train.run(ws.config("train", try_number=2, training=settings))
+    assert result["resumed_from"]["step"] == 13 and result["steps"] == 24
+
+
+@pytest.mark.resume
+@pytest.mark.reliability
 @pytest.mark.integration
-def test_sigterm_checkpoints_mid_training_and_the_retry_resumes(ws):
+def test_sigterm_to_the_training_process_saves_where_it_stopped(ws):
+    """A real ``python -m trainer train`` process gets SIGTERM: exit 143, checkpoint at its last step."""
     prep.run(ws.config("prep"))
     config = ws.config("train", training={"epochs": 400, "checkpoint_every_steps": 0})
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -151,15 +192,50 @@ def test_sigterm_checkpoints_mid_training_and_the_retry_resumes(ws):
     rest, _ = proc.communicate(timeout=120)
     output = "".join(lines) + rest
     assert proc.returncode == 143, output
+    stopped = [l for l in output.splitlines() if "stopped at epoch" in l]
+    assert len(stopped) == 1, output
+    step = int(stopped[0].split(" step ")[1].split()[0])
     attempt = ws.read("attempts.json")[0]
     assert attempt["status"] == "interrupted"
-    stopped_at = int(attempt["last_checkpoint"].rsplit("-", 1)[1])
-    assert stopped_at >= 16 and "stopped at epoch" in output
+    assert attempt["last_checkpoint"].endswith("ckpt-%d" % step) and step >= 16
+    ckpt_dir = os.path.join(ws.run_dir(), "train", "checkpoints")
+    assert tf.train.latest_checkpoint(ckpt_dir).endswith("ckpt-%d" % step), "nothing saved after the stop"
+    reader = tf.train.load_checkpoint(os.path.join(ckpt_dir, "ckpt-%d" % step))
+    assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == step
     assert not os.path.exists(os.path.join(ws.run_dir(), "train", "final"))
-    result = train.run(ws.config("train", try_number=2,
-                                 training={"epochs": stopped_at // 8 + 1}))
-    assert result["resumed_from"]["step"] == stopped_at
+    result = train.run(ws.config("train", try_number=2, training={"epochs": step // 8 + 1}))
+    assert result["resumed_from"]["step"] == step
     assert len(ws.read("attempts.json")) == 2
+
+
+@pytest.mark.resume
+@pytest.mark.parametrize("change", ["batch_size", "data"])
+def test_changing_batch_size_or_data_between_tries_is_refused(ws, cli, change):
+    """Both changes keep 8 steps per epoch, so only the recorded batch size and data set catch them."""
+    prep.run(ws.config("prep"))
+    first = train.run(ws.config("train", training={"epochs": 1}))
+    assert first["steps_per_epoch"] == 8
+    schema = ws.read("dataset.json")
+    if change == "batch_size":
+        training = {"epochs": 2, "batch_size": 31}
+        counts = prep.run(ws.config("prep", try_number=2))
+        assert counts["fingerprint"] == schema["fingerprint"]
+        assert data.steps_per_epoch({"counts": {"train": counts["examples"]["train"]}}, 31) == 8
+        expected = "training.batch_size: checkpoint"
+    else:
+        training = {"epochs": 2}
+        write_blobs_csv(os.path.join(ws.data, "blobs.csv"), seed=1)  # same rows, other values
+        counts = prep.run(ws.config("prep", try_number=2))
+        assert counts["fingerprint"] != schema["fingerprint"]
+        assert data.steps_per_epoch({"counts": {"train": counts["examples"]["train"]}}, 32) == 8
+        expected = "data: checkpoint"
+    proc = cli("train", ws.config("train", try_number=2, training=training))
+    assert proc.returncode == contract.ExitCode.BAD_INPUT == 11, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert expected in proc.stderr and "Fix: " in proc.stderr and "start a new DAG run" in proc.stderr
+    attempts = ws.read("attempts.json")
+    assert len(attempts) == 1, "a refused try trains nothing and records no attempt"
+    ckpt_dir = os.path.join(ws.run_dir(), "train", "checkpoints")
+    assert tf.train.latest_checkpoint(ckpt_dir).endswith("ckpt-8")
 
 
 def test_unknown_model_lists_the_valid_names(ws):

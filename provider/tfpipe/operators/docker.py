@@ -51,6 +51,50 @@ def device_requests(gpus: GpuRequest | None) -> list | None:
     return gpus.to_docker() if gpus else None
 
 
+class _RedactingLog:
+    """A logger that writes ``***`` in place of each secret value before anything is logged.
+
+    Airflow masks ``mask_secret`` values only on some log paths (a deployment's supervisor masks
+    them in the task log file; ``dag.test`` prints task logs unmasked), so the stage operator
+    redacts its secrets itself, once, for every path: container output, errors, its own lines.
+    """
+
+    def __init__(self, log: Any, secrets: list[str]) -> None:
+        self._log = log
+        self._secrets = sorted(set(secrets), key=len, reverse=True)  # longest first: no partial leftovers
+
+    def redact(self, text: str) -> str:
+        """``text`` with every secret value replaced by ``***``."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _emit(self, level: str, msg: Any, *args: Any, **kwargs: Any) -> None:
+        text = str(msg) % args if args else str(msg)
+        getattr(self._log, level)("%s", self.redact(text), **kwargs)
+
+    def debug(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        self._emit("debug", msg, *args, **kwargs)
+
+    def info(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        self._emit("info", msg, *args, **kwargs)
+
+    def warning(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        self._emit("warning", msg, *args, **kwargs)
+
+    def error(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        self._emit("error", msg, *args, **kwargs)
+
+    def exception(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        self._emit("exception", msg, *args, **kwargs)
+
+    def critical(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        self._emit("critical", msg, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
+
+
 class TfpipeStageOperator(DockerOperator):
     """Run one tfpipe stage (``python3 -m trainer <stage>``) in the trainer image.
 
@@ -155,6 +199,17 @@ class TfpipeStageOperator(DockerOperator):
         return TfpipeDockerHook(docker_url=self.docker_url, docker_conn_id=self.docker_conn_id,
                                 version=self.api_version, tls=tls_config, timeout=self.timeout)
 
+    @property
+    def log(self) -> Any:  # type: ignore[override]
+        """The task logger; with private_environment set, one that writes ``***`` for its values."""
+        log = super().log
+        secrets = [str(v) for v in (getattr(self, "_private_environment", None) or {}).values() if v]
+        return _RedactingLog(log, secrets) if secrets else log
+
+    def _redact(self, text: str) -> str:
+        log = self.log
+        return log.redact(text) if isinstance(log, _RedactingLog) else text
+
     # -- execute ---------------------------------------------------------------------------
 
     def execute(self, context: Any) -> dict[str, Any] | None:
@@ -182,7 +237,7 @@ class TfpipeStageOperator(DockerOperator):
         if plan.gpus:
             self.log.info("requesting %s for %s", plan.gpus.describe(), self.stage)
 
-        lines = self._run_with_gpu_fallback(context, plan.gpus)
+        lines = [self._redact(str(line)) for line in self._run_with_gpu_fallback(context, plan.gpus) or []]
         result = contract.parse_result_line(lines or [])
         if result is None:
             raise StageFailedError(
@@ -225,7 +280,7 @@ class TfpipeStageOperator(DockerOperator):
         except DockerContainerFailedException as err:
             state = self._container_state()
             code = state.get("ExitCode")
-            logs = [str(x) for x in (err.logs or [])]
+            logs = [self._redact(str(x)) for x in (err.logs or [])]
             self._raise_for_exit(code, bool(state.get("OOMKilled")), logs, context)
             raise
         finally:
