@@ -32,6 +32,7 @@ from tfpipe.exceptions import (
     StageRejectedError,
     TfpipeConfigError,
 )
+from tfpipe.run_params import reject_unknown_conf
 from tfpipe.specs import (
     TF_DEFAULT_ENV,
     GpuRequest,
@@ -154,6 +155,7 @@ class TfpipeStageOperator(DockerOperator):
     # -- execute ---------------------------------------------------------------------------
 
     def execute(self, context: Any) -> dict[str, Any] | None:
+        reject_unknown_conf(context, self.task_id)
         ti = context["ti"]
         params = dict(context.get("params") or {})
         map_index = getattr(ti, "map_index", -1)

@@ -51,6 +51,7 @@ from tfpipe.hooks.gcs import (
     crc32c_of_file,
     list_objects,
 )
+from tfpipe.run_params import reject_unknown_conf
 from tfpipe.specs import container_labels
 from tfpipe.volumes import VolumeHelper, remove_leftovers, tar_bytes
 
@@ -728,6 +729,7 @@ class GcsStageInOperator(BaseOperator):
         self.max_workers = max_workers
 
     def execute(self, context: Any) -> dict[str, Any]:
+        reject_unknown_conf(context, self.task_id)
         uri = _resolve_uri(context, self.uri_param, self.source_uri, self.task_id, "source_uri")
         if uri is None:
             raise AirflowSkipException(f"no data URI: neither the run parameter {self.uri_param!r} nor "
@@ -805,6 +807,7 @@ class GcsPublishOperator(BaseOperator):
         return int(value)
 
     def execute(self, context: Any) -> dict[str, Any]:
+        reject_unknown_conf(context, self.task_id)
         base = _resolve_uri(context, self.uri_param, self.destination_uri, self.task_id, "destination_uri")
         if base is None:
             raise AirflowSkipException(f"no publish URI: neither the run parameter {self.uri_param!r} nor "
