@@ -22,7 +22,8 @@ sees it half deleted. The program logs every removal with its size and prints th
 freed. Standard library only: it never imports TensorFlow, so it starts in well under a second.
 
 Usage: ``python3 -m trainer.retention`` with the request JSON in ``$TFPIPE_RETENTION`` (or
-``--request FILE``); ``--dry-run`` decides and reports without removing anything.
+``--request FILE``); ``--result FILE`` also writes the result there; ``--dry-run`` decides and
+reports without removing anything.
 """
 
 import argparse
@@ -252,6 +253,7 @@ def _parser():
     parser = argparse.ArgumentParser(prog="python3 -m trainer.retention",
                                      description="Remove old run and data set directories of one DAG.")
     parser.add_argument("--request", metavar="FILE", help="request JSON file (default: $%s)" % REQUEST_ENV)
+    parser.add_argument("--result", metavar="FILE", help="also write the result JSON to FILE (atomically)")
     parser.add_argument("--dry-run", action="store_true", help="decide and report, remove nothing")
     return parser
 
@@ -275,6 +277,8 @@ def main(argv=None):
     except BadInput as error:
         print("ERROR (BadInput, exit %d): %s" % (error.exit_code, error), file=sys.stderr, flush=True)
         return error.exit_code
+    if args.result:
+        atomic.write_json(args.result, result)
     sys.stdout.write(contract.RESULT_PREFIX + json.dumps(result, sort_keys=True) + "\n")
     sys.stdout.flush()
     return contract.ExitCode.OK

@@ -168,6 +168,13 @@ def test_command_line_prints_result_line_and_exit_codes(tmp_path, volume):
     assert proc.returncode == 0, proc.stderr
     result = contract.parse_result_line(proc.stdout.splitlines())
     assert len([r for r in result["removed"] if r["kind"] == "run"]) == 7
+    # a request file and a result file work as the environment and the result line do
+    request_file, result_file = tmp_path / "request.json", tmp_path / "result.json"
+    request_file.write_text(json.dumps(request(tmp_path)))
+    proc = subprocess.run([sys.executable, "-m", "trainer.retention", "--request", str(request_file),
+                           "--result", str(result_file)], capture_output=True, universal_newlines=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(result_file.read_text())["removed"] == [], "the second pass finds nothing left to remove"
     env[retention.REQUEST_ENV] = json.dumps(request(tmp_path, keep_runs=0))
     proc = subprocess.run([sys.executable, "-m", "trainer.retention"], env=env, capture_output=True,
                           universal_newlines=True, timeout=60)
