@@ -47,6 +47,12 @@ def retention_request(*, dag_id: str, run_id: str, model_name: str, retention: R
     }
 
 
+def state_name(state: Any) -> str | None:
+    """``"running"`` for a state given as text or as an enum member (the task SDK's enums print as
+    ``DagRunState.RUNNING``)."""
+    return None if state is None else str(getattr(state, "value", state))
+
+
 def active_run_ids(ti: Any, dag_id: str, log: Any) -> list[str] | None:
     """Runs of ``dag_id`` that the metadata DB holds as queued or running; ``None`` if unreadable.
 
@@ -56,8 +62,9 @@ def active_run_ids(ti: Any, dag_id: str, log: Any) -> list[str] | None:
     try:
         states = ti.get_task_states(dag_id=dag_id)
         candidates = sorted(run_id for run_id, tasks in states.items()
-                            if any(str(s) not in _FINISHED_TI_STATES for s in tasks.values()))
-        return [r for r in candidates if str(ti.get_dagrun_state(dag_id=dag_id, run_id=r)) in ACTIVE_RUN_STATES]
+                            if any(state_name(s) not in _FINISHED_TI_STATES for s in tasks.values()))
+        return [r for r in candidates
+                if state_name(ti.get_dagrun_state(dag_id=dag_id, run_id=r)) in ACTIVE_RUN_STATES]
     except Exception as err:  # an Airflow without these calls, or the API unreachable
         log.warning("cannot read the runs of %s from the metadata DB (%s: %s): only min_idle_minutes and "
                     "the current run protect active runs", dag_id, type(err).__name__, err)

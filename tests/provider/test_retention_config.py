@@ -46,3 +46,12 @@ def test_request_carries_settings_and_protected_runs():
                                 protect_run_ids=["r1", "r1", "r0"])
     assert request == {"dag_id": "d", "run_id": "r3", "model_name": "m", "keep_runs": 2, "min_idle_seconds": 90.0,
                        "protect_run_ids": ["r0", "r1"], "work": "/work", "models": "/models"}
+
+
+def test_state_names_from_the_task_sdk():
+    from airflow.sdk.api.datamodels._generated import DagRunState, TaskInstanceState
+
+    from tfpipe.retention import state_name
+
+    assert state_name(DagRunState.RUNNING) == "running" and state_name("queued") == "queued"
+    assert state_name(TaskInstanceState.UP_FOR_RETRY) == "up_for_retry" and state_name(None) is None
