@@ -17,9 +17,9 @@ from typing import Any
 
 def conf_only_keys() -> frozenset[str]:
     """Keys a run's ``conf`` may set without being a trigger-form Param (advanced overrides)."""
-    from tfpipe.config import TrainingConfig
+    from tfpipe import contract
 
-    return frozenset(TrainingConfig.TUNABLE)
+    return frozenset(contract.overridable())
 
 
 def unknown_run_params(conf: Mapping[str, Any] | None, known: Iterable[str]) -> list[str]:

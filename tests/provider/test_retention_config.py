@@ -7,7 +7,7 @@ import pytest
 from tfpipe import PipelineConfig, training_pipeline
 from tfpipe.config import RetentionConfig
 from tfpipe.exceptions import TfpipeConfigError
-from tfpipe.retention import retention_request
+from tfpipe.operators.retention import retention_request
 
 BASE = {"dag_id": "nightly", "image": {"ref": "tfpipe/trainer:0.1.0"},
         "volumes": {"data": "/srv/d", "work": "/srv/w", "models": "/srv/m"}, "data": {"path": "x.csv"}}
@@ -51,7 +51,7 @@ def test_request_carries_settings_and_protected_runs():
 def test_state_names_from_the_task_sdk():
     from airflow.sdk.api.datamodels._generated import DagRunState, TaskInstanceState
 
-    from tfpipe.retention import state_name
+    from tfpipe.operators.retention import state_name
 
     assert state_name(DagRunState.RUNNING) == "running" and state_name("queued") == "queued"
     assert state_name(TaskInstanceState.UP_FOR_RETRY) == "up_for_retry" and state_name(None) is None

@@ -23,7 +23,8 @@ from airflow.providers.common.compat.sdk import AirflowFailException, BaseOperat
 
 from tfpipe import contract
 from tfpipe.config import RetentionConfig, check_host_path, check_image_ref, check_name
-from tfpipe.exceptions import DockerEngineUnreachableError, StageFailedError
+from tfpipe.exceptions import StageFailedError
+from tfpipe.hooks.docker import TfpipeDockerHook
 from tfpipe.run_params import reject_unknown_conf
 from tfpipe.specs import container_labels
 
@@ -115,26 +116,17 @@ class RetentionOperator(BaseOperator):
         return self._run_helper(request, labels)
 
     def _run_helper(self, request: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
-        from airflow.providers.docker.hooks.docker import DockerHook
-
-        try:
-            cli = DockerHook(docker_conn_id=None, base_url=self.docker_url, version="auto").api_client
-            cli.ping()
-        except Exception as err:  # docker-py and the hook raise several types; all mean "not reachable"
-            raise DockerEngineUnreachableError(
-                f"cannot reach the Docker engine at {self.docker_url}: {err}. Fix: start dockerd on that host or "
-                "point docker_url at a running engine.") from err
-        from tfpipe.volumes import remove_leftovers
-
-        remove_leftovers(cli, {k: v for k, v in labels.items() if k != "tfpipe.try_number"}, ROLE, self.log)
-        host_config = cli.create_host_config(
-            binds={self.work_volume: {"bind": contract.CONTAINER_WORK, "mode": "rw"},
-                   self.models_volume: {"bind": contract.CONTAINER_MODELS, "mode": "ro"}},
-            network_mode="none", auto_remove=False)
+        hook = TfpipeDockerHook(docker_url=self.docker_url)
+        cli = hook.ping_or_raise()
+        hook.remove_labelled({k: v for k, v in labels.items() if k != "tfpipe.try_number"}, role=ROLE, log=self.log)
         # Root: run dirs and data sets belong to the stages' user, whichever uid that is.
-        helper = cli.create_container(image=self.image, command=list(RETENTION_COMMAND), user="0:0", entrypoint=[],
-                                      environment={REQUEST_ENV: json.dumps(request)}, host_config=host_config,
-                                      labels={**labels, "tfpipe.role": ROLE})
+        helper = cli.create_container(
+            image=self.image, command=list(RETENTION_COMMAND), user="0:0", entrypoint=[],
+            environment={REQUEST_ENV: json.dumps(request)}, labels={**labels, "tfpipe.role": ROLE},
+            host_config=cli.create_host_config(
+                binds={self.work_volume: {"bind": contract.CONTAINER_WORK, "mode": "rw"},
+                       self.models_volume: {"bind": contract.CONTAINER_MODELS, "mode": "ro"}},
+                network_mode="none", auto_remove=False))
         lines: list[str] = []
         try:
             cli.start(helper["Id"])
@@ -145,7 +137,7 @@ class RetentionOperator(BaseOperator):
                         self.log.info("%s", line)
             status = cli.wait(helper["Id"]).get("StatusCode")
         finally:
-            cli.remove_container(helper["Id"], force=True)
+            hook.remove_quietly(helper["Id"], self.log)
         tail = "\n".join(lines[-30:])
         if status in contract.ExitCode.NO_RETRY:
             raise AirflowFailException(f"retention rejected its request (exit {status}):\n{tail}")
