@@ -67,7 +67,7 @@ demo: DAG = tfpipe_digits
 demo: run
 
 run: venv image airflow-db data
-	@echo "[run] $(DAG) with conf $(CONF) on image $(IMAGE_REF)"
+	@echo '[run] $(DAG) with conf $(CONF) on image '"$(IMAGE_REF)"
 	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m tfpipe.cli run $(DAG) --conf '$(CONF)' 2> >(tee $(CACHE)/last-run.log >&2) \
 	  || (echo "[run] $(DAG) did not succeed; full log: $(CACHE)/last-run.log" >&2; exit 1)
 

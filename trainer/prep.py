@@ -160,6 +160,7 @@ def run(config):
     LOG.info("prep: %d input file(s), fingerprint %s", len(files), fp)
     if os.path.exists(os.path.join(dataset_dir, "_SUCCESS")):
         LOG.info("cache hit: data set %s already prepared, nothing to do", dataset_dir)
+        _mark_used(dataset_dir)
         schema = atomic.read_json(os.path.join(dataset_dir, "schema.json"))
         _use(config, fp, dataset_dir)
         return _result(fp, dataset_dir, schema, True)
@@ -216,6 +217,14 @@ def run(config):
              schema["counts"]["train"], schema["counts"]["eval"], len(class_names))
     _use(config, fp, dataset_dir)
     return _result(fp, dataset_dir, schema, False)
+
+
+def _mark_used(dataset_dir):
+    """Refresh the data set's mtime: retention keeps a data set reused recently (trainer.retention)."""
+    try:
+        os.utime(dataset_dir, None)
+    except OSError as error:  # not ours to touch: retention then only sees the pointer
+        LOG.warning("could not mark %s as used (%s)", dataset_dir, error)
 
 
 def _publish(tmp, dataset_dir):

@@ -585,6 +585,34 @@ def _check_tolerations(value: Any) -> tuple[dict[str, Any], ...]:
 
 
 @dataclass(frozen=True)
+class RetentionConfig(_Section):
+    """What the ``cleanup`` task keeps on the work volume after every run (see :mod:`tfpipe.operators.retention`).
+
+    Run dirs (checkpoints, TensorBoard events, reports) are kept for the ``keep_runs`` most recently
+    active runs, every run that produced a model version still kept, runs Airflow holds as queued or
+    running, and anything written within ``min_idle_minutes``; data sets for the runs kept, plus the
+    newest.
+
+    :param enabled: add the ``cleanup`` task (``False``: nothing is ever removed from the work volume).
+    :param keep_runs: how many of the most recently active run dirs to keep.
+    :param min_idle_minutes: never remove a run dir or data set written to (or reused) this recently.
+    """
+
+    section: ClassVar[str] = "retention"
+    enabled: bool = True
+    keep_runs: int = 10
+    min_idle_minutes: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise config_error("retention.enabled", f"must be true or false, got {self.enabled!r}", "e.g. true")
+        check_positive_int("retention.keep_runs", self.keep_runs)
+        if not _is_number(self.min_idle_minutes) or self.min_idle_minutes < 0:
+            raise config_error("retention.min_idle_minutes", f"must be a number >= 0, got {self.min_idle_minutes!r}",
+                        "e.g. 60 (0 only where no other run can share the volume)")
+
+
+@dataclass(frozen=True)
 class ResourcesConfig(_Section):
     """Container resources and isolation.
 
@@ -773,6 +801,7 @@ class PipelineConfig:
     :param evaluation: blessing gate (see :class:`EvaluationConfig`).
     :param export: model name and retention (see :class:`ExportConfig`).
     :param resources: GPUs, memory, user, network (see :class:`ResourcesConfig`).
+    :param retention: what the cleanup task keeps on the work volume (see :class:`RetentionConfig`).
     :param schedule: cron expression or preset; ``None`` = manual only (unless ``data_asset``).
     :param data_asset: URI of an Airflow Asset whose updates trigger retraining.
     :param model_asset: URI of the Asset that export emits; ``None`` = ``tfpipe://<model_name>``.
@@ -802,6 +831,7 @@ class PipelineConfig:
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
     schedule: str | None = None
     data_asset: str | None = None
     model_asset: str | None = None
@@ -827,6 +857,7 @@ class PipelineConfig:
         "evaluation": EvaluationConfig,
         "export": ExportConfig,
         "resources": ResourcesConfig,
+        "retention": RetentionConfig,
         "kubernetes": KubernetesConfig,
     }
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from airflow.providers.common.compat.sdk import DAG, Asset, Param, TriggerRule
+from airflow.providers.common.compat.sdk import DAG, Asset, BaseOperator, Param, TriggerRule
 
 from tfpipe import compat, contract
 from tfpipe.config import PipelineConfig
@@ -190,7 +190,33 @@ def training_pipeline(cfg: PipelineConfig, **dag_kwargs: Any) -> DAG:
                 operators[upstream] >> operators[spec.task_id]
         if cfg.backend == "docker":  # stage-in and publish work through a Docker engine's helpers
             _add_gcs_tasks(cfg, operators)
+        if cfg.retention.enabled and cfg.backend == "docker":  # the cleanup helper needs a Docker engine
+            add_cleanup_task(cfg, dag)
     return dag
+
+
+def add_cleanup_task(cfg: PipelineConfig, dag: DAG) -> BaseOperator:
+    """``cleanup`` after every leaf: a teardown, so it runs whatever happened before it (all done)
+    and its outcome leaves the run's state to the work tasks (see :mod:`tfpipe.operators.retention`)."""
+    from tfpipe.operators.retention import RetentionOperator
+
+    leaves = [task for task in dag.tasks if not task.downstream_list]
+    cleanup = RetentionOperator(
+        task_id="cleanup", image=cfg.image.ref, allow_floating_tag=cfg.image.allow_floating_tag,
+        work_volume=cfg.volumes.work, models_volume=cfg.volumes.models, model_name=cfg.export.model_name,
+        retention=cfg.retention, docker_url=cfg.docker_url, retries=1,
+        retry_delay=timedelta(seconds=cfg.retry_delay_seconds), doc_md=CLEANUP_DOC,
+    ).as_teardown()
+    leaves >> cleanup
+    return cleanup
+
+
+CLEANUP_DOC = (
+    "**cleanup** applies the work volume's retention after every run, also a failed one: it keeps the run dirs "
+    "of the newest `retention.keep_runs` runs, of runs whose model version is still kept and of runs still "
+    "active, and the data sets they use plus the newest; it removes the rest (checkpoints and TensorBoard "
+    "events with their run) from a helper container on the engine, and logs each removal and the bytes freed."
+)
 
 
 # --- Google Cloud Storage -------------------------------------------------------------------------

@@ -112,7 +112,7 @@ def _scheduled(dag):
 def test_digits_dag_shape(dagbag):
     dag = dagbag.get_dag("tfpipe_digits")
     assert [t.task_id for t in dag.topological_sort()] == ["stage_in", "prep", "train", "evaluate", "export",
-                                                            "publish"]
+                                                            "publish", "cleanup"]
     assert dag.get_task("prep").trigger_rule == "none_failed", "a skipped stage_in must not skip prep"
     assert dag.max_active_runs == 1 and dag.catchup is False
     assert _scheduled(dag).summary == "0 3 * * *"

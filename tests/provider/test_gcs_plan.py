@@ -168,7 +168,7 @@ def test_pipeline_has_stage_in_and_publish():
 
     dag = training_pipeline(PipelineConfig.from_dict({**BASE, "publish_uri": "gs://models-x/prod"}))
     assert [t.task_id for t in dag.topological_sort()] == ["stage_in", "prep", "train", "evaluate", "export",
-                                                            "publish"]
+                                                            "publish", "cleanup"]
     assert dag.get_task("prep").trigger_rule == "none_failed", "a skipped stage-in must not skip prep"
     assert dag.get_task("publish").trigger_rule == "all_success", "publish only after a successful export"
     assert dag.get_task("publish").destination_uri == "gs://models-x/prod"

@@ -57,6 +57,8 @@ def test_tf_defaults_in_environment(cfg):
     env = plan_pipeline(cfg)[1].environment
     assert env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
     assert env["CUDA_CACHE_PATH"].startswith("/work/")
+    # the driver evicts the oldest JIT entries beyond this size: the cache on the work volume stays bounded
+    assert 0 < int(env["CUDA_CACHE_MAXSIZE"]) <= 4 * 2**30
 
 
 def test_export_emits_model_asset(cfg):

@@ -31,6 +31,7 @@ from tfpipe.exceptions import GpuUnavailableError, StageFailedError, TfpipeConfi
 from tfpipe.hooks.docker import TfpipeDockerHook
 from tfpipe.links import RunReportLink, TensorBoardLink
 from tfpipe.operators.exits import raise_for_exit
+from tfpipe.run_params import reject_unknown_conf
 from tfpipe.specs import MountSpec, StageSpec, TryPlan, prepare_dirs_command, resolve_try, stage_spec
 
 _NO_GPU_DRIVER = "could not select device driver"
@@ -213,6 +214,7 @@ class TfpipeStageOperator(DockerOperator):
     # -- execute ---------------------------------------------------------------------------
 
     def execute(self, context: Any) -> dict[str, Any] | None:
+        reject_unknown_conf(context, self.task_id)
         try:
             plan = resolve_try(self.spec, context["ti"], context.get("params"))
         except (TfpipeConfigError, contract.ContractError) as err:

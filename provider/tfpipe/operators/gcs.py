@@ -27,6 +27,7 @@ from tfpipe import contract
 from tfpipe.config import check_host_path, check_image_ref, check_name, check_relative_path
 from tfpipe.exceptions import TfpipeConfigError
 from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook, list_objects
+from tfpipe.run_params import reject_unknown_conf
 from tfpipe.specs import container_labels
 
 #: Where the stage-in helper mounts the data volume.
@@ -104,6 +105,7 @@ class GcsStageInOperator(BaseOperator):
         self.max_workers = max_workers
 
     def execute(self, context: Any) -> dict[str, Any]:
+        reject_unknown_conf(context, self.task_id)
         uri = _resolve_uri(context, self.uri_param, self.source_uri, self.task_id, "source_uri")
         if uri is None:
             raise AirflowSkipException(f"no data URI: neither the run parameter {self.uri_param!r} nor "
@@ -186,6 +188,7 @@ class GcsPublishOperator(BaseOperator):
         return int(value)
 
     def execute(self, context: Any) -> dict[str, Any]:
+        reject_unknown_conf(context, self.task_id)
         base = _resolve_uri(context, self.uri_param, self.destination_uri, self.task_id, "destination_uri")
         if base is None:
             raise AirflowSkipException(f"no publish URI: neither the run parameter {self.uri_param!r} nor "

@@ -40,6 +40,7 @@ from tfpipe.config import GpuRequest, KubernetesConfig
 from tfpipe.exceptions import TfpipeConfigError
 from tfpipe.links import RunReportLink, TensorBoardLink
 from tfpipe.operators.exits import raise_for_exit
+from tfpipe.run_params import reject_unknown_conf
 from tfpipe.specs import StageSpec, TryPlan, prepare_dirs_command, resolve_try
 
 #: The resource name of NVIDIA's device plugin.
@@ -241,6 +242,7 @@ class TfpipeStagePodOperator(KubernetesPodOperator):
         return plan
 
     def execute(self, context: Any) -> dict[str, Any] | None:
+        reject_unknown_conf(context, self.task_id)
         self.prepare_try(context)
         self._result = None
         super().execute(context)

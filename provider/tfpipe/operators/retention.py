@@ -1,0 +1,148 @@
+"""Work-volume retention: the ``cleanup`` task at the end of every pipeline run.
+
+The decision and the removal happen in the trainer image (:mod:`trainer.retention`, tested
+there), in a short helper container on the Docker engine that mounts the work volume read-write
+and the models volume read-only: the worker may not see the engine's disks. This side only adds
+what the container cannot know: which runs of the DAG Airflow's metadata DB still holds as active
+(queued or running, which includes a task waiting for its retry), so their directories are never
+removed.
+
+The task is a *teardown* with trigger rule "all done": it runs after every run, also one that
+failed or was not blessed (a pipeline that fails every night must not fill the disk either), and
+its own outcome does not change the run's state (the next run's cleanup repeats the whole
+decision, so a failed cleanup is caught up the next night).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.providers.common.compat.sdk import AirflowFailException, BaseOperator
+
+from tfpipe import contract
+from tfpipe.config import RetentionConfig, check_host_path, check_image_ref, check_name
+from tfpipe.exceptions import StageFailedError
+from tfpipe.hooks.docker import TfpipeDockerHook
+from tfpipe.run_params import reject_unknown_conf
+from tfpipe.specs import container_labels
+
+#: The program the helper container runs, and the environment variable of its request.
+RETENTION_COMMAND = ("python3", "-m", "trainer.retention")
+REQUEST_ENV = "TFPIPE_RETENTION"
+ROLE = "retention"
+#: Dag run states whose directories must stay: the run is still going, or a task awaits its retry.
+ACTIVE_RUN_STATES = ("queued", "running")
+_FINISHED_TI_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
+
+
+def retention_request(*, dag_id: str, run_id: str, model_name: str, retention: RetentionConfig,
+                      protect_run_ids: list[str]) -> dict[str, Any]:
+    """The JSON request of :mod:`trainer.retention` (pure)."""
+    return {
+        "dag_id": dag_id, "run_id": run_id, "model_name": model_name,
+        "keep_runs": retention.keep_runs, "min_idle_seconds": retention.min_idle_minutes * 60.0,
+        "protect_run_ids": sorted(set(protect_run_ids)),
+        "work": contract.CONTAINER_WORK, "models": contract.CONTAINER_MODELS,
+    }
+
+
+def state_name(state: Any) -> str | None:
+    """``"running"`` for a state given as text or as an enum member (the task SDK's enums print as
+    ``DagRunState.RUNNING``)."""
+    return None if state is None else str(getattr(state, "value", state))
+
+
+def active_run_ids(ti: Any, dag_id: str, log: Any) -> list[str] | None:
+    """Runs of ``dag_id`` that the metadata DB holds as queued or running; ``None`` if unreadable.
+
+    Runs with an unfinished task instance are the candidates; each is confirmed by its run state,
+    so a long-failed run with a task that never ran is not mistaken for an active one.
+    """
+    try:
+        states = ti.get_task_states(dag_id=dag_id)
+        candidates = sorted(run_id for run_id, tasks in states.items()
+                            if any(state_name(s) not in _FINISHED_TI_STATES for s in tasks.values()))
+        return [r for r in candidates
+                if state_name(ti.get_dagrun_state(dag_id=dag_id, run_id=r)) in ACTIVE_RUN_STATES]
+    except Exception as err:  # an Airflow without these calls, or the API unreachable
+        log.warning("cannot read the runs of %s from the metadata DB (%s: %s): only min_idle_minutes and "
+                    "the current run protect active runs", dag_id, type(err).__name__, err)
+        return None
+
+
+class RetentionOperator(BaseOperator):
+    """Remove old run directories (with their checkpoints and TensorBoard events) and unused data
+    sets from the work volume, through a helper container of the trainer image.
+
+    :param image: the trainer image (it holds :mod:`trainer.retention`).
+    :param work_volume: the work volume, a directory on the Docker engine's host.
+    :param models_volume: the models volume (read-only here: kept versions pin their runs).
+    :param model_name: the model's directory under ``models_volume``.
+    :param retention: what to keep (:class:`~tfpipe.config.RetentionConfig` or mapping).
+    :param docker_url: the Docker engine, local or remote.
+    :param allow_floating_tag: accept an unpinned ``image``.
+    :param kwargs: passed to ``BaseOperator``.
+    """
+
+    ui_color = "#e8e8e8"
+
+    def __init__(self, *, image: str, work_volume: str, models_volume: str, model_name: str,
+                 retention: RetentionConfig | Mapping[str, Any] | None = None,
+                 docker_url: str = "unix://var/run/docker.sock", allow_floating_tag: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
+        check_name("model_name", model_name)
+        self.image = image
+        self.work_volume = check_host_path("work_volume", work_volume)
+        self.models_volume = check_host_path("models_volume", models_volume)
+        self.model_name = model_name
+        self.retention = RetentionConfig.from_dict(retention, where="retention")
+        self.docker_url = docker_url
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        reject_unknown_conf(context, self.task_id)
+        ti = context["ti"]
+        active = active_run_ids(ti, ti.dag_id, self.log)
+        request = retention_request(dag_id=ti.dag_id, run_id=ti.run_id, model_name=self.model_name,
+                                    retention=self.retention, protect_run_ids=active or [])
+        self.log.info("retention for %s: keep the newest %d runs, runs with kept versions of %s, active runs %s, "
+                      "anything written within %s min", ti.dag_id, self.retention.keep_runs, self.model_name,
+                      request["protect_run_ids"] or "(none besides this one)", self.retention.min_idle_minutes)
+        labels = container_labels(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
+                                  try_number=ti.try_number, stage=ROLE)
+        return self._run_helper(request, labels)
+
+    def _run_helper(self, request: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
+        hook = TfpipeDockerHook(docker_url=self.docker_url)
+        cli = hook.ping_or_raise()
+        hook.remove_labelled({k: v for k, v in labels.items() if k != "tfpipe.try_number"}, role=ROLE, log=self.log)
+        # Root: run dirs and data sets belong to the stages' user, whichever uid that is.
+        helper = cli.create_container(
+            image=self.image, command=list(RETENTION_COMMAND), user="0:0", entrypoint=[],
+            environment={REQUEST_ENV: json.dumps(request)}, labels={**labels, "tfpipe.role": ROLE},
+            host_config=cli.create_host_config(
+                binds={self.work_volume: {"bind": contract.CONTAINER_WORK, "mode": "rw"},
+                       self.models_volume: {"bind": contract.CONTAINER_MODELS, "mode": "ro"}},
+                network_mode="none", auto_remove=False))
+        lines: list[str] = []
+        try:
+            cli.start(helper["Id"])
+            for chunk in cli.logs(helper["Id"], stream=True, follow=True):
+                for line in chunk.decode("utf-8", "replace").splitlines():
+                    lines.append(line)
+                    if not line.startswith(contract.RESULT_PREFIX):
+                        self.log.info("%s", line)
+            status = cli.wait(helper["Id"]).get("StatusCode")
+        finally:
+            hook.remove_quietly(helper["Id"], self.log)
+        tail = "\n".join(lines[-30:])
+        if status in contract.ExitCode.NO_RETRY:
+            raise AirflowFailException(f"retention rejected its request (exit {status}):\n{tail}")
+        result = contract.parse_result_line(lines)
+        if status != 0 or result is None:
+            raise StageFailedError(f"retention failed (exit {status}):\n{tail}", exit_code=status, logs=lines)
+        result["kept"] = len(result.get("kept", []))  # the removed list is the news; counts suffice for the rest
+        return result

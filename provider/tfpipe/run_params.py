@@ -1,0 +1,53 @@
+"""Strict run parameters: a run's ``conf`` may only name the DAG's Params.
+
+Airflow passes unknown ``conf`` keys through silently (the trigger form's JSON, a REST call and
+``tfpipe run --conf`` alike), so a typo such as ``{"epoch": 3}`` used to train the default number
+of epochs. Every tfpipe task calls :func:`reject_unknown_conf` first thing in ``execute()``: the
+first task of a run fails, without retrying and before any container starts, and every other path
+that creates a run (scheduler, REST, UI, ``dag.test``) goes through the same check because it is
+the task that checks, not the client.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+def conf_only_keys() -> frozenset[str]:
+    """Keys a run's ``conf`` may set without being a trigger-form Param (advanced overrides)."""
+    from tfpipe import contract
+
+    return frozenset(contract.overridable())
+
+
+def unknown_run_params(conf: Mapping[str, Any] | None, known: Iterable[str]) -> list[str]:
+    """The messages for every key of ``conf`` that is not in ``known`` (empty: all keys known)."""
+    names = sorted(set(known))
+    problems = []
+    for key in sorted(str(k) for k in (conf or {})):
+        if key in names:
+            continue
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        problems.append(f"unknown run parameter {key!r}{hint}")
+    return problems
+
+
+def reject_unknown_conf(context: Mapping[str, Any], task_id: str) -> None:
+    """Fail the task without retrying when the run's ``conf`` names a parameter the DAG lacks."""
+    dag_run = context.get("dag_run")
+    dag = context.get("dag")
+    conf = getattr(dag_run, "conf", None) or {}
+    if not conf or dag is None:
+        return
+    known = set(dag.params.keys()) | conf_only_keys()
+    problems = unknown_run_params(conf, known)
+    if problems:
+        from airflow.providers.common.compat.sdk import AirflowFailException
+
+        params = ", ".join(sorted(dag.params.keys()))
+        raise AirflowFailException(
+            f"{task_id}: " + "; ".join(problems) + f". Fix: remove it from the run's conf, or use one of "
+            f"{dag.dag_id}'s parameters: {params}. Nothing ran.")
