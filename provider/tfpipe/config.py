@@ -463,6 +463,12 @@ class ResourcesConfig(_Section):
     :param private_environment: secret environment variables (tokens, keys): passed to the
         containers only, never rendered in the UI, logged or stored in XCom. Prefer reading them
         from a secrets backend in the DAG file over writing values into it.
+    :param cpus: CPU limit of each stage container (Docker ``--cpus``, e.g. ``4`` or ``1.5``), so
+        one run cannot starve others on a shared host; ``None`` = no limit.
+    :param timezone: IANA time zone of the stage containers (``TZ``), so container log times
+        match the host's, e.g. ``"Asia/Shanghai"``.
+    :param jemalloc: run the stages with jemalloc in place of glibc malloc (the image preloads
+        it), which keeps the memory of long training runs from creeping up; ``False`` turns it off.
     """
 
     section: ClassVar[str] = "resources"
@@ -475,8 +481,12 @@ class ResourcesConfig(_Section):
     network_mode: str = "bridge"
     environment: Mapping = field(default_factory=dict)
     private_environment: Mapping = field(default_factory=dict, repr=False)
+    cpus: float | None = None
+    timezone: str = "UTC"
+    jemalloc: bool = True
 
     def __post_init__(self) -> None:
+        self._check_cpus_timezone_jemalloc()
         from tfpipe.specs import GpuRequest  # local: specs imports this module
 
         for name in ("environment", "private_environment"):
@@ -504,6 +514,28 @@ class ResourcesConfig(_Section):
                         "e.g. 'bridge' or 'none'")
         if self.network_mode == "host":
             raise _fail("resources.network_mode", "'host' shares the host's network stack", "use 'bridge' or 'none'")
+
+    def _check_cpus_timezone_jemalloc(self) -> None:
+        import zoneinfo
+
+        cpus = self.cpus
+        if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, (int, float))
+                                 or not 0.01 <= cpus <= 1024):
+            raise _fail("resources.cpus", f"must be a number of CPUs in [0.01, 1024] or None, got {cpus!r}",
+                        "e.g. 4 or 1.5 (Docker's --cpus), or None for no limit")
+        try:
+            zoneinfo.ZoneInfo(self.timezone)
+        except (TypeError, ValueError, zoneinfo.ZoneInfoNotFoundError):
+            raise _fail("resources.timezone", f"unknown time zone {self.timezone!r}",
+                        "use an IANA name such as 'UTC', 'Europe/Berlin' or 'Asia/Shanghai'") from None
+        if not isinstance(self.jemalloc, bool):
+            raise _fail("resources.jemalloc", f"must be true or false, got {self.jemalloc!r}",
+                        "true (default) preloads jemalloc in the stages; false uses glibc malloc")
+
+    @property
+    def nano_cpus(self) -> int | None:
+        """The CPU limit in Docker's unit (``HostConfig.NanoCpus``), or None."""
+        return None if self.cpus is None else int(round(self.cpus * 1e9))
 
     @property
     def uid_gid(self) -> tuple[int, int]:

@@ -33,14 +33,15 @@ from tfpipe.exceptions import (
     TfpipeConfigError,
 )
 from tfpipe.specs import (
-    TF_DEFAULT_ENV,
     GpuRequest,
     MountSpec,
     container_labels,
     container_name,
     prepare_dirs_command,
+    image_identity,
     resolve_stage_config,
     stage_command,
+    stage_environment,
     writable_dirs,
 )
 
@@ -76,6 +77,9 @@ class TfpipeStageOperator(DockerOperator):
     :param network_mode: Docker network; ``"none"`` cuts the stage off the network.
     :param environment: extra environment variables (templated).
     :param private_environment: secrets for the container; never rendered or logged.
+    :param cpus: CPU limit (Docker ``--cpus``, sent as ``NanoCpus``); ``None`` = no limit.
+    :param timezone: IANA time zone of the container (``TZ``), default ``"UTC"``.
+    :param jemalloc: keep the image's jemalloc preload (default); ``False`` uses glibc malloc.
     :param docker_url: the Docker engine, local or remote.
     :param prepare_volumes: create and chown the directories the stage writes before it runs.
     :param kwargs: passed to ``BaseOperator`` (``task_id``, ``retries``, ``pool``, ...).
@@ -103,6 +107,9 @@ class TfpipeStageOperator(DockerOperator):
         private_environment: dict[str, str] | None = None,
         docker_url: str = "unix://var/run/docker.sock",
         prepare_volumes: bool = True,
+        cpus: float | None = None,
+        timezone: str = "UTC",
+        jemalloc: bool = True,
         **kwargs: Any,
     ) -> None:
         if not self.stage:
@@ -110,7 +117,8 @@ class TfpipeStageOperator(DockerOperator):
         check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
         volumes = VolumesConfig.from_dict(volumes, where="volumes")
         resources = ResourcesConfig(gpus=gpus, gpu_fallback=gpu_fallback, user=user, shm_size=shm_size or "64m",
-                                    mem_limit=mem_limit, network_mode=network_mode)
+                                    mem_limit=mem_limit, network_mode=network_mode, cpus=cpus,
+                                    timezone=timezone, jemalloc=jemalloc)
         if not isinstance(stage_config, Mapping) or "data" not in stage_config or "export" not in stage_config:
             raise TfpipeConfigError(
                 "stage_config: must be a stage config template with data, training, evaluation and export "
@@ -124,6 +132,7 @@ class TfpipeStageOperator(DockerOperator):
         self.gpu_stage = self.stage in resources.gpu_stages if gpu_stage is None else bool(gpu_stage)
         self.stage_config = dict(stage_config)
         self.prepare_volumes = prepare_volumes
+        self.nano_cpus = resources.nano_cpus
         mounts = [
             MountSpec(volumes.data, contract.CONTAINER_DATA, True),
             MountSpec(volumes.work, contract.CONTAINER_WORK, False),
@@ -142,7 +151,7 @@ class TfpipeStageOperator(DockerOperator):
             shm_size=parse_bytes(shm_size) if shm_size else None,
             mem_limit=mem_limit,
             network_mode=network_mode,
-            environment={**TF_DEFAULT_ENV, **(environment or {})},
+            environment={**stage_environment(resources), **(environment or {})},
             private_environment=private_environment,
             privileged=False,
             tty=False,
@@ -177,11 +186,12 @@ class TfpipeStageOperator(DockerOperator):
         self.container_name = container_name(ti.dag_id, ti.run_id, ti.task_id, map_index)
         self.labels = container_labels(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
                                        try_number=ti.try_number, stage=self.stage, map_index=map_index)
-        self.environment = {**self.environment, contract.CONFIG_ENV: contract.dumps(config)}
         self.log.info("tfpipe %s: run dir %s, container %s", self.stage, config["paths"]["run_dir"],
                       self.container_name)
 
         self._check_engine(gpus)
+        config["run"].update(self._image_identity())
+        self.environment = {**self.environment, contract.CONFIG_ENV: contract.dumps(config)}
         self._remove_leftovers(ti.dag_id, ti.run_id, ti.task_id, map_index)
         if self.prepare_volumes:
             self._prepare_dirs(writable_dirs(self.stage, config, config["paths"]["run_dir"]))
@@ -279,6 +289,28 @@ class TfpipeStageOperator(DockerOperator):
                     f"{self.stage}: GPU device requests need Docker API >= 1.40; the engine at {self.docker_url} "
                     f"speaks {cli.api_version}. Fix: upgrade Docker to 19.03 or newer."
                 )
+
+    def _image_identity(self) -> dict[str, Any]:
+        """The image's ID and repo digest, as the engine knows them (pulled first if missing,
+        as DockerOperator would), for the provenance the trainer writes into metadata.json."""
+        from docker.errors import ImageNotFound
+
+        try:
+            inspected = self.cli.inspect_image(self.image)
+        except ImageNotFound:
+            self.log.info("pulling %s", self.image)
+            self.cli.pull(self.image)
+            inspected = self.cli.inspect_image(self.image)
+        return image_identity(self.image, inspected)
+
+    def _run_image_with_mounts(self, target_mounts: Any, add_tmp_variable: bool) -> list[str] | str | None:
+        # DockerOperator's ``cpus`` only sets relative CPU shares; a hard limit is HostConfig's
+        # NanoCpus, which it never sets: add it to every host config this run creates.
+        if self.nano_cpus:
+            cli, nano_cpus = self.cli, self.nano_cpus
+            create = type(cli).create_host_config.__get__(cli)
+            cli.create_host_config = lambda *args, **kw: create(*args, nano_cpus=nano_cpus, **kw)
+        return super()._run_image_with_mounts(target_mounts, add_tmp_variable)
 
     def _remove_leftovers(self, dag_id: str, run_id: str, task_id: str, map_index: int) -> None:
         """Stop and remove containers left by earlier tries of this task (found by labels and name)."""

@@ -39,6 +39,19 @@ TF_DEFAULT_ENV = {
 LABEL_PREFIX = "tfpipe."
 
 
+def stage_environment(resources: Any) -> dict[str, str]:
+    """The environment of a stage container: TF defaults, the time zone, the allocator, then
+    the user's ``resources.environment`` (which wins).
+
+    The image preloads jemalloc (``LD_PRELOAD`` in its config); an empty ``LD_PRELOAD`` turns it
+    off. ``TZ`` needs the image's time zone database (tzdata is in both roots).
+    """
+    env = {**TF_DEFAULT_ENV, "TZ": resources.timezone}
+    if not resources.jemalloc:
+        env["LD_PRELOAD"] = ""
+    return {**env, **resources.environment}
+
+
 @dataclass(frozen=True)
 class GpuRequest:
     """GPUs for one container: a count (``-1`` = all) or explicit device ids."""
@@ -122,6 +135,7 @@ class StageSpec:
     mem_limit: str | None
     network_mode: str
     gpus: GpuRequest | None = None
+    cpus: float | None = None
     gpu_fallback: str = "fail"
     upstream: tuple[str, ...] = ()
     retries: int = 1
@@ -200,11 +214,16 @@ def resolve_stage_config(
     try_number: int,
     image: str,
     overrides: Mapping[str, Any] | None = None,
+    image_identity: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The full stage config for one try: template + overrides + run identity + container paths."""
+    """The full stage config for one try: template + overrides + run identity + container paths.
+
+    ``image_identity`` (``image_id``, ``image_repo_digest``: see :func:`image_identity`) is what
+    the engine says the image is; the trainer records it in the exported model's metadata.
+    """
     config = apply_overrides(template, overrides)
     config["run"] = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id,
-                     "try_number": int(try_number), "image": image}
+                     "try_number": int(try_number), "image": image, **(image_identity or {})}
     config["paths"] = {
         "data": contract.CONTAINER_DATA,
         "work": contract.CONTAINER_WORK,
@@ -212,6 +231,25 @@ def resolve_stage_config(
         "run_dir": contract.run_dir(dag_id, run_id),
     }
     return contract.validate_stage_config(config)
+
+
+def image_identity(reference: str, inspected: Mapping[str, Any]) -> dict[str, Any]:
+    """The image ID and registry digest of ``reference`` from the engine's ``inspect_image``.
+
+    The repo digest is the one of the reference's own repository (an image pushed to several
+    registries has several), or the reference itself when it is pinned by digest; None when the
+    image never came from or went to a registry (a local build).
+    """
+    digests = list(inspected.get("RepoDigests") or [])
+    repository = reference.split("@", 1)[0]
+    last = repository.rsplit("/", 1)[-1]
+    if ":" in last:
+        repository = repository[: len(repository) - len(last)] + last.split(":", 1)[0]
+    if "@" in reference and reference in digests:
+        digest = reference
+    else:
+        digest = next((d for d in digests if d.split("@", 1)[0] == repository), None)
+    return {"image_id": inspected.get("Id"), "image_repo_digest": digest}
 
 
 def container_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
@@ -290,7 +328,7 @@ def plan_pipeline(cfg: PipelineConfig) -> list[StageSpec]:
                 command=stage_command(stage),
                 config=config_template(cfg, stage),
                 mounts=mounts,
-                environment={**TF_DEFAULT_ENV, **cfg.resources.environment},
+                environment=stage_environment(cfg.resources),
                 writable_dirs=(),  # depends on the run: computed at execute time
                 user=cfg.resources.user,
                 shm_size=cfg.resources.shm_size,
@@ -298,6 +336,7 @@ def plan_pipeline(cfg: PipelineConfig) -> list[StageSpec]:
                 network_mode=cfg.resources.network_mode,
                 gpus=gpus if stage in cfg.resources.gpu_stages else None,
                 gpu_fallback=cfg.resources.gpu_fallback,
+                cpus=cfg.resources.cpus,
                 upstream=previous,
                 retries=cfg.retries if stage == "train" else 1,
                 pool=cfg.gpu_pool if stage == "train" else None,
