@@ -30,7 +30,7 @@ help:
 	@echo "make demo                        run the example pipeline tfpipe_digits end to end"
 	@echo "make run DAG=<id> CONF='<json>'   run one DAG run of any DAG in dags/"
 	@echo "make test                        run every test (host, Airflow, containers, in-image)"
-	@echo "make image                       build (or reuse) the trainer image"
+	@echo "make image                       build (or reuse) the GPU-ready trainer image (TFPIPE_IMAGE_VARIANT=cpu: no CUDA)"
 	@echo "make bench                       side-by-side speed ratios (not a test)"
 	@echo "make tensorboard RUN=<id>|latest  serve a run's TensorBoard on localhost:PORT (default 6006)"
 	@echo "make shell TASK=<task> RUN=<id>   a shell in a container set up as that task's (ARGS=--print ...)"

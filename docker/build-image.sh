@@ -138,7 +138,10 @@ else
   for pid in "${pids[@]}"; do
     wait "$pid" || die "pip download of docker/requirements.lock failed (is the package index reachable?)"
   done
-  ln "$wheels"/*.whl "$ctx/wheels/" 2>/dev/null || cp "$wheels"/*.whl "$ctx/wheels/"
+  for whl in "$wheels"/*.whl; do
+    case ${whl##*/} in nvidia_*) [ "$variant" = cpu ] && continue ;; esac
+    ln "$whl" "$ctx/wheels/" 2>/dev/null || cp "$whl" "$ctx/wheels/"
+  done
   if [ "$root_kind" = official ]; then
     # The official Ubuntu root has neither jemalloc nor (maybe) tzdata and no network at build
     # time: bring Debian bullseye's (glibc 2.31, as Ubuntu 20.04), pinned by hash.
