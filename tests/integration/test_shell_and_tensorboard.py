@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DIGITS_CSV, REPO, dag_command, run_dag, write_dag
-from tfpipe import contract, debug
+from tfpipe import contract
+from tfpipe import links as run_links
 
 pytestmark = pytest.mark.integration
 
@@ -108,14 +109,14 @@ def test_links_of_the_finished_run_point_at_its_report_and_tensorboard(finished_
     links = _links(run_id)
     assert set(links) == {"train", "evaluate", "export"}
     run_dir = home / "work" / "runs" / DAG_ID / contract.safe_name(run_id, 120)
-    assert links["train"]["_link_RunReportLink"] == debug.file_url(str(run_dir / "report.html"))
-    assert links["evaluate"]["_link_RunReportLink"] == debug.file_url(str(run_dir / "report.html"))
+    assert links["train"]["_link_RunReportLink"] == run_links.file_url(str(run_dir / "report.html"))
+    assert links["evaluate"]["_link_RunReportLink"] == run_links.file_url(str(run_dir / "report.html"))
     # export's link comes from its XCom result (read by the worker): the copy in the model version
     exported = Path(finished_run["summary"]["model_dir"]) / "report" / "report.html"
-    assert links["export"]["_link_RunReportLink"] == debug.file_url(str(exported))
+    assert links["export"]["_link_RunReportLink"] == run_links.file_url(str(exported))
     assert (run_dir / "report.html").is_file() and exported.is_file()
     for task_links in links.values():
-        assert task_links["_link_TensorBoardLink"] == debug.tensorboard_url(DAG_ID, run_id)
+        assert task_links["_link_TensorBoardLink"] == run_links.tensorboard_url(DAG_ID, run_id)
 
 
 def test_shell_container_is_the_task_container(finished_run, docker_client):
@@ -191,7 +192,7 @@ def test_tensorboard_serves_the_run(finished_run):
     proc = _tfpipe(ctx, "tensorboard", DAG_ID, run_id, "--port", str(port), "--detach")
     assert proc.returncode == 0, proc.stderr[-3000:]
     cid, url = proc.stdout.strip().splitlines()[-2:]
-    assert url == debug.tensorboard_url(DAG_ID, run_id, base=f"http://localhost:{port}")
+    assert url == run_links.tensorboard_url(DAG_ID, run_id, base=f"http://localhost:{port}")
     try:
         deadline, status, last = time.time() + 90, None, None
         while time.time() < deadline:
@@ -211,7 +212,7 @@ def test_tensorboard_serves_the_run(finished_run):
             if runs:
                 break
             time.sleep(0.5)
-        assert runs == [debug.tensorboard_run_name(DAG_ID, run_id)]
+        assert runs == [run_links.tensorboard_run_name(DAG_ID, run_id)]
     finally:
         subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
 
