@@ -680,11 +680,6 @@ class ResourcesConfig(_Section):
                         "true (default) preloads jemalloc in the stages; false uses glibc malloc")
 
     @property
-    def nano_cpus(self) -> int | None:
-        """The CPU limit in Docker's unit (``HostConfig.NanoCpus``), or None."""
-        return None if self.cpus is None else int(round(self.cpus * 1e9))
-
-    @property
     def uid_gid(self) -> tuple[int, int]:
         """The numeric user and group."""
         uid, _, gid = self.user.partition(":")

@@ -70,7 +70,6 @@ def test_cpus_timezone_and_jemalloc_reach_every_stage():
     for spec in tuned:
         assert spec.cpus == 2.5 and spec.environment["LD_PRELOAD"] == ""
         assert spec.environment["TZ"] == "Europe/Berlin"  # resources.environment has the last word
-    assert PipelineConfig.from_dict({**GOOD, "resources": {"cpus": 2.5}}).resources.nano_cpus == 2_500_000_000
 
 
 def test_image_identity_picks_the_references_own_repo_digest():
