@@ -32,7 +32,7 @@ help:
 	@echo "make test                        run every test (lint, host, Airflow, containers, in-image)"
 	@echo "make lint                        ruff check (part of make test)"
 	@echo "make test-compat AIRFLOW_VERSION=X.Y.Z  the provider's tests on another Airflow 3 release"
-	@echo "make image                       build (or reuse) the trainer image"
+	@echo "make image                       build (or reuse) the GPU-ready trainer image (TFPIPE_IMAGE_VARIANT=cpu: no CUDA)"
 	@echo "make bench                       side-by-side speed ratios (not a test)"
 	@echo "make tensorboard RUN=<id>|latest  serve a run's TensorBoard on localhost:PORT (default 6006)"
 	@echo "make shell TASK=<task> RUN=<id>   a shell in a container set up as that task's (ARGS=--print ...)"

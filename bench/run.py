@@ -442,6 +442,8 @@ def stage_docker_args(spec, config: dict[str, Any], cfg=None) -> list[str]:
         args += ["--shm-size", spec.shm_size]
     if spec.mem_limit:
         args += ["--memory", spec.mem_limit]
+    if spec.cpus:
+        args += ["--cpus", str(spec.cpus)]
     for mount in spec.mounts:
         args += ["--mount", f"type=bind,source={mount.source},target={mount.target}"
                  + (",readonly" if mount.read_only else "")]
@@ -781,6 +783,90 @@ def resume_cost(ctx: Context) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
+# rss_drift_ratio
+
+RSS_EPOCHS = 30
+RSS_BATCH = 64
+
+
+def rss_drift(ctx: Context) -> dict[str, Any]:
+    """Peak RSS of the train container at the last epoch / at epoch 2, with and without jemalloc.
+
+    The train stage records its own peak RSS per epoch (VmHWM, reset at each epoch start) in
+    metrics.json; both runs are the real stage container as the operator configures it, the
+    second with ``resources.jemalloc: false``. They run side by side, so machine load hits both."""
+    from tfpipe.config import PipelineConfig
+    from tfpipe.specs import config_template, plan_pipeline, resolve_stage_config
+
+    root = ctx.images_root()
+    logfile = LOGS / "rss_drift_ratio.log"
+    prep_pointer = root / "work" / "runs" / "bench" / "prep" / "dataset.json"
+    if not prep_pointer.exists():
+        raise BenchError(f"{prep_pointer} is missing: the image data set was not prepared")
+    runs: dict[str, tuple[subprocess.Popen, str, Path, Any]] = {}
+    started = time.perf_counter()
+    for label, jemalloc in (("jemalloc", True), ("glibc", False)):
+        cfg = PipelineConfig.from_dict({
+            "dag_id": "bench_rss",
+            "image": {"ref": ctx.image},
+            "volumes": {"data": str(root / "data"), "work": str(root / "work"), "models": str(root / "models")},
+            "data": {"path": "images", "format": "images", "image_size": [64, 64], "channels": 3,
+                     "eval_fraction": 0.2, "shard_size": 250},
+            "training": {"model": "cnn", "epochs": RSS_EPOCHS, "batch_size": RSS_BATCH,
+                         "checkpoint_every_steps": 10000, "keep_checkpoints": 1},
+            "export": {"model_name": "bench_rss"},
+            "resources": {"jemalloc": jemalloc},
+        })
+        spec = next(s for s in plan_pipeline(cfg) if s.stage == "train")
+        run_id = f"bench__rss_{label}_{ctx.session}"
+        config = resolve_stage_config(config_template(cfg, "train"), dag_id=cfg.dag_id, run_id=run_id,
+                                      task_id="train", try_number=1, image=ctx.image)
+        run_dir = host_path(cfg, config["paths"]["run_dir"])
+        make_dirs(run_dir, root / "work" / "cache" / "cuda", root / "models")
+        shutil.copy(prep_pointer, run_dir / "dataset.json")
+        os.chown(run_dir / "dataset.json", *UID_GID)
+        args = ctx.docker_run_args(f"rss-{label}")
+        cmd = ["docker", "run", "--rm", *args, *stage_docker_args(spec, config, cfg), spec.image, *spec.command]
+        handle = open(LOGS / f"rss_drift_ratio.{label}.log", "w")
+        log(f"rss_drift_ratio: {RSS_EPOCHS} epochs of cnn with {label} malloc")
+        runs[label] = (subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT), args[1], run_dir, handle)
+    curves: dict[str, list[float]] = {}
+    seconds: dict[str, float] = {}
+    for label, (proc, name, run_dir, handle) in runs.items():
+        try:
+            code = proc.wait(timeout=max(60.0, ctx.left()))
+        except subprocess.TimeoutExpired as err:
+            for _, other, _, _ in runs.values():
+                subprocess.run(["docker", "rm", "-f", other], capture_output=True)
+            raise BenchError(f"the {label} train container ran past the bench's time budget (see {logfile})") from err
+        finally:
+            handle.close()
+        seconds[label] = round(time.perf_counter() - started, 1)
+        if code != 0:
+            raise BenchError(f"the {label} train container exited {code} (see {LOGS}/rss_drift_ratio.{label}.log)")
+        history = json.loads((run_dir / "metrics.json").read_text())
+        curves[label] = [h.get("rss_peak_mb") for h in history]
+        if len(curves[label]) != RSS_EPOCHS or not all(curves[label]):
+            raise BenchError(f"{run_dir}/metrics.json has no per-epoch rss_peak_mb for all {RSS_EPOCHS} epochs")
+    drift = {k: round(v[-1] / v[1], 4) for k, v in curves.items()}
+    stats: dict[str, Any] = {
+        "ratio": drift["jemalloc"], "min": drift["jemalloc"], "max": drift["jemalloc"], "pairs": 1,
+        "without_jemalloc_ratio": drift["glibc"],
+        "rss_mb_epoch2": {k: v[1] for k, v in curves.items()},
+        "rss_mb_last": {k: v[-1] for k, v in curves.items()},
+        "rss_mb_per_epoch": curves, "run_seconds": seconds,
+        "workload": (f"train stage container, cnn on 957 synthetic 64x64 RGB images, batch {RSS_BATCH}, "
+                     f"{RSS_EPOCHS} epochs, checkpoints at epoch ends; peak RSS per epoch from VmHWM reset at "
+                     "each epoch start; the jemalloc and glibc containers run side by side"),
+    }
+    stats["info"] = stats["why"] = (
+        f"peak RSS last epoch / epoch 2: {drift['jemalloc']} with jemalloc "
+        f"({curves['jemalloc'][1]:.0f} -> {curves['jemalloc'][-1]:.0f} MiB), {drift['glibc']} with glibc malloc "
+        f"({curves['glibc'][1]:.0f} -> {curves['glibc'][-1]:.0f} MiB); one run of each")
+    return stats
+
+
+# --------------------------------------------------------------------------------------------
 # image_rebuild_ratio
 
 DOCKER_SHIM = """#!/bin/sh
@@ -998,6 +1084,9 @@ FIGURES = [
     Figure("resume_cost_ratio", 1.15,
            "train killed at a random moment + resumed (both tries' wall time) / one uninterrupted train container",
            resume_cost, min_seconds=90),
+    Figure("rss_drift_ratio", 1.05,
+           "train container peak RSS at the last of 30 epochs / at epoch 2, with jemalloc (and without, for contrast)",
+           rss_drift, min_seconds=180),
     Figure("image_rebuild_ratio", 0.1,
            "build-image.sh after a trainer-code change / cold deps + trainer build",
            image_rebuild, min_seconds=120),

@@ -5,6 +5,7 @@
 #                 Debian bullseye rootfs (Python 3.9) made with debootstrap and `docker import`
 #   deps image  : root + the wheels pinned by docker/requirements.lock   (docker/deps.Dockerfile)
 #   trainer     : deps + trainer/                                          (docker/Dockerfile)
+#   variants    : gpu (default, CUDA 11 runtime wheels inside) or cpu (TFPIPE_IMAGE_VARIANT=cpu)
 #
 # Every tag is derived from content, so an image is rebuilt exactly when its inputs change and a
 # stale image is never used. Progress goes to stderr; stdout carries only the final reference.
@@ -12,6 +13,8 @@
 # Environment:
 #   TFPIPE_ROOT_IMAGE   force a root image (e.g. tensorflow/tensorflow:2.9.3-gpu@sha256:...);
 #                       "offline" forces the bullseye build.
+#   TFPIPE_IMAGE_VARIANT  gpu (default): with NVIDIA's CUDA 11 runtime wheels (about 3 GB more);
+#                       cpu: every nvidia- line of the lock left out, for CPU-only hosts.
 #   TFPIPE_OFFICIAL_IMAGE  the official root tried first (default tensorflow/tensorflow:2.9.3-gpu).
 #   DEBIAN_MIRROR       mirror for debootstrap (default: the first Debian URI in apt's sources).
 #   TFPIPE_CACHE        where wheelhouses and the rootfs are kept (default: <repo>/.cache).
@@ -21,13 +24,25 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
 cache=${TFPIPE_CACHE:-$repo/.cache}
 official=${TFPIPE_OFFICIAL_IMAGE:-tensorflow/tensorflow:2.9.3-gpu}
+variant=${TFPIPE_IMAGE_VARIANT:-gpu}
 start=$SECONDS
 
 say() { printf '[image %3ds] %s\n' "$((SECONDS - start))" "$*" >&2; }
 die() { printf 'build-image: error: %s\n' "$*" >&2; exit 1; }
 have_image() { docker image inspect "$1" >/dev/null 2>&1; }
 sha() { sha256sum | cut -c1-12; }
+debian_mirror() {
+  local mirror=${DEBIAN_MIRROR:-}
+  if [ -z "$mirror" ]; then
+    mirror=$(grep -hoE '^(URIs:|deb) +https?://[^ ]+' /etc/apt/sources.list /etc/apt/sources.list.d/*.sources \
+               /etc/apt/sources.list.d/*.list 2>/dev/null | grep -v -- -security | grep -m1 -i debian \
+               | awk '{print $2}') || true
+  fi
+  [ -n "$mirror" ] || die "no Debian mirror found in apt's sources: set DEBIAN_MIRROR"
+  printf '%s\n' "${mirror%/}"
+}
 
+case $variant in gpu|cpu) ;; *) die "TFPIPE_IMAGE_VARIANT=$variant: must be gpu or cpu. Fix: unset it (gpu) or set cpu" ;; esac
 docker info >/dev/null 2>&1 || die "no Docker engine answers (run 'make docker' or start dockerd)"
 
 # --- 1. the root image -------------------------------------------------------------------------
@@ -42,7 +57,9 @@ fi
 
 if [ "$root_choice" = offline ]; then
   suite=bullseye
-  rootfs_recipe="debootstrap --variant=minbase --include=python3,python3-pip,python3-venv,ca-certificates $suite"
+  # libjemalloc2 replaces glibc malloc in the stage containers; tzdata makes TZ work.
+  packages=python3,python3-pip,python3-venv,ca-certificates,libjemalloc2,tzdata
+  rootfs_recipe="debootstrap --variant=minbase --include=$packages $suite"
   root_image="tfpipe/rootfs-$suite:$(printf '%s' "$rootfs_recipe" | sha)"
   pyver=3.9
   say "root: offline $suite rootfs ($official could not be pulled) -> $root_image"
@@ -56,19 +73,13 @@ if [ "$root_choice" = offline ]; then
         die "debootstrap is missing: sudo apt-get install -y debootstrap (needed to build the offline base)"
       fi
     fi
-    mirror=${DEBIAN_MIRROR:-}
-    if [ -z "$mirror" ]; then
-      mirror=$(grep -hoE '^(URIs:|deb) +https?://[^ ]+' /etc/apt/sources.list /etc/apt/sources.list.d/*.sources \
-                 /etc/apt/sources.list.d/*.list 2>/dev/null | grep -v -- -security | grep -m1 -i debian \
-                 | awk '{print $2}') || true
-    fi
-    [ -n "$mirror" ] || die "no Debian mirror found in apt's sources: set DEBIAN_MIRROR"
+    mirror=$(debian_mirror)
     rootfs="$cache/rootfs-$suite"
     rm -rf "$rootfs"
     mkdir -p "$rootfs"
     say "debootstrap $suite (about a minute)"
     # shellcheck disable=SC2086
-    debootstrap --variant=minbase --include=python3,python3-pip,python3-venv,ca-certificates \
+    debootstrap --variant=minbase --include="$packages" \
       "$suite" "$rootfs" "$mirror" >"$cache/debootstrap.log" 2>&1 \
       || die "debootstrap failed: see $cache/debootstrap.log"
     rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
@@ -82,36 +93,82 @@ else
   have_image "$root_image" || docker pull -q "$root_image" >/dev/null || die "cannot pull $root_image"
   pyver=$(docker run --rm --entrypoint python3 "$root_image" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 fi
-root_id=$(docker image inspect -f '{{.Id}}' "$root_image" | cut -c8-19)
+root_full_id=$(docker image inspect -f '{{.Id}}' "$root_image")
+root_id=$(printf '%s' "$root_full_id" | cut -c8-19)
+if [ "$root_choice" = offline ]; then
+  root_kind=offline root_digest=
+else
+  root_kind=official
+  root_digest=$(docker image inspect -f '{{range .RepoDigests}}{{println .}}{{end}}' "$root_image" | head -1)
+fi
 
 # --- 2. the dependency image -------------------------------------------------------------------
-deps_image="tfpipe/tf29-deps:$(cat "$here/requirements.lock" "$here/deps.Dockerfile" \
-  | { cat; printf '%s %s' "$root_id" "$pyver"; } | sha)"
+ctx=$(mktemp -d)
+trap 'rm -rf "$ctx"' EXIT
+mkdir "$ctx/wheels" "$ctx/debs"
+if [ "$variant" = cpu ]; then
+  grep -v '^nvidia-' "$here/requirements.lock" >"$ctx/requirements.lock"
+else
+  cp "$here/requirements.lock" "$ctx/requirements.lock"
+fi
+cp "$here/finish-deps.sh" "$ctx/"
+deps_image="tfpipe/tf29-deps:$(cat "$ctx/requirements.lock" "$here/deps.Dockerfile" "$here/finish-deps.sh" \
+  "$here/debs.lock" | { cat; printf '%s %s %s %s' "$root_id" "$pyver" "$root_kind" "$root_digest"; } | sha)"
 if have_image "$deps_image"; then
   say "deps: $deps_image (cached)"
 else
   wheels="$cache/wheelhouse-py$pyver"
-  say "deps: downloading the locked wheels for Python $pyver into $wheels"
+  say "deps: downloading the $variant variant's locked wheels for Python $pyver into $wheels"
   mkdir -p "$wheels"
-  python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
-    --python-version "$pyver" --implementation cp \
-    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2010_x86_64 --platform manylinux_2_12_x86_64 \
-    --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64 \
-    -r "$here/requirements.lock" -d "$wheels" 2> >(grep -v "^WARNING: Location" >&2) \
-    || die "pip download of docker/requirements.lock failed (is the package index reachable?)"
-  ctx=$(mktemp -d)
-  trap 'rm -rf "$ctx"' EXIT
-  cp "$here/requirements.lock" "$ctx/"
-  ln "$wheels"/*.whl "$ctx/" 2>/dev/null || cp "$wheels"/*.whl "$ctx/"
-  mkdir "$ctx/wheels" && mv "$ctx"/*.whl "$ctx/wheels/"
-  say "deps: docker build $deps_image (about a minute)"
+  download() {
+    python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      --python-version "$pyver" --implementation cp \
+      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2010_x86_64 --platform manylinux_2_12_x86_64 \
+      --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64 \
+      -d "$wheels" "$@" 2> >(grep -v "^WARNING: Location" >&2)
+  }
+  # One pip per large CUDA wheel, beside one for the rest: a single connection to the index is
+  # the bottleneck, so parallel downloads fill the line (pip skips wheels already in the cache).
+  pids=()
+  download -r <(grep -v -e '^nvidia-' -e '^#' -e '^$' "$ctx/requirements.lock") & pids+=($!)
+  for req in $(grep '^nvidia-' "$ctx/requirements.lock"); do
+    download "$req" & pids+=($!)
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid" || die "pip download of docker/requirements.lock failed (is the package index reachable?)"
+  done
+  for whl in "$wheels"/*.whl; do
+    case ${whl##*/} in nvidia_*) [ "$variant" = cpu ] && continue ;; esac
+    ln "$whl" "$ctx/wheels/" 2>/dev/null || cp "$whl" "$ctx/wheels/"
+  done
+  if [ "$root_kind" = official ]; then
+    # The official Ubuntu root has neither jemalloc nor (maybe) tzdata and no network at build
+    # time: bring Debian bullseye's (glibc 2.31, as Ubuntu 20.04), pinned by hash.
+    mirror=$(debian_mirror)
+    while read -r path hash; do
+      case $path in ''|'#'*) continue ;; esac
+      deb="$cache/debs/$(basename "$path")"
+      mkdir -p "$cache/debs"
+      if [ ! -e "$deb" ]; then
+        curl -fsSL -o "$deb.tmp" "$mirror/$path" && mv -f "$deb.tmp" "$deb" || rm -f "$deb.tmp"
+      fi
+      [ "$(sha256sum <"$deb" 2>/dev/null | cut -d' ' -f1)" = "$hash" ] \
+        || die "$mirror/$path: missing or its sha256 is not the pinned one (docker/debs.lock)"
+      cp "$deb" "$ctx/debs/"
+    done <"$here/debs.lock"
+  fi
+  say "deps: docker build $deps_image (about $([ "$variant" = gpu ] && echo 3 || echo 1) min)"
   DOCKER_BUILDKIT=0 docker build -q --build-arg "ROOT_IMAGE=$root_image" \
+    --build-arg "ROOT_KIND=$root_kind" --build-arg "ROOT_REF=$root_image" \
+    --build-arg "ROOT_ID=$root_full_id" --build-arg "ROOT_DIGEST=$root_digest" \
+    --build-arg "VARIANT=$variant" \
     -f "$here/deps.Dockerfile" -t "$deps_image" "$ctx" 2> >(grep -v -e DEPRECATED -e BuildKit -e '^ *environment-variable' -e '^$' >&2) >/dev/null \
     || die "building $deps_image failed"
   # The legacy builder keeps the throw-away install stage as a dangling image: drop it.
   docker image prune -f --filter label=io.tfpipe.stage=install >/dev/null || true
 fi
+rm -rf "$ctx"
 
 # --- 3. the trainer image ----------------------------------------------------------------------
 code_id=$( { cat "$here/Dockerfile"; printf '%s\n' "$deps_image";

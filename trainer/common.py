@@ -104,7 +104,64 @@ def begin(config, stage):
     atomic.write_json(contract.stage_config_path(run_dir, stage), resolved)
     LOG.info("stage %s: dag %s run %s try %s", stage, resolved["run"]["dag_id"],
              resolved["run"]["run_id"], resolved["run"]["try_number"])
+    LOG.info("process: malloc %s, time zone %s (%s), %s CPUs", allocator(),
+             os.environ.get("TZ", "unset"), time.strftime("%Z %z"), cpu_limit() or "all")
     return resolved
+
+
+def allocator():
+    """``jemalloc`` when it is loaded into this process (the image preloads it), else ``glibc``."""
+    try:
+        with open("/proc/self/maps") as f:
+            return "jemalloc" if "libjemalloc" in f.read() else "glibc"
+    except OSError:
+        return "unknown"
+
+
+def cpu_limit():
+    """The container's CPU limit (cgroup v1 CFS quota / period, or v2 cpu.max), or None."""
+    for path, parse in (("/sys/fs/cgroup/cpu.max", lambda t: t.split()),
+                        ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", None)):
+        try:
+            with open(path) as f:
+                text = f.read()
+            if parse:
+                quota, period = parse(text)
+            else:
+                with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
+                    quota, period = text.strip(), f.read().strip()
+            if quota not in ("max", "-1"):
+                return round(int(quota) / float(int(period)), 2)
+            return None
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def reset_peak_rss():
+    """Start a new peak-RSS window for this process (Linux ``clear_refs`` 5 resets VmHWM)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mb():
+    """This process's peak resident set size in MiB since start or :func:`reset_peak_rss`.
+
+    Recorded per epoch, so memory that creeps up over a long run (malloc fragmentation) shows
+    in ``metrics.json`` as a rising ``rss_peak_mb``.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024.0, 1)
+    except OSError:
+        pass
+    return None
 
 
 def datasets_root(config):

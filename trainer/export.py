@@ -91,6 +91,27 @@ def copy_report(run_dir, version_dir):
             "plots": ["%s/%s" % (REPORT_DIR, n) for n in names if n != report.REPORT_NAME]}
 
 
+#: Written into the dependency image by docker/deps.Dockerfile: the root image it was built on.
+ROOT_IMAGE_FILE = "/opt/tfpipe/root-image.json"
+
+
+def image_provenance(run_info, root_file=ROOT_IMAGE_FILE):
+    """Which image made this model, so a deploy step can refuse an unapproved one.
+
+    ``content_id`` is the hash of the image's inputs (baked in at build); ``id`` (the Docker
+    image ID, ``sha256:...``) and ``repo_digest`` (``name@sha256:...`` when the image came from
+    a registry) cannot be known inside the image, so the operator reads them from the engine
+    and passes them in ``run``; ``root`` is the image it was built on (``official`` or
+    ``offline``, with the root's image ID and repo digest), baked in at build.
+    """
+    root = atomic.read_json(root_file, None)
+    if isinstance(root, dict):
+        root = {k: (v or None) for k, v in root.items()}
+    return {"reference": run_info.get("image"), "content_id": os.environ.get("TFPIPE_IMAGE_ID"),
+            "id": run_info.get("image_id"), "repo_digest": run_info.get("image_repo_digest"),
+            "root": root}
+
+
 def _publish(tmp, root, metadata):
     """Rename ``tmp`` to the next free integer version; return the version."""
     version = max(common.list_versions(root) or [0]) + 1
@@ -166,8 +187,7 @@ def run(config):
             "model_name": model_name, "created": common.now_iso(),
             "dag_id": run_info["dag_id"], "run_id": run_info["run_id"],
             "task_id": run_info["task_id"], "try_number": run_info["try_number"],
-            "image": {"reference": run_info.get("image"),
-                      "id": os.environ.get("TFPIPE_IMAGE_ID")},
+            "image": image_provenance(run_info),
             "data": {"fingerprint": schema["fingerprint"], "format": schema["format"],
                      "counts": schema["counts"], "class_names": schema["class_names"],
                      "features": schema["features"], "image": schema["image"]},

@@ -200,6 +200,7 @@ class Loop(object):
             self.train_loss.reset_state()
             self.train_acc.reset_state()
             epoch_start = time.time()
+            common.reset_peak_rss()
             for x, y in self.strategy.experimental_distribute_dataset(dataset):
                 self.train_step(x, y)
                 step += 1
@@ -216,7 +217,7 @@ class Loop(object):
                       "val_loss": val_loss, "val_accuracy": val_acc,
                       "examples_per_sec": examples / max(seconds, 1e-9),
                       "seconds": seconds, "batches": step - epoch * self.spe - done,
-                      "time": common.now_iso()}
+                      "rss_peak_mb": common.peak_rss_mb(), "time": common.now_iso()}
             history = _append_history(self.run_dir, record)
             attempts.entry["epochs_run"] += 1
             self._checkpoint(attempts, epoch, step, first_step, stop=False)
@@ -227,9 +228,10 @@ class Loop(object):
             per_step = (time.time() - started) / max(1, step - first_step)
             eta = int(per_step * (self.total_steps - step))
             LOG.info("epoch %d/%d: loss %.4f accuracy %.4f val_loss %.4f val_accuracy %.4f "
-                     "(%.0f examples/s, ETA %d:%02d:%02d)", epoch + 1, training["epochs"],
-                     record["loss"], record["accuracy"], val_loss, val_acc,
-                     record["examples_per_sec"], eta // 3600, eta // 60 % 60, eta % 60)
+                     "(%.0f examples/s, ETA %d:%02d:%02d, peak RSS %s MiB)", epoch + 1,
+                     training["epochs"], record["loss"], record["accuracy"], val_loss, val_acc,
+                     record["examples_per_sec"], eta // 3600, eta // 60 % 60, eta % 60,
+                     record["rss_peak_mb"])
             self._stop_if_asked(attempts, epoch, step)
         return history
 

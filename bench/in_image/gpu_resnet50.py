@@ -47,8 +47,8 @@ def main():
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus and not args.allow_cpu:
         util.emit({"error": "TensorFlow sees no GPU inside the image (tf %s, built with CUDA: %s). "
-                            "The offline root image has no CUDA libraries: build the image on the "
-                            "official tensorflow/tensorflow:2.9.3-gpu root."
+                            "Is the container started with --gpus and the NVIDIA Container "
+                            "Toolkit, and the image the GPU variant (not TFPIPE_IMAGE_VARIANT=cpu)?"
                             % (tf.__version__, tf.test.is_built_with_cuda())})
         return 0
 

@@ -632,6 +632,12 @@ class ResourcesConfig(_Section):
         ``{"nvidia.com/gpu.present": "true"}``); the Docker backend ignores it.
     :param tolerations: Kubernetes backend: tolerations of the stage pods, as in a pod spec
         (``{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}``).
+    :param cpus: CPU limit of each stage container (Docker ``--cpus``, e.g. ``4`` or ``1.5``), so
+        one run cannot starve others on a shared host; ``None`` = no limit.
+    :param timezone: IANA time zone of the stage containers (``TZ``), so container log times
+        match the host's, e.g. ``"Asia/Shanghai"``.
+    :param jemalloc: run the stages with jemalloc in place of glibc malloc (the image preloads
+        it), which keeps the memory of long training runs from creeping up; ``False`` turns it off.
     """
 
     section: ClassVar[str] = "resources"
@@ -646,8 +652,12 @@ class ResourcesConfig(_Section):
     private_environment: Mapping = field(default_factory=dict, repr=False)
     node_selector: Mapping = field(default_factory=dict)
     tolerations: tuple = ()
+    cpus: float | None = None
+    timezone: str = "UTC"
+    jemalloc: bool = True
 
     def __post_init__(self) -> None:
+        self._check_cpus_timezone_jemalloc()
         for name in ("environment", "private_environment"):
             env = getattr(self, name)
             if not isinstance(env, Mapping) or not all(
@@ -679,6 +689,23 @@ class ResourcesConfig(_Section):
                         "e.g. 'bridge' or 'none'")
         if self.network_mode == "host":
             raise config_error("resources.network_mode", "'host' shares the host's network stack", "use 'bridge' or 'none'")
+
+    def _check_cpus_timezone_jemalloc(self) -> None:
+        import zoneinfo
+
+        cpus = self.cpus
+        if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, (int, float))
+                                 or not 0.01 <= cpus <= 1024):
+            raise config_error("resources.cpus", f"must be a number of CPUs in [0.01, 1024] or None, got {cpus!r}",
+                        "e.g. 4 or 1.5 (Docker's --cpus), or None for no limit")
+        try:
+            zoneinfo.ZoneInfo(self.timezone)
+        except (TypeError, ValueError, zoneinfo.ZoneInfoNotFoundError):
+            raise config_error("resources.timezone", f"unknown time zone {self.timezone!r}",
+                        "use an IANA name such as 'UTC', 'Europe/Berlin' or 'Asia/Shanghai'") from None
+        if not isinstance(self.jemalloc, bool):
+            raise config_error("resources.jemalloc", f"must be true or false, got {self.jemalloc!r}",
+                        "true (default) preloads jemalloc in the stages; false uses glibc malloc")
 
     @property
     def uid_gid(self) -> tuple[int, int]:

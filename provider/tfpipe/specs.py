@@ -41,6 +41,19 @@ TF_DEFAULT_ENV = {
 LABEL_PREFIX = "tfpipe."
 
 
+def stage_environment(resources: Any) -> dict[str, str]:
+    """The environment of a stage container: TF defaults, the time zone, the allocator, then
+    the user's ``resources.environment`` (which wins).
+
+    The image preloads jemalloc (``LD_PRELOAD`` in its config); an empty ``LD_PRELOAD`` turns it
+    off. ``TZ`` needs the image's time zone database (tzdata is in both roots).
+    """
+    env = {**TF_DEFAULT_ENV, "TZ": resources.timezone}
+    if not resources.jemalloc:
+        env["LD_PRELOAD"] = ""
+    return {**env, **resources.environment}
+
+
 @dataclass(frozen=True)
 class MountSpec:
     """A bind mount: ``source`` on the engine's host, ``target`` in the container."""
@@ -79,6 +92,7 @@ class StageSpec:
     :param gpu_fallback: ``"fail"`` or ``"cpu"`` when the backend has no GPUs.
     :param gpu_param: whether a run's ``gpus`` Param applies to this stage.
     :param private_environment: secrets for the container; never rendered, logged or in XCom.
+    :param cpus: CPU limit (Docker ``--cpus``), or ``None``.
     :param node_selector: Kubernetes node labels the pod must match.
     :param tolerations: Kubernetes tolerations (mappings as in a pod spec).
     :param upstream: task ids this stage runs after.
@@ -106,6 +120,7 @@ class StageSpec:
     private_environment: Mapping[str, str] = field(default_factory=dict, repr=False)
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
+    cpus: float | None = None
     upstream: tuple[str, ...] = ()
     retries: int = 1
     retry_delay_seconds: float = 30.0
@@ -193,11 +208,16 @@ def resolve_stage_config(
     try_number: int,
     image: str,
     overrides: Mapping[str, Any] | None = None,
+    image_identity: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The full stage config for one try: template + overrides + run identity + container paths."""
+    """The full stage config for one try: template + overrides + run identity + container paths.
+
+    ``image_identity`` (``image_id``, ``image_repo_digest``: see :func:`image_identity`) is what
+    the engine says the image is; the trainer records it in the exported model's metadata.
+    """
     config = apply_overrides(template, overrides)
     config["run"] = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id,
-                     "try_number": int(try_number), "image": image}
+                     "try_number": int(try_number), "image": image, **(image_identity or {})}
     config["paths"] = {
         "data": contract.CONTAINER_DATA,
         "work": contract.CONTAINER_WORK,
@@ -226,6 +246,9 @@ def stage_spec(
     private_environment: Mapping[str, str] | None = None,
     node_selector: Mapping[str, str] | None = None,
     tolerations: Any = (),
+    cpus: float | None = None,
+    timezone: str = "UTC",
+    jemalloc: bool = True,
 ) -> StageSpec:
     """The spec of one stage from plain arguments, validated as a pipeline config is.
 
@@ -237,7 +260,8 @@ def stage_spec(
     resources = ResourcesConfig(gpus=gpus, gpu_fallback=gpu_fallback, user=user, shm_size=shm_size or "64m",
                                 mem_limit=mem_limit, network_mode=network_mode,
                                 environment=dict(environment or {}), private_environment=dict(private_environment or {}),
-                                node_selector=dict(node_selector or {}), tolerations=tolerations)
+                                node_selector=dict(node_selector or {}), tolerations=tolerations,
+                                cpus=cpus, timezone=timezone, jemalloc=jemalloc)
     if not isinstance(stage_config, Mapping) or "data" not in stage_config or "export" not in stage_config:
         raise TfpipeConfigError(
             "stage_config: must be a stage config template with data, training, evaluation and export "
@@ -246,12 +270,12 @@ def stage_spec(
     return StageSpec(
         stage=stage, task_id=task_id, image=image, command=stage_command(stage),
         config={**stage_config, "stage": stage}, mounts=volume_mounts(volumes),
-        environment={**TF_DEFAULT_ENV, **resources.environment}, user=resources.user, shm_size=shm_size,
+        environment=stage_environment(resources), user=resources.user, shm_size=shm_size,
         mem_limit=mem_limit, network_mode=network_mode, gpus=GpuRequest.parse(gpus),
         gpu_fallback=resources.gpu_fallback,
         gpu_param=stage in resources.gpu_stages if gpu_param is None else bool(gpu_param),
         private_environment=dict(resources.private_environment), node_selector=dict(resources.node_selector),
-        tolerations=resources.tolerations,
+        tolerations=resources.tolerations, cpus=resources.cpus,
     )
 
 
@@ -314,6 +338,25 @@ class TryIdentity:
     task_id: str
     try_number: int = 1
     map_index: int = -1
+
+
+def image_identity(reference: str, inspected: Mapping[str, Any]) -> dict[str, Any]:
+    """The image ID and registry digest of ``reference`` from the engine's ``inspect_image``.
+
+    The repo digest is the one of the reference's own repository (an image pushed to several
+    registries has several), or the reference itself when it is pinned by digest; None when the
+    image never came from or went to a registry (a local build).
+    """
+    digests = list(inspected.get("RepoDigests") or [])
+    repository = reference.split("@", 1)[0]
+    last = repository.rsplit("/", 1)[-1]
+    if ":" in last:
+        repository = repository[: len(repository) - len(last)] + last.split(":", 1)[0]
+    if "@" in reference and reference in digests:
+        digest = reference
+    else:
+        digest = next((d for d in digests if d.split("@", 1)[0] == repository), None)
+    return {"image_id": inspected.get("Id"), "image_repo_digest": digest}
 
 
 def container_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
@@ -393,7 +436,7 @@ def plan_pipeline(cfg: PipelineConfig) -> list[StageSpec]:
                 command=stage_command(stage),
                 config=config_template(cfg, stage),
                 mounts=mounts,
-                environment={**TF_DEFAULT_ENV, **resources.environment},
+                environment=stage_environment(resources),
                 user=resources.user,
                 shm_size=resources.shm_size,
                 mem_limit=resources.mem_limit,
@@ -404,6 +447,7 @@ def plan_pipeline(cfg: PipelineConfig) -> list[StageSpec]:
                 private_environment=dict(resources.private_environment),
                 node_selector=dict(resources.node_selector),
                 tolerations=resources.tolerations,
+                cpus=resources.cpus,
                 upstream=previous,
                 retries=cfg.retries if stage == "train" else 1,
                 retry_delay_seconds=cfg.retry_delay_seconds,

@@ -64,6 +64,23 @@ def test_digits_pipeline_end_to_end(tfpipe_home: Path, trainer_image: str, docke
     assert metadata["evaluation"]["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["accuracy"])
     assert len(metadata["attempts"]) == 1
 
+    # provenance: what the engine ran, and what the image was built on
+    inspected = docker_client.api.inspect_image(trainer_image)
+    labels = inspected["Config"]["Labels"]
+    image = metadata["image"]
+    assert image["reference"] == trainer_image
+    assert image["id"] == inspected["Id"] and image["id"].startswith("sha256:")
+    assert image["content_id"] == labels["io.tfpipe.content-id"] == trainer_image.rsplit(":", 1)[1]
+    if inspected["RepoDigests"]:
+        assert image["repo_digest"] in inspected["RepoDigests"]
+    else:
+        assert image["repo_digest"] is None  # a local build: it never went through a registry
+    root = image["root"]
+    assert root["kind"] == labels["io.tfpipe.root.kind"] and root["kind"] in ("offline", "official")
+    assert root["reference"] == labels["io.tfpipe.root.reference"]
+    assert root["id"] == labels["io.tfpipe.root.id"] == docker_client.api.inspect_image(root["reference"])["Id"]
+    assert root["repo_digest"] == (labels["io.tfpipe.root.repo-digest"] or None)
+
     # every stage ran in a labelled, deterministically named container, and none is left behind
     created = [a for a in created if a.get("tfpipe.run_id") == summary["run_id"]]
     helpers = [a for a in created if a.get("tfpipe.role") == "prepare-volumes"]

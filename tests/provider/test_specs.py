@@ -11,6 +11,7 @@ from tfpipe.exceptions import TfpipeConfigError
 from tfpipe.specs import (
     container_labels,
     container_name,
+    image_identity,
     plan_pipeline,
     prepare_dirs_command,
     resolve_stage_config,
@@ -59,6 +60,31 @@ def test_tf_defaults_in_environment(cfg):
     assert env["CUDA_CACHE_PATH"].startswith("/work/")
     # the driver evicts the oldest JIT entries beyond this size: the cache on the work volume stays bounded
     assert 0 < int(env["CUDA_CACHE_MAXSIZE"]) <= 4 * 2**30
+
+
+def test_cpus_timezone_and_jemalloc_reach_every_stage():
+    default = plan_pipeline(PipelineConfig.from_dict(GOOD))
+    assert all(s.environment["TZ"] == "UTC" and "LD_PRELOAD" not in s.environment and s.cpus is None
+               for s in default)  # the image's own LD_PRELOAD (jemalloc) stays in force
+    tuned = plan_pipeline(PipelineConfig.from_dict(
+        {**GOOD, "resources": {"cpus": 2.5, "timezone": "Asia/Shanghai", "jemalloc": False,
+                               "environment": {"TZ": "Europe/Berlin"}}}))
+    for spec in tuned:
+        assert spec.cpus == 2.5 and spec.environment["LD_PRELOAD"] == ""
+        assert spec.environment["TZ"] == "Europe/Berlin"  # resources.environment has the last word
+
+
+def test_image_identity_picks_the_references_own_repo_digest():
+    digest = "sha256:" + "a" * 64
+    inspected = {"Id": "sha256:" + "1" * 64,
+                 "RepoDigests": [f"mirror.example/tfpipe/trainer@{digest}", f"127.0.0.1:5000/tfpipe/trainer@{digest}"]}
+    assert image_identity("127.0.0.1:5000/tfpipe/trainer:3f2a", inspected) == {
+        "image_id": inspected["Id"], "image_repo_digest": f"127.0.0.1:5000/tfpipe/trainer@{digest}"}
+    pinned = f"mirror.example/tfpipe/trainer@{digest}"
+    assert image_identity(pinned, inspected)["image_repo_digest"] == pinned
+    # A local build never went through a registry: no digest, only the image ID.
+    assert image_identity("tfpipe/trainer:3f2a", {"Id": inspected["Id"], "RepoDigests": []}) == {
+        "image_id": inspected["Id"], "image_repo_digest": None}
 
 
 def test_export_emits_model_asset(cfg):

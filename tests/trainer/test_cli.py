@@ -83,7 +83,14 @@ def test_the_four_stages_through_the_cli(ws, cli, tmp_path):
     assert result["version"] == 1 and result["metrics"]["accuracy"] >= 0.9
     assert os.path.isfile(os.path.join(result["model_dir"], "report", "report.html"))
     meta = json.load(open(os.path.join(result["model_dir"], "metadata.json")))
-    assert meta["image"] == {"reference": "tfpipe/trainer:test", "id": "abc123"}
+    # The root comes from the file the image build wrote; the Docker image ID and repo digest
+    # come from the operator (absent in this hand-made config; tests/integration checks them).
+    root = json.load(open("/opt/tfpipe/root-image.json"))
+    assert meta["image"] == {"reference": "tfpipe/trainer:test", "content_id": "abc123",
+                             "id": None, "repo_digest": None,
+                             "root": {k: (v or None) for k, v in root.items()}}
+    assert meta["image"]["root"]["kind"] in ("official", "offline")
+    assert meta["image"]["root"]["id"].startswith("sha256:")
 
     proc = cli("evaluate", ws.config("evaluate", evaluation={"threshold": 1.01}))
     assert proc.returncode == contract.ExitCode.NOT_BLESSED

@@ -32,7 +32,15 @@ from tfpipe.hooks.docker import TfpipeDockerHook
 from tfpipe.links import RunReportLink, TensorBoardLink
 from tfpipe.operators.exits import raise_for_exit
 from tfpipe.run_params import reject_unknown_conf
-from tfpipe.specs import MountSpec, StageSpec, TryPlan, prepare_dirs_command, resolve_try, stage_spec
+from tfpipe.specs import (
+    MountSpec,
+    StageSpec,
+    TryPlan,
+    image_identity,
+    prepare_dirs_command,
+    resolve_try,
+    stage_spec,
+)
 
 _NO_GPU_DRIVER = "could not select device driver"
 _NO_BIND_SOURCE = "bind source path does not exist"
@@ -151,6 +159,9 @@ class TfpipeStageOperator(DockerOperator):
         network_mode: str = "bridge",
         environment: dict[str, str] | None = None,
         private_environment: dict[str, str] | None = None,
+        cpus: float | None = None,
+        timezone: str = "UTC",
+        jemalloc: bool = True,
         **kwargs: Any,
     ) -> None:
         if not self.stage:
@@ -160,7 +171,8 @@ class TfpipeStageOperator(DockerOperator):
                 self.stage, task_id=kwargs.get("task_id", self.stage), image=image or "", stage_config=stage_config,
                 volumes=volumes, gpus=gpus, gpu_fallback=gpu_fallback, gpu_param=gpu_stage,
                 allow_floating_tag=allow_floating_tag, user=user, shm_size=shm_size, mem_limit=mem_limit,
-                network_mode=network_mode, environment=environment, private_environment=private_environment)
+                network_mode=network_mode, environment=environment, private_environment=private_environment,
+                cpus=cpus, timezone=timezone, jemalloc=jemalloc)
         elif spec.stage != self.stage:
             raise TfpipeConfigError(f"spec: a {spec.stage!r} spec cannot make a {self.stage!r} operator. "
                                     f"Fix: use the operator of stage {spec.stage!r}.")
@@ -169,6 +181,7 @@ class TfpipeStageOperator(DockerOperator):
         self.spec = spec
         self.volumes = spec.volumes
         self.prepare_volumes = prepare_volumes
+        self.nano_cpus = None if spec.cpus is None else int(round(spec.cpus * 1e9))
         super().__init__(
             image=spec.image,
             command=list(spec.command),
@@ -226,10 +239,11 @@ class TfpipeStageOperator(DockerOperator):
             mask_secret(value)  # redacted should a stage ever print it
         self.container_name = plan.name
         self.labels = dict(plan.labels)
-        self.environment = {**self.environment, contract.CONFIG_ENV: contract.dumps(plan.config)}
         self.log.info("tfpipe %s: run dir %s, container %s", self.stage, plan.run_dir, self.container_name)
 
         self.hook.ping_or_raise()
+        plan.config["run"].update(self._image_identity())
+        self.environment = {**self.environment, contract.CONFIG_ENV: contract.dumps(plan.config)}
         if plan.gpus:
             self.hook.require_api("1.40", f"{self.stage}: GPU device requests")
         self._remove_leftovers_of(plan)
@@ -248,6 +262,28 @@ class TfpipeStageOperator(DockerOperator):
                 exit_code=0, logs=lines,
             )
         return result
+
+    def _image_identity(self) -> dict[str, Any]:
+        """The image's ID and repo digest, as the engine knows them (pulled first if missing,
+        as DockerOperator would), for the provenance the trainer writes into metadata.json."""
+        from docker.errors import ImageNotFound
+
+        try:
+            inspected = self.cli.inspect_image(self.image)
+        except ImageNotFound:
+            self.log.info("pulling %s", self.image)
+            self.cli.pull(self.image)
+            inspected = self.cli.inspect_image(self.image)
+        return image_identity(self.image, inspected)
+
+    def _run_image_with_mounts(self, target_mounts: Any, add_tmp_variable: bool) -> list[str] | str | None:
+        # DockerOperator's ``cpus`` only sets relative CPU shares; a hard limit is HostConfig's
+        # NanoCpus, which it never sets: add it to every host config this run creates.
+        if self.nano_cpus:
+            cli, nano_cpus = self.cli, self.nano_cpus
+            create = type(cli).create_host_config.__get__(cli)
+            cli.create_host_config = lambda *args, **kw: create(*args, nano_cpus=nano_cpus, **kw)
+        return super()._run_image_with_mounts(target_mounts, add_tmp_variable)
 
     def _run_with_gpu_fallback(self, context: Any, gpus: GpuRequest | None) -> list[str] | None:
         from docker.errors import APIError

@@ -1,0 +1,71 @@
+"""What the stage container runs with: jemalloc, the CPU limit and the time zone, seen from
+inside a container the operator creates (its real host config and environment) and through
+``docker inspect``."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from airflow.sdk import DAG
+
+from tfpipe.config import PipelineConfig
+from tfpipe.operators import TrainOperator
+from tfpipe.specs import config_template
+
+pytestmark = pytest.mark.integration
+
+# Runs as the stage does (same image, user, environment, host config); prints what it sees.
+PROBE = ("import json, subprocess; from trainer import common; "
+         "date = subprocess.check_output(['date', '+%Z %z']).decode().strip(); "
+         "print('PROBE ' + json.dumps({'malloc': common.allocator(), 'date': date, "
+         "'cpus': common.cpu_limit()}))")
+
+
+def _probe(image, home, docker_client, **resources):
+    cfg = PipelineConfig.from_dict({
+        "dag_id": "runtime", "image": {"ref": image}, "data": {"path": "digits/digits.csv"},
+        "volumes": {"data": f"{home}/data", "work": f"{home}/work", "models": f"{home}/models"},
+        "resources": resources,
+    })
+    with DAG("runtime", schedule=None):
+        op = TrainOperator(task_id="train", image=image, stage_config=config_template(cfg, "train"),
+                           volumes=cfg.volumes, cpus=cfg.resources.cpus, timezone=cfg.resources.timezone,
+                           jemalloc=cfg.resources.jemalloc)
+    op.container_name = f"tfpipe-test-runtime-{uuid.uuid4().hex[:8]}"
+    op.labels = {"tfpipe.test": "runtime"}
+    op.command = ["python3", "-c", PROBE]
+    op.entrypoint = None
+    try:
+        lines = op._run_image_with_mounts([], add_tmp_variable=False)
+        inspected = docker_client.api.inspect_container(op.container_name)
+    finally:
+        docker_client.api.remove_container(op.container_name, force=True)
+    line = next(str(x) for x in lines if str(x).startswith("PROBE "))
+    return json.loads(line[len("PROBE "):]), inspected
+
+
+def test_default_stage_has_jemalloc_utc_and_no_cpu_limit(trainer_image, tfpipe_home, docker_client):
+    seen, inspected = _probe(trainer_image, tfpipe_home, docker_client)
+    assert seen == {"malloc": "jemalloc", "date": "UTC +0000", "cpus": None}
+    env = dict(e.split("=", 1) for e in inspected["Config"]["Env"])
+    assert env["TZ"] == "UTC" and env["LD_PRELOAD"].endswith("/libjemalloc.so.2")
+    assert inspected["HostConfig"]["NanoCpus"] == 0
+
+
+def test_cpus_timezone_and_jemalloc_off_reach_the_container(trainer_image, tfpipe_home, docker_client):
+    seen, inspected = _probe(trainer_image, tfpipe_home, docker_client,
+                             cpus=1.5, timezone="Asia/Shanghai", jemalloc=False)
+    assert seen == {"malloc": "glibc", "date": "CST +0800", "cpus": 1.5}
+    env = dict(e.split("=", 1) for e in inspected["Config"]["Env"])
+    assert env["TZ"] == "Asia/Shanghai" and env["LD_PRELOAD"] == ""
+    assert inspected["HostConfig"]["NanoCpus"] == 1_500_000_000
+
+
+def test_the_image_itself_preloads_jemalloc_and_has_tzdata(trainer_image, docker_client):
+    # Outside tfpipe too (docker run IMAGE ...): the image's own config preloads jemalloc.
+    out = docker_client.containers.run(
+        trainer_image, ["sh", "-c", "grep -c libjemalloc /proc/self/maps; TZ=Europe/Berlin date +%Z"],
+        remove=True, environment={}).decode().split()
+    assert int(out[0]) >= 1 and out[1] in ("CET", "CEST")
