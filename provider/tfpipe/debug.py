@@ -142,32 +142,34 @@ def task_result(ti_key: Any) -> dict[str, Any] | None:
 
 
 class RunReportLink(BaseOperatorLink):
-    """"Run report": ``file://`` URL of ``report.html`` on the engine's host.
+    """"Run report": the run's ``report.html``, served by the tfpipe plugin under the api-server.
 
-    The report path of the task's XCom result when there is one (evaluate: the run dir; export:
-    ``<version>/report/``), otherwise the run dir's (``contract.run_dir``), e.g. for train or a
-    failed task.
+    ``[api] base_url`` + ``/tfpipe/runs/<dag>/<run>/report/`` (root-relative when ``base_url`` is
+    unset). The plugin reads the report through the Docker engine and lets only users who may
+    read the DAG see it (:mod:`tfpipe.plugins.app`).
     """
 
     name = "Run report"
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
-        volumes = getattr(operator, "volumes", None)
-        if volumes is None:
-            return ""
-        return report_url(volumes, ti_key.dag_id, ti_key.run_id, task_result(ti_key))
+        from tfpipe.plugins.paths import report_url as plugin_report_url
+
+        return plugin_report_url(ti_key.dag_id, ti_key.run_id)
 
 
 class TensorBoardLink(BaseOperatorLink):
-    """"TensorBoard": ``$TFPIPE_TENSORBOARD_URL`` (default ``http://localhost:6006``), run selected.
+    """"TensorBoard": the run's TensorBoard, started on demand by the tfpipe plugin.
 
-    Serve the run with ``tfpipe tensorboard DAG RUN_ID`` (``make tensorboard RUN=...``).
+    ``[api] base_url`` + ``/tfpipe/runs/<dag>/<run>/tensorboard/``. On a workstation,
+    ``tfpipe tensorboard DAG RUN_ID`` (``make tensorboard RUN=...``) serves it without Airflow.
     """
 
     name = "TensorBoard"
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
-        return tensorboard_url(ti_key.dag_id, ti_key.run_id)
+        from tfpipe.plugins.paths import tensorboard_url as plugin_tensorboard_url
+
+        return plugin_tensorboard_url(ti_key.dag_id, ti_key.run_id)
 
 
 # --- what a task's container is ----------------------------------------------------------------

@@ -178,6 +178,28 @@ def publish_lineage(*, models_volume: str, model_name: str, docker_url: str | No
 
 # --- OpenLineage objects -------------------------------------------------------------------------
 
+def lineage_enabled() -> bool:
+    """Whether OpenLineage is installed and on (then tasks keep what their lineage needs)."""
+    try:
+        from airflow.providers.openlineage.conf import is_disabled
+    except ImportError:
+        return False
+    return not is_disabled()
+
+
+def capture(task: Any, context: Any, result: Any, stages: tuple[str, ...]) -> dict[str, Any] | None:
+    """What :meth:`get_openlineage_facets_on_complete` will need, read while ``execute`` runs.
+
+    OpenLineage calls that method in a forked child of the task runner by default, where reading
+    XComs through the supervisor's channel is unsafe; so the task's result and the upstream
+    results are read here, in the task itself, and kept on the operator.
+    """
+    if not lineage_enabled():
+        return None
+    return {"result": result if isinstance(result, Mapping) else None,
+            "upstream": upstream_results(task, context["ti"], stages)}
+
+
 def upstream_results(task: Any, task_instance: Any, stages: tuple[str, ...]) -> dict[str, Any]:
     """Results (XCom ``return_value``) of the upstream tfpipe stage tasks, by stage."""
     found: dict[str, Any] = {}

@@ -75,8 +75,13 @@ def emit_stage_metrics(dag_id: str, stage: str, result: Mapping[str, Any] | None
     if not any(conf.getboolean("metrics", key, fallback=False)
                for key in ("statsd_on", "statsd_datadog_enabled", "otel_on")):
         return {}
-    sent = {}
-    backend = _backend()
+    sent: dict[str, float] = {}
+    try:
+        backend = _backend()
+    except Exception:  # e.g. the statsd package is missing: metrics must never fail a stage
+        LOG.warning("Airflow metrics are on but no metrics client could be made; tfpipe sends none",
+                    exc_info=True)
+        return sent
     tags = {"dag_id": dag_id, "stage": stage}
     for name, value in stage_gauges(stage, result).items():
         stat = f"tfpipe.{dag_id}.{stage}.{name}"

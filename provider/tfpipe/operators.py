@@ -25,6 +25,9 @@ from airflow.providers.docker.operators.docker import DockerOperator
 from tfpipe import contract
 from tfpipe.config import ResourcesConfig, VolumesConfig, check_image_ref
 from tfpipe.debug import RunReportLink, TensorBoardLink
+from tfpipe.lineage import capture
+from tfpipe.metrics import emit_stage_metrics
+from tfpipe.plugins.paths import LOCATION_XCOM_KEY, location_record
 from tfpipe.exceptions import (
     DockerEngineUnreachableError,
     GpuUnavailableError,
@@ -47,6 +50,8 @@ from tfpipe.specs import (
 _NO_GPU_DRIVER = "could not select device driver"
 _NO_BIND_SOURCE = "bind source path does not exist"
 _LOG_TAIL = 30
+#: Upstream stages whose results a stage's OpenLineage event names (dataset dir, model, blessing).
+_LINEAGE_STAGES = ("prep", "train", "evaluate")
 
 
 def _tail(lines: list[str] | None) -> str:
@@ -181,6 +186,10 @@ class TfpipeStageOperator(DockerOperator):
         self.log.info("tfpipe %s: run dir %s, container %s", self.stage, config["paths"]["run_dir"],
                       self.container_name)
 
+        # Where the run's files are, for the api-server's report and TensorBoard (tfpipe.plugins);
+        # pushed first so a failed try still leads there.
+        ti.xcom_push(key=LOCATION_XCOM_KEY, value=location_record(
+            stage=self.stage, docker_url=self.docker_url, image=self.image, volumes=self.volumes))
         self._check_engine(gpus)
         self._remove_leftovers(ti.dag_id, ti.run_id, ti.task_id, map_index)
         if self.prepare_volumes:
@@ -197,6 +206,8 @@ class TfpipeStageOperator(DockerOperator):
                 f"({contract.RESULT_PREFIX.strip()} ...); is the image a tfpipe trainer image?",
                 exit_code=0, logs=lines,
             )
+        emit_stage_metrics(ti.dag_id, self.stage, result)
+        self.lineage_inputs = capture(self, context, result, _LINEAGE_STAGES)
         return result
 
     def _run_with_gpu_fallback(self, context: Any, gpus: GpuRequest | None) -> list[str] | None:
@@ -243,6 +254,8 @@ class TfpipeStageOperator(DockerOperator):
         if code == contract.ExitCode.NOT_BLESSED and self.stage == "evaluate":
             result = contract.parse_result_line(logs)
             context["ti"].xcom_push(key="return_value", value=result)
+            emit_stage_metrics(context["ti"].dag_id, self.stage, result)
+            self.lineage_inputs = capture(self, context, result, _LINEAGE_STAGES)
             downstream = sorted(self.get_direct_relative_ids(upstream=False))
             self.log.info("candidate not blessed: skipping %s", ", ".join(downstream) or "nothing")
             raise DownstreamTasksSkipped(tasks=downstream)
@@ -335,6 +348,25 @@ class TfpipeStageOperator(DockerOperator):
         except Exception as err:  # already removed
             self.log.debug("container %s already gone: %s", self.container["Id"][:12], err)
         self.container = None
+
+    # -- OpenLineage (used when apache-airflow-providers-openlineage is installed) ---------------
+
+    def _lineage(self, captured: Mapping[str, Any] | None) -> Any:
+        from tfpipe.lineage import stage_lineage, to_operator_lineage
+
+        captured = captured or {}
+        return to_operator_lineage(stage_lineage(
+            self.stage, volumes=self.volumes, docker_url=self.docker_url, image=self.image,
+            data_path=(self.stage_config.get("data") or {}).get("path"),
+            result=captured.get("result"), upstream=captured.get("upstream") or {}))
+
+    def get_openlineage_facets_on_start(self) -> Any:
+        """Lineage before the stage ran: the inputs this stage will read."""
+        return self._lineage(None)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Lineage of the finished stage: inputs and outputs with fingerprint, metrics, blessing, image."""
+        return self._lineage(getattr(self, "lineage_inputs", None))
 
     def on_kill(self) -> None:
         """Stop and remove the stage container when Airflow kills the task."""

@@ -4,8 +4,9 @@ The session fixture ``ui_run`` makes an Airflow home of its own (a copy of the m
 DB), so the settings these tests need do not leak into other tests:
 
 * the simple auth manager with three users: ``admin`` (admin), ``mlviewer`` (viewer in team
-  ``ml``) and ``outsider`` (viewer in team ``other``); multi-team mode with the DAG bundle owned
-  by team ``ml``, which is how the simple auth manager limits who may read a DAG;
+  ``mlteam``) and ``outsider`` (viewer in team ``other``); multi-team mode with the DAG bundle
+  owned by team ``mlteam``: teams are how the simple auth manager limits who may read a DAG
+  (its roles alone apply to every DAG);
 * OpenLineage's file transport writing every event of the run to a file;
 * StatsD metrics on, sent to a UDP listener on loopback that this fixture runs;
 * a GCS emulator: the run stages its raw data in from ``gs://`` and publishes the model there.
@@ -34,11 +35,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DIGITS_CSV, REPO, run_dag, write_dag
+from tests.gcs.conftest import gcs_emulator  # noqa: F401  (the session's emulator fixture)
 
 DAG_ID = "tfpipe_ui"
-TEAM = "ml"
+TEAM = "mlteam"  # team names have 3 to 50 characters
 PASSWORDS = {"admin": "admin-pw", "mlviewer": "mlviewer-pw", "outsider": "outsider-pw"}
-USERS = f"admin:admin,mlviewer:viewer:{TEAM},outsider:viewer:other"
+OTHER_TEAM = "other"
+USERS = f"admin:admin,mlviewer:viewer:{TEAM},outsider:viewer:{OTHER_TEAM}"
 
 
 def free_port() -> int:
@@ -71,13 +74,6 @@ class StatsdListener(threading.Thread):
         self.stopped.set()
         self.join(timeout=2)
         self.sock.close()
-
-
-def _airflow(env: dict, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(Path(sys.executable).parent / "airflow"), *args], env=env, capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO)
-    assert proc.returncode == 0, f"airflow {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc
 
 
 class ApiServer:
@@ -166,8 +162,7 @@ def ui_run(tmp_path_factory, trainer_image, gcs_emulator):
     statsd.start()
     bundles = [{"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
                 "kwargs": {"path": str(dags)}, "team_name": TEAM}]
-    env = {
-        **os.environ,
+    settings = {
         "AIRFLOW_HOME": str(airflow_home),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home / 'airflow.db'}",
         "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
@@ -178,25 +173,37 @@ def ui_run(tmp_path_factory, trainer_image, gcs_emulator):
         "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(lineage),
                                                         "append": True}),
         "AIRFLOW__OPENLINEAGE__NAMESPACE": "tfpipe-test",
+        # the default 10 s for emitting an event is tight on a busy 2-core machine
+        "AIRFLOW__OPENLINEAGE__EXECUTION_TIMEOUT": "60",
         "AIRFLOW__METRICS__STATSD_ON": "True",
         "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
         "AIRFLOW__METRICS__STATSD_PORT": str(statsd.port),
         "STORAGE_EMULATOR_HOST": gcs_emulator,
     }
-    env.pop("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", None)
-    env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
-    for team in (TEAM, "other"):
-        _airflow(env, "teams", "create", team)
+    env = {k: v for k, v in os.environ.items() if k not in ("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT",
+                                                           "GOOGLE_APPLICATION_CREDENTIALS")}
+    env.update(settings)
+    # the auth manager refuses to start while a user's team is not in the DB
+    airflow = str(Path(sys.executable).parent / "airflow")
+    creating = [subprocess.Popen([airflow, "teams", "create", team], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, cwd=REPO) for team in (TEAM, OTHER_TEAM)]
+    for proc in creating:
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0, f"airflow teams create failed:\n{out[-3000:]}"
 
     from google.cloud import storage
 
-    client = storage.Client(project="test", client_options={"api_endpoint": gcs_emulator})
+    os.environ["STORAGE_EMULATOR_HOST"] = gcs_emulator  # the client reads it when created
+    try:
+        client = storage.Client(project="test")
+    finally:
+        del os.environ["STORAGE_EMULATOR_HOST"]
     bucket = client.create_bucket(f"tfpipe-ui-{uuid.uuid4().hex[:10]}")
     bucket.blob("raw/digits.csv").upload_from_filename(str(DIGITS_CSV))
     conf = {"data_uri": f"gs://{bucket.name}/raw/digits.csv", "publish_uri": f"gs://{bucket.name}/models"}
     started = time.monotonic()
     try:
-        summary, log = run_dag(DAG_ID, conf, home=home, image=trainer_image, dags_folder=dags, extra_env=env)
+        summary, log = run_dag(DAG_ID, conf, home=home, image=trainer_image, dags_folder=dags, extra_env=settings)
     finally:
         time.sleep(0.5)  # the last datagrams
         statsd.stop()

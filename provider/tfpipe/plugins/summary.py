@@ -71,8 +71,10 @@ def summary_line(results: Mapping[str, Mapping[str, Any] | None], *, train_tries
     return line if len(line) <= NOTE_MAX else line[: NOTE_MAX - 3] + "..."
 
 
-def note_for_run(dag_run: Any, session: Any) -> str | None:
+def note_for_run(dag_run: Any, session: Any, state: Any = None) -> str | None:
     """The summary of a finished ``DagRun`` from its XComs and task instances, or ``None`` if not tfpipe's.
+
+    ``state`` is the run's final state when ``dag_run.state`` may not hold it yet.
 
     A run is tfpipe's when one of its tasks pushed a location record (every stage task does).
     """
@@ -95,5 +97,6 @@ def note_for_run(dag_run: Any, session: Any) -> str | None:
     tis = dag_run.get_task_instances(session=session)
     train_tries = max((ti.try_number for ti in tis if stage_of.get(ti.task_id) == "train"), default=None)
     failed = sorted(ti.task_id for ti in tis if ti.state == "failed")
-    return summary_line(results, train_tries=train_tries, state=str(getattr(dag_run.state, "value", dag_run.state)),
+    state = state or dag_run.state
+    return summary_line(results, train_tries=train_tries, state=str(getattr(state, "value", state)),
                         failed_tasks=failed)
