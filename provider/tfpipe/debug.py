@@ -10,9 +10,9 @@
   :func:`tensorboard_args` turn a plan into a ``docker run`` command line (``tfpipe shell`` and
   ``tfpipe tensorboard`` in :mod:`tfpipe.cli` run them).
 
-Every function here except the two ``get_link`` methods is pure: no engine, no metadata DB.
-Volume paths are paths on the Docker engine's host; the ``file://`` links and the TensorBoard
-URL are meant for a browser on that host (or with those paths mounted at the same place).
+Every function here is pure: no engine, no metadata DB. The links point at the tfpipe plugin
+under the api-server (:mod:`tfpipe.plugins`), which reads the run's files through the engine;
+the ``tfpipe tensorboard`` URL is meant for a browser on the engine's host.
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ TENSORBOARD_CONTAINER_PORT = 6006
 TENSORBOARD_LOGDIR = "/logs"
 #: The port Jupyter would listen on inside the shell container.
 JUPYTER_CONTAINER_PORT = 8888
-#: The evaluate stage writes this next to ``evaluation.json`` (``trainer.report.REPORT_NAME``).
-REPORT_NAME = "report.html"
 #: Run dir sub-path of the TensorBoard event files (``trainer.train``).
 TENSORBOARD_SUBDIR = "train/tensorboard"
 #: ``tfpipe.role`` label values of the containers started here.
@@ -84,26 +82,6 @@ def host_tensorboard_dir(volumes: Any, dag_id: str, run_id: str) -> str:
     return f"{host_run_dir(volumes, dag_id, run_id)}/{TENSORBOARD_SUBDIR}"
 
 
-def file_url(path: str) -> str:
-    """A ``file://`` URL of an absolute local path."""
-    return "file://" + quote(path, safe="/")
-
-
-def report_container_path(dag_id: str, run_id: str, result: Mapping[str, Any] | None = None) -> str:
-    """The report of a task's XCom result (evaluate: run dir; export: model version), else the run's."""
-    report = (result or {}).get("report") if isinstance(result, Mapping) else None
-    if isinstance(report, str) and report:
-        return report
-    return f"{contract.run_dir(dag_id, run_id)}/{REPORT_NAME}"
-
-
-def report_url(volumes: Any, dag_id: str, run_id: str, result: Mapping[str, Any] | None = None) -> str:
-    """``file://`` URL of the run report on the engine's host."""
-    container = report_container_path(dag_id, run_id, result)
-    path = host_path(container, volumes) or host_path(report_container_path(dag_id, run_id), volumes)
-    return file_url(path or container)
-
-
 def tensorboard_run_name(dag_id: str, run_id: str) -> str:
     """The run's name in TensorBoard: ``<dag>/<run>`` as in ``work/runs/<dag>/<run>``.
 
@@ -126,20 +104,6 @@ def tensorboard_url(dag_id: str, run_id: str, base: str | None = None) -> str:
 
 
 # --- operator extra links ----------------------------------------------------------------------
-
-def task_result(ti_key: Any) -> dict[str, Any] | None:
-    """The task's XCom result (``return_value``), or ``None`` when none can be read.
-
-    Works where the task SDK can read XComs (on the worker, where Airflow calls ``get_link``).
-    """
-    try:
-        from airflow.providers.common.compat.sdk import XCom
-
-        value = XCom.get_value(ti_key=ti_key, key="return_value")
-    except Exception:  # no result (failed task), or no XCom access here: fall back to the run dir
-        return None
-    return value if isinstance(value, dict) else None
-
 
 class RunReportLink(BaseOperatorLink):
     """"Run report": the run's ``report.html``, served by the tfpipe plugin under the api-server.

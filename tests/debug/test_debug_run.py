@@ -103,19 +103,18 @@ def _links(run_id: str) -> dict[str, dict[str, str]]:
     return links
 
 
-def test_links_of_the_finished_run_point_at_its_report_and_tensorboard(finished_run):
+def test_links_of_the_finished_run_point_at_the_plugin(finished_run):
+    from tfpipe.plugins import paths
+
     run_id, home = finished_run["summary"]["run_id"], finished_run["home"]
     links = _links(run_id)
     assert set(links) == {"train", "evaluate", "export"}
-    run_dir = home / "work" / "runs" / DAG_ID / contract.safe_name(run_id, 120)
-    assert links["train"]["_link_RunReportLink"] == debug.file_url(str(run_dir / "report.html"))
-    assert links["evaluate"]["_link_RunReportLink"] == debug.file_url(str(run_dir / "report.html"))
-    # export's link comes from its XCom result (read by the worker): the copy in the model version
-    exported = Path(finished_run["summary"]["model_dir"]) / "report" / "report.html"
-    assert links["export"]["_link_RunReportLink"] == debug.file_url(str(exported))
-    assert (run_dir / "report.html").is_file() and exported.is_file()
     for task_links in links.values():
-        assert task_links["_link_TensorBoardLink"] == debug.tensorboard_url(DAG_ID, run_id)
+        assert task_links["_link_RunReportLink"] == paths.report_url(DAG_ID, run_id)
+        assert task_links["_link_TensorBoardLink"] == paths.tensorboard_url(DAG_ID, run_id)
+    run_dir = home / "work" / "runs" / DAG_ID / contract.safe_name(run_id, 120)
+    exported = Path(finished_run["summary"]["model_dir"]) / "report" / "report.html"
+    assert (run_dir / "report.html").is_file() and exported.is_file()
 
 
 def test_shell_container_is_the_task_container(finished_run, docker_client):
@@ -240,8 +239,9 @@ def test_report_renders_in_headless_chromium(finished_run, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if not chromium:
         pytest.skip("no chromium on PATH (scripts/ensure-chromium.sh installs Debian's as root)")
-    link = _links(finished_run["summary"]["run_id"])["evaluate"]["_link_RunReportLink"]
-    assert link.startswith("file:///")
+    run_id = finished_run["summary"]["run_id"]
+    report = finished_run["home"] / "work" / "runs" / DAG_ID / contract.safe_name(run_id, 120) / "report.html"
+    link = report.as_uri()  # the file itself; tests/ui opens it through the api-server's plugin
     out = tmp_path / "report.png"
     profile = tempfile.mkdtemp(prefix="chromium-")
     try:

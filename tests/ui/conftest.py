@@ -111,7 +111,7 @@ class ApiServer:
             return json.loads(resp.read())["access_token"]
 
     def get(self, path: str, *, user: str | None = None, headers: dict | None = None,
-            timeout: int = 180) -> tuple[int, dict, bytes]:
+            timeout: int = 360) -> tuple[int, dict, bytes]:
         """``GET path`` as ``user`` (None: no credentials); redirects are not followed."""
         headers = dict(headers or {})
         if user:

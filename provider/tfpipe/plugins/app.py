@@ -16,6 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import RedirectResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
 from tfpipe.plugins.paths import LOCATION_XCOM_KEY, REPORT_FILES, REPORT_HTML, parse_location
 
 _MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".png": "image/png"}
@@ -37,13 +42,8 @@ def read_location(dag_id: str, run_id: str) -> dict[str, str] | None:
     return None
 
 
-def create_app() -> Any:
+def create_app() -> FastAPI:
     """Build the FastAPI app (imports the api-server's security module: call it in the api-server)."""
-    from fastapi import Depends, FastAPI, HTTPException, Request
-    from fastapi.exception_handlers import http_exception_handler
-    from fastapi.responses import RedirectResponse, Response
-    from starlette.exceptions import HTTPException as StarletteHTTPException
-
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
     from airflow.api_fastapi.core_api.security import requires_access_dag
@@ -111,19 +111,3 @@ def create_app() -> Any:
         return Response(answer.body, status_code=answer.status, headers=answer.headers)
 
     return app
-
-
-class LazyApp:
-    """An ASGI app that builds :func:`create_app` on its first request.
-
-    Every Airflow process loads plugins, but only the api-server serves requests: the FastAPI app
-    and the api-server's security module are imported there alone.
-    """
-
-    def __init__(self) -> None:
-        self._app: Any = None
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if self._app is None:
-            self._app = create_app()
-        await self._app(scope, receive, send)

@@ -36,8 +36,9 @@ LOG = logging.getLogger(__name__)
 REPORT_READER_ROLE = "report-reader"
 TENSORBOARD_ROLE = "ui-tensorboard"
 TENSORBOARD_PORT = 6006
-#: Seconds to wait for a new TensorBoard to answer (TF import plus reading the event files).
-TENSORBOARD_START_TIMEOUT_S = 120
+#: Seconds to wait for a new TensorBoard to answer (TF import plus reading the event files; about
+#: 100 s were seen on a busy 2-core machine).
+TENSORBOARD_START_TIMEOUT_S = 300
 _IDLE_ENV, _MAX_ENV = "TFPIPE_TENSORBOARD_IDLE_S", "TFPIPE_TENSORBOARD_MAX"
 
 
