@@ -254,7 +254,7 @@ class TfpipeStageOperator(DockerOperator):
         if code == contract.ExitCode.NOT_BLESSED and self.stage == "evaluate":
             result = contract.parse_result_line(logs)
             context["ti"].xcom_push(key="return_value", value=result)
-            emit_stage_metrics(context["ti"].dag_id, self.stage, result)
+            emit_stage_metrics(self.dag_id, self.stage, result)
             self.lineage_inputs = capture(self, context, result, _LINEAGE_STAGES)
             downstream = sorted(self.get_direct_relative_ids(upstream=False))
             self.log.info("candidate not blessed: skipping %s", ", ".join(downstream) or "nothing")
