@@ -85,3 +85,11 @@ def test_stage_lineage_links_each_stage_to_the_next():
     assert out.facets["tfpipe_blessing"]["blessed"] is True and out.facets["tfpipe_blessing"]["baseline_version"] == 3
     # before the stage ran (START) it names its inputs only
     assert lineage.stage_lineage("train", result=None, upstream={"prep": prep}, **common).outputs == ()
+
+
+def test_a_note_a_person_wrote_is_kept():
+    from tfpipe.plugins.listener import write_note
+
+    run = SimpleNamespace(note="ops: rerun after the disk filled", dag_id="d", run_id="r")
+    write_note(run, session=None)  # returns before it reads anything
+    assert run.note == "ops: rerun after the disk filled"

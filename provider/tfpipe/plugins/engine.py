@@ -113,7 +113,9 @@ def tensorboard_container_name(dag_id: str, run_id: str) -> str:
 class TensorBoards:
     """On-demand TensorBoard containers, one per run, reached only through the engine API."""
 
-    def __init__(self) -> None:
+    def __init__(self, role: str = TENSORBOARD_ROLE) -> None:
+        #: the ``tfpipe.role`` label of the containers this instance starts, finds and evicts
+        self.role = role
         self._lock = threading.Lock()
         self._last_used: dict[tuple[str, str], float] = {}
 
@@ -132,7 +134,7 @@ class TensorBoards:
             return found[0]["Id"]
         for container in found:  # exited or dead: start afresh
             cli.remove_container(container["Id"], force=True)
-        self._evict(cli, keep=self.max_running() - 1)
+        self.evict(cli, keep=self.max_running() - 1)
         run_dir = contract.run_dir(dag_id, run_id)
         logdir = f"{run_dir}/train/tensorboard"
         host_config = cli.create_host_config(
@@ -145,7 +147,7 @@ class TensorBoards:
             created = cli.create_container(
                 image=location["image"], name=name, entrypoint=[], user="65534:65534",
                 environment={"HOME": "/tmp"}, host_config=host_config,
-                labels={"tfpipe.role": TENSORBOARD_ROLE, "tfpipe.tensorboard": f"{dag_id}/{run_id}"},
+                labels={"tfpipe.role": self.role, "tfpipe.tensorboard": f"{dag_id}/{run_id}"},
                 command=["tensorboard", "--logdir", logdir, "--host", "127.0.0.1",
                          "--port", str(TENSORBOARD_PORT)],
             )
@@ -156,9 +158,13 @@ class TensorBoards:
         cli.start(created["Id"])
         return created["Id"]
 
-    def _evict(self, cli: Any, keep: int) -> None:
+    def mark_used(self, dag_id: str, run_id: str, at: float | None = None) -> None:
+        """Record a request for the run's TensorBoard (eviction removes the least recently used)."""
+        self._last_used[(dag_id, run_id)] = time.time() if at is None else at
+
+    def evict(self, cli: Any, keep: int) -> None:
         """Remove idle TensorBoards, then the least recently used ones beyond ``keep``."""
-        running = cli.containers(all=True, filters={"label": f"tfpipe.role={TENSORBOARD_ROLE}"})
+        running = cli.containers(all=True, filters={"label": f"tfpipe.role={self.role}"})
         now = time.time()
         idle = self.idle_seconds()
 
@@ -179,7 +185,7 @@ class TensorBoards:
         try:
             with self._lock:
                 cid = self._ensure(cli, location, dag_id, run_id)
-                self._last_used[(dag_id, run_id)] = time.time()
+                self.mark_used(dag_id, run_id)
             # TensorBoard's page uses relative URLs, so it needs no --path_prefix behind this route.
             url = f"http://127.0.0.1:{TENSORBOARD_PORT}/{path.lstrip('/')}"
             if query:
@@ -219,7 +225,7 @@ class TensorBoards:
         """Remove every TensorBoard container of this kind on the engine; return how many."""
         cli = api_client(docker_url)
         try:
-            found = cli.containers(all=True, filters={"label": f"tfpipe.role={TENSORBOARD_ROLE}"})
+            found = cli.containers(all=True, filters={"label": f"tfpipe.role={self.role}"})
             for container in found:
                 cli.remove_container(container["Id"], force=True)
             return len(found)

@@ -18,7 +18,8 @@ from airflow.providers.common.compat.sdk import hookimpl
 LOG = logging.getLogger(__name__)
 
 
-def _write_note(dag_run: Any, session: Any, state: Any = None) -> None:
+def write_note(dag_run: Any, session: Any, state: Any = None) -> None:
+    """Set the run's note to its summary, unless a person already wrote one."""
     existing = dag_run.note
     if existing and not str(existing).startswith("tfpipe: "):
         return
@@ -36,7 +37,7 @@ def _set_note(dag_run: Any) -> None:
     try:
         session = inspect(dag_run).session
         if session is not None:
-            _write_note(dag_run, session)
+            write_note(dag_run, session)
             return
         # dag.test() hands over a DagRun detached from any session: write through a short one of
         # our own (the state change it reports is already committed there).
@@ -47,7 +48,7 @@ def _set_note(dag_run: Any) -> None:
             attached = own.scalars(select(DagRun).where(DagRun.dag_id == dag_run.dag_id,
                                                         DagRun.run_id == dag_run.run_id)).one_or_none()
             if attached is not None:
-                _write_note(attached, own, state=dag_run.state)
+                write_note(attached, own, state=dag_run.state)
     except Exception:  # a summary must never fail the state change that triggered it
         LOG.exception("could not write the tfpipe run note of %s %s", dag_run.dag_id, dag_run.run_id)
 
