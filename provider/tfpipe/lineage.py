@@ -18,6 +18,7 @@ provider's ``OperatorLineage``, importing OpenLineage only then (the extra ``ope
 
 from __future__ import annotations
 
+import logging
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -196,8 +197,12 @@ def capture(task: Any, context: Any, result: Any, stages: tuple[str, ...]) -> di
     """
     if not lineage_enabled():
         return None
-    return {"result": result if isinstance(result, Mapping) else None,
-            "upstream": upstream_results(task, context["ti"], stages)}
+    try:
+        upstream = upstream_results(task, context["ti"], stages)
+    except Exception:  # lineage must never fail a task that did its work
+        logging.getLogger(__name__).warning("OpenLineage: upstream results unreadable", exc_info=True)
+        upstream = {}
+    return {"result": result if isinstance(result, Mapping) else None, "upstream": upstream}
 
 
 def upstream_results(task: Any, task_instance: Any, stages: tuple[str, ...]) -> dict[str, Any]:
