@@ -24,12 +24,13 @@ BENCH_ARGS ?=
 # The image reference is content-derived; read it after `image` ran.
 IMAGE_REF = $$(cat $(CACHE)/trainer-image)
 
-.PHONY: help demo run test test-host test-trainer image docker venv airflow-db data bench clean
+.PHONY: help demo run test test-host test-trainer lint image docker venv airflow-db data bench clean
 
 help:
 	@echo "make demo                        run the example pipeline tfpipe_digits end to end"
 	@echo "make run DAG=<id> CONF='<json>'   run one DAG run of any DAG in dags/"
-	@echo "make test                        run every test (host, Airflow, containers, in-image)"
+	@echo "make test                        run every test (lint, host, Airflow, containers, in-image)"
+	@echo "make lint                        ruff check (part of make test)"
 	@echo "make image                       build (or reuse) the trainer image"
 	@echo "make bench                       side-by-side speed ratios (not a test)"
 	@echo "make tensorboard RUN=<id>|latest  serve a run's TensorBoard on localhost:PORT (default 6006)"
@@ -69,7 +70,13 @@ run: venv image airflow-db data
 	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m tfpipe.cli run $(DAG) --conf '$(CONF)' 2> >(tee $(CACHE)/last-run.log >&2) \
 	  || (echo "[run] $(DAG) did not succeed; full log: $(CACHE)/last-run.log" >&2; exit 1)
 
-test: venv image airflow-db data test-trainer test-host
+test: venv image airflow-db data lint test-trainer test-host
+
+# ruff (pinned in requirements/host.lock; rules in pyproject.toml): pyflakes/pycodestyle, Airflow's AIR rules,
+# and no module-level TensorFlow, google.cloud or kubernetes imports on the Airflow side.
+lint: venv
+	@echo "[lint] ruff check"
+	@$(VENV)/bin/ruff check --quiet .
 
 test-trainer: image
 	@echo "[test] trainer tests inside the TF 2.9 image"

@@ -294,7 +294,7 @@ t0 = time.perf_counter()
 import airflow.providers.docker.operators.docker
 t1 = time.perf_counter()
 if sys.argv[2] == "tfpipe":
-    import tfpipe.pipeline
+    import tfpipe.dag_factory
 t2 = time.perf_counter()
 runpy.run_path(sys.argv[1], run_name="bench_dag_file")
 t3 = time.perf_counter()
@@ -364,7 +364,7 @@ def dag_parse(ctx: Context) -> dict[str, Any]:
     t, r = breakdown["tfpipe"], breakdown["reference"]
     stats["why"] = (f"{files[0].name}: {t['docker_provider']:.0f} ms importing the Docker provider (the "
                     f"reference pays the same {r['docker_provider']:.0f} ms), {t['tfpipe_modules']:.0f} ms importing "
-                    f"tfpipe's own modules (tfpipe.pipeline and what it imports), {t['dag_build']:.0f} ms building "
+                    f"tfpipe's own modules (tfpipe.dag_factory and what it imports), {t['dag_build']:.0f} ms building "
                     f"the DAG (4 operators, Params, docs) vs {r['dag_build']:.0f} ms for the reference's DAG")
     stats["notes"] = notes
     return stats
@@ -451,7 +451,7 @@ def stage_docker_args(spec, config: dict[str, Any], cfg=None) -> list[str]:
 
 def orchestration(ctx: Context) -> dict[str, Any]:
     from tfpipe import contract
-    from tfpipe.specs import plan_pipeline, resolve_stage_config, writable_dirs
+    from tfpipe.specs import TryIdentity, plan_pipeline, resolve_try
 
     dag_id = "tfpipe_digits"
     dag_file = REPO / "dags" / f"{dag_id}.py"
@@ -508,10 +508,9 @@ def orchestration(ctx: Context) -> dict[str, Any]:
         run_id = f"bench__plain_{ctx.session}_{i}"
         stages = []
         for spec in plan_pipeline(cfg):  # configs and directories first: outside the timed span
-            config = resolve_stage_config(spec.config, dag_id=cfg.dag_id, run_id=run_id, task_id=spec.task_id,
-                                          try_number=1, image=spec.image)
-            dirs = writable_dirs(spec.stage, config, config["paths"]["run_dir"])
-            make_dirs(*(host_path(cfg, d) for d in dirs))
+            plan = resolve_try(spec, TryIdentity(cfg.dag_id, run_id, spec.task_id))
+            config = plan.config
+            make_dirs(*(host_path(cfg, d) for d in plan.writable_dirs))
             cmd = ["docker", "run", "--rm", *ctx.docker_run_args(f"plain-{spec.stage}"),
                    *stage_docker_args(spec, config, cfg), spec.image, *spec.command]
             stages.append((spec.stage, cmd))
@@ -630,9 +629,8 @@ RESUME_EPOCHS = 8
 
 
 def resume_cost(ctx: Context) -> dict[str, Any]:
-    from tfpipe import contract
     from tfpipe.config import PipelineConfig
-    from tfpipe.specs import config_template, plan_pipeline, resolve_stage_config
+    from tfpipe.specs import TryIdentity, plan_pipeline, resolve_try
 
     root = ctx.images_root()
     logfile = LOGS / "resume_cost_ratio.log"
@@ -646,15 +644,13 @@ def resume_cost(ctx: Context) -> dict[str, Any]:
         "export": {"model_name": "bench_resume"},
     })
     spec = next(s for s in plan_pipeline(cfg) if s.stage == "train")
-    template = config_template(cfg, "train")
     prep_pointer = root / "work" / "runs" / "bench" / "prep" / "dataset.json"
     if not prep_pointer.exists():
         raise BenchError(f"{prep_pointer} is missing: the image data set was not prepared")
     kills: list[dict[str, Any]] = []
 
     def start(run_id: str, try_number: int) -> tuple[subprocess.Popen, str, Path, float]:
-        config = resolve_stage_config(template, dag_id=cfg.dag_id, run_id=run_id, task_id="train",
-                                      try_number=try_number, image=ctx.image)
+        config = resolve_try(spec, TryIdentity(cfg.dag_id, run_id, "train", try_number)).config
         run_dir = host_path(cfg, config["paths"]["run_dir"])
         if try_number == 1:  # the run's prep output and directories: prepared beforehand, untimed
             make_dirs(run_dir, root / "work" / "cache" / "cuda", root / "models")

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from trainer import atomic, config as config_mod
+from trainer import atomic, config as config_mod, contract
 from trainer.errors import BadInput
 
 LOG = logging.getLogger("tfpipe")
@@ -101,7 +101,7 @@ def begin(config, stage):
     resolved = config_mod.resolve(config)
     resolved["stage"] = stage
     run_dir = resolved["paths"]["run_dir"]
-    atomic.write_json(os.path.join(run_dir, "config", "%s.json" % stage), resolved)
+    atomic.write_json(contract.stage_config_path(run_dir, stage), resolved)
     LOG.info("stage %s: dag %s run %s try %s", stage, resolved["run"]["dag_id"],
              resolved["run"]["run_id"], resolved["run"]["try_number"])
     return resolved

@@ -24,12 +24,139 @@ CONFIG_ENV = "TFPIPE_CONFIG"
 #: Prefix of the one stdout line that carries a stage's JSON result back to the operator.
 RESULT_PREFIX = "TFPIPE_RESULT "
 
+#: The pipeline's stages, in order; ``python -m trainer <stage>`` runs one.
 STAGES = ("prep", "train", "evaluate", "export")
 
 #: Where the three volumes are mounted inside every stage container.
 CONTAINER_DATA = "/data"
 CONTAINER_WORK = "/work"
 CONTAINER_MODELS = "/models"
+
+
+# --- The stage config sections: the one home of every default, bound and choice -------------------
+#
+# Each field is a mapping with:
+#   kind      "int", "number", "bool", "str", "str?" (string or null), "dict", "list?" (list or
+#             null), "pair" (two integers);
+#   default   the value when the field is not given (lists stand for tuples on the Airflow side);
+#   minimum / maximum, exclusive_minimum / exclusive_maximum
+#             bounds every reader enforces (for "pair": each item);
+#   parse_maximum
+#             a plausibility bound checked when a DAG is parsed and by the trigger form only: a
+#             value above it is almost surely a typo (100000 epochs), or can never pass (a
+#             threshold above 1 for metrics in [0, 1]); the trainer still runs with it;
+#   choices   the allowed values;
+#   override  "param": a run may override it from the trigger form (an Airflow Param of that
+#             name) or ``dag_run.conf``; "conf": from ``dag_run.conf`` only; absent: never;
+#   doc       one line for forms and docs.
+# Structure checks that are not a default, bound or choice (the feature list, the custom-model
+# reference, paths) stay with each reader.
+
+#: Built-in model names (``training.model``); anything else is ``package.module:function``.
+BUILTIN_MODELS = ("mlp", "cnn", "resnet50")
+#: Metrics the blessing gate can use; all are "higher is better" and lie in [0, 1].
+METRICS = ("accuracy", "macro_precision", "macro_recall", "macro_f1")
+OPTIMIZERS = ("adam", "sgd", "rmsprop")
+DATA_FORMATS = ("csv", "images")
+FEATURE_TYPES = ("float", "int")
+#: Model names and other names that become directories and container names.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+SECTIONS = {
+    "data": {
+        "path": {"kind": "str?", "default": None,
+                 "doc": "file or directory relative to the data volume"},
+        "format": {"kind": "str", "default": "csv", "choices": DATA_FORMATS,
+                   "doc": "csv (tabular) or images (one sub-folder per class)"},
+        "label": {"kind": "str", "default": "label", "doc": "label column (csv)"},
+        "features": {"kind": "list?", "default": None,
+                     "doc": "feature columns as {name, type}; null = every other column, float"},
+        "key": {"kind": "str?", "default": None,
+                "doc": "column that identifies an example for the split; null = the row content"},
+        "image_size": {"kind": "pair", "default": [32, 32], "minimum": 8, "maximum": 4096,
+                       "doc": "[height, width] images are resized to"},
+        "channels": {"kind": "int", "default": 1, "choices": (1, 3), "doc": "1 (grayscale) or 3 (RGB)"},
+        "eval_fraction": {"kind": "number", "default": 0.2, "exclusive_minimum": 0, "exclusive_maximum": 1,
+                          "doc": "share of examples held out for evaluation"},
+        "split_seed": {"kind": "int", "default": 42, "doc": "salt of the split hash"},
+        "shard_size": {"kind": "int", "default": 1000, "minimum": 1, "doc": "examples per TFRecord shard"},
+    },
+    "training": {
+        "model": {"kind": "str", "default": "mlp", "override": "param",
+                  "doc": "built-in model, or package.module:function on code_path"},
+        "model_kwargs": {"kind": "dict", "default": {}, "doc": "extra keyword arguments of the model builder"},
+        "code_path": {"kind": "str?", "default": None, "doc": "directory of a custom model's package"},
+        "epochs": {"kind": "int", "default": 10, "minimum": 1, "parse_maximum": 100000, "override": "param",
+                   "doc": "target number of epochs; a resumed run trains until it"},
+        "batch_size": {"kind": "int", "default": 64, "minimum": 1, "parse_maximum": 65536, "override": "param",
+                       "doc": "global batch size (split across GPUs)"},
+        "learning_rate": {"kind": "number", "default": 0.001, "exclusive_minimum": 0, "parse_maximum": 10,
+                          "override": "param",
+                          "doc": "learning rate of the optimizer"},
+        "optimizer": {"kind": "str", "default": "adam", "choices": OPTIMIZERS, "override": "param",
+                      "doc": "optimizer of the training loop"},
+        "seed": {"kind": "int", "default": 42, "minimum": 0, "override": "param",
+                 "doc": "random seed: weight initialisation, and the data order (epoch e is shuffled with seed + e)"},
+        "checkpoint_every_steps": {"kind": "int", "default": 100, "minimum": 0, "override": "conf",
+                                   "doc": "also checkpoint every N steps (0: epoch ends only)"},
+        "keep_checkpoints": {"kind": "int", "default": 3, "minimum": 1, "doc": "checkpoints kept"},
+        "mixed_precision": {"kind": "bool", "default": False, "override": "param",
+                            "doc": "train with the mixed_float16 policy (float16 compute, float32 weights)"},
+        "cache": {"kind": "bool", "default": True, "doc": "cache parsed examples in memory"},
+        "shuffle_buffer": {"kind": "int", "default": 10000, "minimum": 1, "doc": "shuffle buffer in examples"},
+        "warm_start": {"kind": "bool", "default": False, "override": "param",
+                       "doc": "initialise from the newest blessed model instead of from scratch"},
+    },
+    "evaluation": {
+        "metric": {"kind": "str", "default": "accuracy", "choices": METRICS, "override": "param",
+                   "doc": "metric of the blessing gate (higher is better)"},
+        "threshold": {"kind": "number", "default": 0.9, "minimum": 0, "parse_maximum": 1, "override": "param",
+                      "doc": "absolute minimum of the metric for a blessing"},
+        "tolerance": {"kind": "number", "default": 0.01, "minimum": 0, "parse_maximum": 1,
+                      "doc": "how much worse than the current production model a candidate may be"},
+    },
+    "export": {
+        "model_name": {"kind": "str", "default": "model", "pattern": NAME_PATTERN,
+                       "doc": "directory under the models volume (TF Serving's model name)"},
+        "keep_versions": {"kind": "int", "default": 5, "minimum": 1, "doc": "versions kept"},
+    },
+}
+
+
+def section_defaults(section):
+    """A fresh mapping of every field of ``section`` to its default (lists and dicts copied)."""
+    return {name: json.loads(json.dumps(spec["default"])) for name, spec in SECTIONS[section].items()}
+
+
+def overridable(kinds=("param", "conf")):
+    """``{field: section}`` of the fields a run may override (names are unique across sections)."""
+    found = {}
+    for section, fields in SECTIONS.items():
+        for name, spec in fields.items():
+            if spec.get("override") in kinds:
+                found[name] = section
+    return found
+
+
+# --- The run directory: file names both sides read ----------------------------------------------
+
+#: Under the run dir: the resolved config of each stage (``config/<stage>.json``).
+CONFIG_DIR = "config"
+#: Under the run dir: training state, keyed by the run, never by the try.
+CHECKPOINTS_SUBDIR = "train/checkpoints"
+TENSORBOARD_SUBDIR = "train/tensorboard"
+FINAL_SUBDIR = "train/final"
+METRICS_FILE = "metrics.json"
+ATTEMPTS_FILE = "attempts.json"
+EVALUATION_FILE = "evaluation.json"
+BLESSING_FILE = "blessing.json"
+#: The run report, next to ``evaluation.json`` (and in ``<version>/report/`` of an export).
+REPORT_FILE = "report.html"
+
+
+def stage_config_path(run_directory, stage):
+    """Where a stage records its resolved config inside ``run_directory``."""
+    return "%s/%s/%s.json" % (run_directory, CONFIG_DIR, stage)
 
 
 class ExitCode:

@@ -16,7 +16,7 @@ version exported by this same DAG run. Not blessed: :class:`~trainer.errors.NotB
 
 import os
 
-from trainer import atomic, checkpoints, common, data, models, report
+from trainer import atomic, checkpoints, common, contract, data, models, report
 from trainer.common import LOG
 from trainer.errors import NotBlessed
 
@@ -28,7 +28,7 @@ import tensorflow as tf  # noqa: E402
 def load_final_model(config, schema, stats):
     """Rebuild the model from the config and restore ``<run_dir>/train/final/weights``."""
     model = models.build_model(config, schema, stats)
-    prefix = os.path.join(config["paths"]["run_dir"], "train", "final", "weights")
+    prefix = os.path.join(config["paths"]["run_dir"], contract.FINAL_SUBDIR, "weights")
     checkpoints.read_weights(model, prefix, "final weights of the train stage (run it first)")
     return model
 
@@ -139,10 +139,10 @@ def run(config):
     logits, labels = predict(model, data.eval_dataset(base, config["training"]["batch_size"]))
     evaluation = compute_metrics(logits, labels, schema["class_names"])
     evaluation.update(class_names=schema["class_names"], fingerprint=schema["fingerprint"],
-                      final=atomic.read_json(os.path.join(run_dir, "train", "final",
+                      final=atomic.read_json(os.path.join(run_dir, contract.FINAL_SUBDIR,
                                                           "final.json")),
                       time=common.now_iso())
-    atomic.write_json(os.path.join(run_dir, "evaluation.json"), evaluation)
+    atomic.write_json(os.path.join(run_dir, contract.EVALUATION_FILE), evaluation)
     metrics = evaluation["metrics"]
     LOG.info("evaluation on %d examples: %s", evaluation["examples"],
              ", ".join("%s %.4f" % kv for kv in sorted(metrics.items())))
@@ -158,13 +158,13 @@ def run(config):
                               "run_id": config["run"]["run_id"]},
                 "baseline": baseline, "threshold": evaluation_cfg["threshold"],
                 "tolerance": evaluation_cfg["tolerance"], "time": common.now_iso()}
-    atomic.write_json(os.path.join(run_dir, "blessing.json"), blessing)
+    atomic.write_json(os.path.join(run_dir, contract.BLESSING_FILE), blessing)
     LOG.info("%s: %s", blessing["decision"], reason)
     written = write_report(config, evaluation, blessing, schema, stats)
     result = {"blessed": blessed, "metric": metric, "value": value, "metrics": metrics,
               "baseline": baseline, "reason": reason, "threshold": evaluation_cfg["threshold"],
               "tolerance": evaluation_cfg["tolerance"],
-              "evaluation_path": os.path.join(run_dir, "evaluation.json"),
+              "evaluation_path": os.path.join(run_dir, contract.EVALUATION_FILE),
               "report": written["report"] if written else None,
               "plots": written["plots"] if written else []}
     if not blessed:

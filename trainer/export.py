@@ -16,7 +16,7 @@ is copied into ``<version>/report/`` before the rename and listed in ``metadata.
 import os
 import shutil
 
-from trainer import atomic, checkpoints, common, data, report
+from trainer import atomic, checkpoints, common, contract, data, report
 from trainer.common import LOG
 from trainer.errors import BadInput
 from trainer.evaluate import load_final_model
@@ -128,7 +128,7 @@ def run(config):
     config = common.begin(config, "export")
     run_dir, run_info = config["paths"]["run_dir"], config["run"]
     model_name = config["export"]["model_name"]
-    blessing_path = os.path.join(run_dir, "blessing.json")
+    blessing_path = os.path.join(run_dir, contract.BLESSING_FILE)
     blessing = atomic.read_json(blessing_path)
     if not blessing:
         raise BadInput("export refused: %s does not exist (run the evaluate stage first)"
@@ -136,7 +136,7 @@ def run(config):
     if blessing.get("blessed") is not True:
         raise BadInput("export refused: %s says the candidate is not blessed (%s)"
                        % (blessing_path, blessing.get("reason")))
-    evaluation = atomic.read_json(os.path.join(run_dir, "evaluation.json"), {})
+    evaluation = atomic.read_json(os.path.join(run_dir, contract.EVALUATION_FILE), {})
     root = common.model_root(config)
     os.makedirs(root, exist_ok=True)
     for name in atomic.clean_stale_temps(root):
@@ -175,9 +175,9 @@ def run(config):
             "evaluation": {"metrics": evaluation.get("metrics", {}), "blessing": blessing,
                            "per_class": evaluation.get("per_class")},
             "tensorflow_version": tf.__version__,
-            "training": atomic.read_json(os.path.join(run_dir, "train", "final",
+            "training": atomic.read_json(os.path.join(run_dir, contract.FINAL_SUBDIR,
                                                       "final.json")),
-            "attempts": atomic.read_json(os.path.join(run_dir, "attempts.json"), []),
+            "attempts": atomic.read_json(os.path.join(run_dir, contract.ATTEMPTS_FILE), []),
             "signature": module.describe(), "verification": check, "report": report_entry,
         }
         version = _publish(tmp, root, metadata)

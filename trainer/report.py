@@ -26,9 +26,9 @@ import io
 import os
 import sys
 
-from trainer import atomic
+from trainer import atomic, contract
 
-REPORT_NAME = "report.html"
+REPORT_NAME = contract.REPORT_FILE
 #: The plots, in the order they are listed and embedded.
 PLOTS = ("loss", "accuracy", "confusion_matrix")
 PLOT_DPI = 100
@@ -463,14 +463,14 @@ def write_report(run_dir, config=None, evaluation=None, blessing=None, schema=No
     never a reason to fail a run).
     """
     if evaluation is None:
-        evaluation = _read(run_dir, "evaluation.json", default={})
+        evaluation = _read(run_dir, contract.EVALUATION_FILE, default={})
     if blessing is None:
-        blessing = _read(run_dir, "blessing.json")
+        blessing = _read(run_dir, contract.BLESSING_FILE)
     if config is None:
-        config = _read(run_dir, "config", "evaluate.json", default={})
-    history = [r for r in _read(run_dir, "metrics.json", default=[]) or []
+        config = _read(contract.stage_config_path(run_dir, "evaluate"), default={})
+    history = [r for r in _read(run_dir, contract.METRICS_FILE, default=[]) or []
                if isinstance(r, dict)]
-    attempts = [a for a in _read(run_dir, "attempts.json", default=[]) or []
+    attempts = [a for a in _read(run_dir, contract.ATTEMPTS_FILE, default=[]) or []
                 if isinstance(a, dict)]
     pngs = render_plots(history, attempts, evaluation)
     text = render_html(pngs, evaluation, blessing, history, attempts, run=config.get("run"),

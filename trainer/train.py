@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 
-from trainer import atomic, checkpoints, common, data, models
+from trainer import atomic, checkpoints, common, contract, data, models
 from trainer.common import LOG
 from trainer.errors import BadInput, Diverged
 
@@ -46,7 +46,7 @@ class Attempts(object):
     """``attempts.json``: a list with one entry per training attempt, written atomically."""
 
     def __init__(self, run_dir, entry):
-        self.path = os.path.join(run_dir, "attempts.json")
+        self.path = os.path.join(run_dir, contract.ATTEMPTS_FILE)
         self.entries = atomic.read_json(self.path, [])
         for old in self.entries:
             if old.get("status") == "running":
@@ -67,7 +67,7 @@ class Attempts(object):
 
 def _append_history(run_dir, record):
     """Add one epoch to ``metrics.json``, replacing an older record of the same epoch."""
-    path = os.path.join(run_dir, "metrics.json")
+    path = os.path.join(run_dir, contract.METRICS_FILE)
     history = [h for h in atomic.read_json(path, []) if h.get("epoch") != record["epoch"]]
     history.append(record)
     history.sort(key=lambda h: h["epoch"])
@@ -96,7 +96,7 @@ class Loop(object):
             self.optimizer = checkpoints.build_optimizer(training)
             checkpoints.create_slots(self.optimizer, self.model)
             self.state = checkpoints.TrainState(self.model, self.optimizer,
-                                                os.path.join(self.train_dir, "checkpoints"),
+                                                os.path.join(self.run_dir, contract.CHECKPOINTS_SUBDIR),
                                                 training["keep_checkpoints"])
             self.train_loss = tf.keras.metrics.Mean("loss")
             self.train_acc = tf.keras.metrics.SparseCategoricalAccuracy("accuracy")
@@ -192,7 +192,7 @@ class Loop(object):
         n_train = self.schema["counts"]["train"]
         step = int(self.state.step.numpy())
         first_step, started = step, time.time()
-        history = atomic.read_json(os.path.join(self.run_dir, "metrics.json"), [])
+        history = atomic.read_json(os.path.join(self.run_dir, contract.METRICS_FILE), [])
         for epoch in range(int(self.state.epoch.numpy()), training["epochs"]):
             done = step - epoch * self.spe
             dataset = data.epoch_dataset(self.base_train, epoch, training["seed"],
@@ -239,7 +239,7 @@ def _write_final(loop, summary):
     tmp = atomic.make_temp_dir(loop.train_dir)
     checkpoints.write_weights(loop.model, os.path.join(tmp, "weights"))
     atomic.write_json(os.path.join(tmp, "final.json"), summary)
-    final = os.path.join(loop.train_dir, "final")
+    final = os.path.join(loop.run_dir, contract.FINAL_SUBDIR)
     atomic.replace_dir(tmp, final)
     return final
 
@@ -251,7 +251,7 @@ def run(config):
     dataset_dir, schema, stats = common.load_dataset(config)
     strategy = common.setup_tensorflow(training)
     loop = Loop(config, strategy, schema, stats, dataset_dir)
-    final = os.path.join(loop.train_dir, "final")
+    final = os.path.join(loop.run_dir, contract.FINAL_SUBDIR)
     if os.path.exists(final):
         atomic.remove_dir(final)  # stale until this attempt reaches the target
     atomic.clean_stale_temps(loop.train_dir, max_age_s=0)  # one attempt at a time per run
@@ -288,7 +288,7 @@ def run(config):
         "start_time": common.now_iso(), "end_time": None, "status": "running",
         "start_step": int(loop.state.step.numpy()), "epochs_run": 0, "steps_run": 0,
         "target_steps": loop.total_steps})
-    writer = tf.summary.create_file_writer(os.path.join(loop.train_dir, "tensorboard"))
+    writer = tf.summary.create_file_writer(os.path.join(loop.run_dir, contract.TENSORBOARD_SUBDIR))
     previous = _Stop.install()
     try:
         history = loop.fit(attempts, writer)

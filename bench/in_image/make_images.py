@@ -16,7 +16,6 @@ line is ``BENCH_RESULT {json}`` with the dataset directory and counts.
 """
 
 import argparse
-import json
 import os
 import sys
 import time

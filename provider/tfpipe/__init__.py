@@ -22,7 +22,7 @@ _LAZY = {
     "ExportConfig": "tfpipe.config",
     "ResourcesConfig": "tfpipe.config",
     "TfpipeConfigError": "tfpipe.exceptions",
-    "training_pipeline": "tfpipe.pipeline",
+    "training_pipeline": "tfpipe.dag_factory",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -7,12 +7,17 @@ the worker's host), so they are checked for form only, never for existence.
 
 Build a config from keyword arguments, or from a plain mapping (YAML/JSON) with
 :meth:`PipelineConfig.from_dict`, which also rejects unknown keys.
+
+The stage-config sections (``data``, ``training``, ``evaluation``, ``export``) take every default,
+bound and choice from the contract's schema (:data:`tfpipe.contract.SECTIONS`), which the trainer
+reads too; this module defines none of its own for them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import posixpath
 import re
 from collections.abc import Mapping
@@ -20,23 +25,21 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, ClassVar
 
+from tfpipe import contract
 from tfpipe.exceptions import TfpipeConfigError
 
-BUILTIN_MODELS = ("mlp", "cnn", "resnet50")
-OPTIMIZERS = ("adam", "sgd", "rmsprop")
-DATA_FORMATS = ("csv", "images")
-METRICS = ("accuracy",)
 GPU_FALLBACKS = ("fail", "cpu")
 
 #: Tags that move: an image referenced by one of these is not reproducible.
 FLOATING_TAGS = frozenset({"latest", "stable", "nightly", "gpu", "latest-gpu", "devel", "devel-gpu", "edge"})
 DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/var/run", "/run")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME = re.compile(contract.NAME_PATTERN)
 _MEM = re.compile(r"^\d+(\.\d+)?[bkmgBKMG]?$")
 _CUSTOM_MODEL = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
-def _fail(field_name: str, problem: str, fix: str) -> TfpipeConfigError:
+def config_error(field_name: str, problem: str, fix: str) -> TfpipeConfigError:
+    """The error for a bad value: ``"<field>: <problem>. Fix: <fix>."`` (raise it)."""
     return TfpipeConfigError(f"{field_name}: {problem}. Fix: {fix}.")
 
 
@@ -51,27 +54,19 @@ def _is_number(value: Any) -> bool:
 def check_positive_int(field_name: str, value: Any) -> None:
     """Raise unless ``value`` is an integer >= 1."""
     if not _is_int(value) or value < 1:
-        raise _fail(field_name, f"must be a whole number >= 1, got {value!r}", f"set {field_name} to 1 or more")
-
-
-def check_fraction(field_name: str, value: Any, *, low_open: bool = False, high_open: bool = False) -> None:
-    """Raise unless ``value`` is a number in [0, 1] (bounds optionally open)."""
-    ok = _is_number(value) and (value > 0 if low_open else value >= 0) and (value < 1 if high_open else value <= 1)
-    if not ok:
-        lo, hi = "(0" if low_open else "[0", "1)" if high_open else "1]"
-        raise _fail(field_name, f"must be a number in {lo}, {hi}, got {value!r}", f"pick a value in {lo}, {hi}")
+        raise config_error(field_name, f"must be a whole number >= 1, got {value!r}", f"set {field_name} to 1 or more")
 
 
 def check_choice(field_name: str, value: Any, choices: tuple[str, ...]) -> None:
     """Raise unless ``value`` is one of ``choices``."""
     if value not in choices:
-        raise _fail(field_name, f"unknown value {value!r}", f"use one of {', '.join(map(repr, choices))}")
+        raise config_error(field_name, f"unknown value {value!r}", f"use one of {', '.join(map(repr, choices))}")
 
 
 def check_name(field_name: str, value: Any) -> None:
     """Raise unless ``value`` is a safe identifier for file and container names."""
     if not isinstance(value, str) or not _NAME.match(value):
-        raise _fail(
+        raise config_error(
             field_name,
             f"must be a name of letters, digits, '.', '_' or '-', got {value!r}",
             "rename it, e.g. 'digits'",
@@ -86,25 +81,25 @@ def check_image_ref(field_name: str, ref: Any, *, allow_floating_tag: bool = Fal
     ``allow_floating_tag=True``.
     """
     if not isinstance(ref, str) or not ref.strip() or any(c.isspace() for c in ref):
-        raise _fail(field_name, f"must be an image reference string, got {ref!r}", "e.g. 'tfpipe/trainer:0.1.0'")
+        raise config_error(field_name, f"must be an image reference string, got {ref!r}", "e.g. 'tfpipe/trainer:0.1.0'")
     if "@sha256:" in ref:
         digest = ref.split("@sha256:", 1)[1]
         if not re.fullmatch(r"[0-9a-f]{64}", digest):
-            raise _fail(field_name, f"digest in {ref!r} is not 64 hex digits", "copy the digest from `docker inspect`")
+            raise config_error(field_name, f"digest in {ref!r} is not 64 hex digits", "copy the digest from `docker inspect`")
         return
     if allow_floating_tag:
         return
     last = ref.rsplit("/", 1)[-1]
     tag = last.split(":", 1)[1] if ":" in last else None
     if tag is None:
-        raise _fail(
+        raise config_error(
             field_name,
             f"image {ref!r} has no tag, so Docker uses the floating 'latest'",
             "pin a version tag (e.g. ':2.9.3-gpu') or a digest ('@sha256:...'), "
             "or pass allow_floating_tag=True",
         )
     if tag.lower() in FLOATING_TAGS or not any(ch.isdigit() for ch in tag):
-        raise _fail(
+        raise config_error(
             field_name,
             f"tag {tag!r} of {ref!r} is floating (it can point at a different image tomorrow)",
             "pin a version tag (e.g. ':2.9.3-gpu') or a digest ('@sha256:...'), "
@@ -120,18 +115,18 @@ def check_host_path(field_name: str, value: Any) -> str:
     control of the engine).
     """
     if not isinstance(value, str) or not value:
-        raise _fail(field_name, f"must be an absolute host path, got {value!r}", "e.g. '/srv/tfpipe/data'")
+        raise config_error(field_name, f"must be an absolute host path, got {value!r}", "e.g. '/srv/tfpipe/data'")
     if not value.startswith("/"):
-        raise _fail(
+        raise config_error(
             field_name,
             f"{value!r} is relative; a mount path is a path on the Docker engine's host",
             "give an absolute path such as '/srv/tfpipe/data'",
         )
     norm = posixpath.normpath(value)
     if norm == "/":
-        raise _fail(field_name, "mounting '/' exposes the whole host", "mount a dedicated directory")
+        raise config_error(field_name, "mounting '/' exposes the whole host", "mount a dedicated directory")
     if norm in DOCKER_SOCKETS or norm.endswith("docker.sock"):
-        raise _fail(
+        raise config_error(
             field_name,
             f"{norm!r} is (or holds) the Docker socket; a container with it controls the engine",
             "mount a data directory instead",
@@ -142,17 +137,17 @@ def check_host_path(field_name: str, value: Any) -> str:
 def check_relative_path(field_name: str, value: Any) -> None:
     """Raise unless ``value`` is a path relative to a mount that stays inside it."""
     if not isinstance(value, str) or not value:
-        raise _fail(field_name, f"must be a path relative to the data volume, got {value!r}", "e.g. 'digits/digits.csv'")
+        raise config_error(field_name, f"must be a path relative to the data volume, got {value!r}", "e.g. 'digits/digits.csv'")
     norm = posixpath.normpath(value)
     if value.startswith("/") or norm == ".." or norm.startswith("../"):
-        raise _fail(
+        raise config_error(
             field_name,
             f"{value!r} leaves the data volume",
             "give a path relative to volumes.data, without a leading '/' or '..'",
         )
 
 
-# --- Google Cloud Storage URIs (issue #7) ---------------------------------------------------------
+# --- Google Cloud Storage URIs --------------------------------------------------------------------
 
 _GCS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]*[a-z0-9]$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -167,27 +162,144 @@ def check_gcs_uri(field_name: str, value: Any) -> tuple[str, str]:
     """
     example = "e.g. 'gs://my-bucket/raw/digits'"
     if not isinstance(value, str) or not value:
-        raise _fail(field_name, f"must be a gs:// URI, got {value!r}", f"write it as gs://BUCKET/PREFIX, {example}")
+        raise config_error(field_name, f"must be a gs:// URI, got {value!r}", f"write it as gs://BUCKET/PREFIX, {example}")
     if not value.startswith("gs://"):
-        raise _fail(field_name, f"{value!r} is not a gs:// URI (only Google Cloud Storage is supported)",
+        raise config_error(field_name, f"{value!r} is not a gs:// URI (only Google Cloud Storage is supported)",
                     f"write it as gs://BUCKET/PREFIX, {example}")
     if _CONTROL.search(value) or value != value.strip():
-        raise _fail(field_name, f"{value!r} contains control characters or surrounding whitespace",
+        raise config_error(field_name, f"{value!r} contains control characters or surrounding whitespace",
                     "remove them")
     bucket, _, prefix = value[len("gs://"):].partition("/")
     if not bucket:
-        raise _fail(field_name, f"{value!r} names no bucket", f"write it as gs://BUCKET/PREFIX, {example}")
+        raise config_error(field_name, f"{value!r} names no bucket", f"write it as gs://BUCKET/PREFIX, {example}")
     too_long = len(bucket) > 222 or ("." not in bucket and len(bucket) > 63) or any(
         len(part) > 63 for part in bucket.split("."))
     if not _GCS_BUCKET.match(bucket) or len(bucket) < 3 or too_long or ".." in bucket:
-        raise _fail(field_name, f"{bucket!r} in {value!r} is not a valid bucket name (3-63 lowercase letters, "
+        raise config_error(field_name, f"{bucket!r} in {value!r} is not a valid bucket name (3-63 lowercase letters, "
                     "digits, '-', '_' or '.', starting and ending with a letter or digit)",
                     f"correct the bucket name, {example}")
     segments = prefix.rstrip("/").split("/") if prefix.rstrip("/") else []
     if prefix.startswith("/") or any(seg in ("", ".", "..") for seg in segments):
-        raise _fail(field_name, f"the path {prefix!r} of {value!r} has an empty, '.' or '..' segment",
+        raise config_error(field_name, f"the path {prefix!r} of {value!r} has an empty, '.' or '..' segment",
                     f"write the prefix as plain names separated by single '/', {example}")
     return bucket, prefix
+
+
+def schema_default(section: str, name: str) -> Any:
+    """A dataclass default for a stage-config field, from the contract (lists become tuples)."""
+    value = contract.SECTIONS[section][name]["default"]
+    if isinstance(value, dict):
+        return field(default_factory=lambda: dict(value))
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def _interval(spec: Mapping[str, Any]) -> tuple[Any, Any, bool, bool]:
+    """``(low, high, low_open, high_open)`` of a schema field; ``parse_maximum`` counts as high."""
+    low_open, high_open = "exclusive_minimum" in spec, "exclusive_maximum" in spec
+    low = spec.get("exclusive_minimum", spec.get("minimum"))
+    high = spec.get("exclusive_maximum", spec.get("maximum", spec.get("parse_maximum")))
+    return low, high, low_open, high_open
+
+
+def check_schema_field(section: str, name: str, value: Any) -> None:
+    """Check one stage-config field against the contract: kind, choices, pattern and bounds.
+
+    Bounds include ``parse_maximum`` (plausibility, checked at parse time and in the trigger form).
+    """
+    spec = contract.SECTIONS[section][name]
+    where, kind = f"{section}.{name}", spec["kind"]
+    if "choices" in spec:
+        check_choice(where, value, tuple(spec["choices"]))
+        return
+    if "pattern" in spec:
+        check_name(where, value)
+        return
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise config_error(where, f"must be true or false, got {value!r}", "use a boolean")
+        return
+    low, high, low_open, high_open = _interval(spec)
+    if kind == "int":
+        if not _is_int(value) or (low is not None and value < low):
+            if low is None:
+                raise config_error(where, f"must be an integer, got {value!r}", f"e.g. {spec['default']}")
+            raise config_error(where, f"must be a whole number >= {low}, got {value!r}", f"set {where} to {low} or more")
+        if high is not None and value > high:
+            raise config_error(where, f"{value} is above {high}, not a plausible {name}", f"use at most {high}")
+    elif kind == "number":
+        ok = _is_number(value) and math.isfinite(value)
+        ok = ok and (low is None or (value > low if low_open else value >= low))
+        ok = ok and (high is None or (value < high if high_open else value <= high))
+        if not ok:
+            bounds = []
+            if low is not None:
+                bounds.append(f"{'>' if low_open else '>='} {low:g}")
+            if high is not None:
+                bounds.append(f"{'<' if high_open else '<='} {high:g}")
+            text = f"must be a finite number {' and '.join(bounds)}".rstrip()
+            if low is not None and high is not None:
+                text += f", i.e. in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+            raise config_error(where, f"{text}, got {value!r}", f"e.g. {spec['default']}")
+
+
+def check_schema_section(section: str, obj: Any) -> None:
+    """:func:`check_schema_field` on every field of ``section`` with a rule of its kind."""
+    for name, spec in contract.SECTIONS[section].items():
+        if spec["kind"] in ("int", "number", "bool") or "choices" in spec or "pattern" in spec:
+            check_schema_field(section, name, getattr(obj, name))
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """GPUs for one container: a count (``-1`` = all) or explicit device ids."""
+
+    count: int = 0
+    device_ids: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, value: Any, *, field_name: str = "gpus") -> GpuRequest | None:
+        """Parse ``None``, ``"all"``, a count, or a list of device ids; raise a config error otherwise."""
+        if isinstance(value, str):
+            value = value.strip()
+            if "," in value:
+                value = [v.strip() for v in value.split(",")]
+        if value is None or value == 0 or value in ("", "none"):
+            return None
+        if value == "all":
+            return cls(count=-1)
+        if isinstance(value, bool):
+            raise config_error(field_name, f"{value!r} is not a GPU spec", "use 'all', a count such as 2, or ['0', '1']")
+        if isinstance(value, int):
+            if value < 0:
+                raise config_error(field_name, f"GPU count must be >= 1, got {value}", "use 'all', a count, or device ids")
+            return cls(count=value)
+        if isinstance(value, str) and value.isdigit():
+            return cls(count=int(value))
+        if isinstance(value, (list, tuple)) and value:
+            ids = tuple(str(v) for v in value)
+            if any(not v or not (v.isdigit() or v.startswith("GPU-") or v.startswith("MIG-")) for v in ids):
+                raise config_error(field_name, f"device ids must be indexes or UUIDs, got {list(value)!r}",
+                            "e.g. ['0', '1'] or ['GPU-8a3c...']")
+            if isinstance(value[0], bool):
+                raise config_error(field_name, f"{value!r} is not a GPU spec", "use 'all', a count, or device ids")
+            return cls(device_ids=ids)
+        raise config_error(field_name, f"{value!r} is not a GPU spec", "use None, 'all', a count such as 2, or ['0', '1']")
+
+    def to_docker(self) -> list:
+        """The docker-py ``DeviceRequest`` list (engine API >= 1.40)."""
+        from docker.types import DeviceRequest
+
+        if self.device_ids:
+            return [DeviceRequest(device_ids=list(self.device_ids), capabilities=[["gpu"]])]
+        return [DeviceRequest(count=self.count, capabilities=[["gpu"]])]
+
+    def describe(self) -> str:
+        """Human-readable form for logs."""
+        if self.device_ids:
+            return "GPUs " + ",".join(self.device_ids)
+        return "all GPUs" if self.count == -1 else f"{self.count} GPU(s)"
 
 
 @dataclass(frozen=True)
@@ -205,17 +317,17 @@ class _Section:
         if isinstance(mapping, cls):
             return mapping
         if not isinstance(mapping, Mapping):
-            raise _fail(where, f"must be a mapping, got {type(mapping).__name__}", f"write {where} as key: value pairs")
+            raise config_error(where, f"must be a mapping, got {type(mapping).__name__}", f"write {where} as key: value pairs")
         names = [f.name for f in dataclasses.fields(cls)]
         for key in mapping:
             if key not in names:
                 close = difflib.get_close_matches(str(key), names, n=1)
                 hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(names)}"
-                raise _fail(f"{where}.{key}", "unknown key", f"remove it ({hint})")
+                raise config_error(f"{where}.{key}", "unknown key", f"remove it ({hint})")
         try:
             return cls(**dict(mapping))
         except TypeError as err:  # a required field is missing
-            raise _fail(where, str(err), f"give every required key of {where}") from None
+            raise config_error(where, str(err), f"give every required key of {where}") from None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able copy (tuples become lists)."""
@@ -269,7 +381,7 @@ class VolumesConfig(_Section):
             paths[name] = norm
         for a, b in (("work", "data"), ("models", "data")):
             if paths[a] == paths[b]:
-                raise _fail(
+                raise config_error(
                     f"volumes.{a}",
                     f"is the same directory as volumes.{b}, which is mounted read-only",
                     f"give volumes.{a} its own directory",
@@ -279,6 +391,8 @@ class VolumesConfig(_Section):
 @dataclass(frozen=True)
 class DataConfig(_Section):
     """Where the raw data is and how prep reads and splits it.
+
+    Defaults, bounds and choices: :data:`tfpipe.contract.SECTIONS` ``["data"]``.
 
     :param path: file or directory relative to ``volumes.data``.
     :param format: ``csv`` (tabular) or ``images`` (one sub-folder per class).
@@ -293,50 +407,51 @@ class DataConfig(_Section):
     """
 
     section: ClassVar[str] = "data"
-    path: str = ""
-    format: str = "csv"
-    label: str = "label"
-    features: tuple | None = None
-    key: str | None = None
-    image_size: tuple = (32, 32)
-    channels: int = 1
-    eval_fraction: float = 0.2
-    split_seed: int = 42
-    shard_size: int = 1000
+    path: str | None = schema_default("data", "path")
+    format: str = schema_default("data", "format")
+    label: str = schema_default("data", "label")
+    features: tuple | None = schema_default("data", "features")
+    key: str | None = schema_default("data", "key")
+    image_size: tuple = schema_default("data", "image_size")
+    channels: int = schema_default("data", "channels")
+    eval_fraction: float = schema_default("data", "eval_fraction")
+    split_seed: int = schema_default("data", "split_seed")
+    shard_size: int = schema_default("data", "shard_size")
 
     def __post_init__(self) -> None:
         check_relative_path("data.path", self.path)
-        check_choice("data.format", self.format, DATA_FORMATS)
+        check_schema_field("data", "format", self.format)
         if not isinstance(self.label, str) or not self.label:
-            raise _fail("data.label", f"must name the label column, got {self.label!r}", "e.g. label='label'")
+            raise config_error("data.label", f"must name the label column, got {self.label!r}", "e.g. label='label'")
         if self.features is not None:
             if not isinstance(self.features, (list, tuple)) or not self.features:
-                raise _fail("data.features", "must be a non-empty list or None", "list the feature columns or omit it")
+                raise config_error("data.features", "must be a non-empty list or None", "list the feature columns or omit it")
             cleaned = []
             for i, feat in enumerate(self.features):
                 feat = {"name": feat, "type": "float"} if isinstance(feat, str) else feat
                 if not isinstance(feat, Mapping) or set(feat) - {"name", "type"} or not isinstance(feat.get("name"), str):
-                    raise _fail(f"data.features[{i}]", f"must be a column name or {{name, type}}, got {feat!r}",
-                                "e.g. {'name': 'age', 'type': 'float'}")
-                check_choice(f"data.features[{i}].type", feat.get("type", "float"), ("float", "int"))
+                    raise config_error(f"data.features[{i}]", f"must be a column name or {{name, type}}, got {feat!r}",
+                                       "e.g. {'name': 'age', 'type': 'float'}")
+                check_choice(f"data.features[{i}].type", feat.get("type", "float"), contract.FEATURE_TYPES)
                 cleaned.append({"name": feat["name"], "type": feat.get("type", "float")})
             object.__setattr__(self, "features", tuple(cleaned))
         if self.key is not None and (not isinstance(self.key, str) or not self.key):
-            raise _fail("data.key", f"must be a column name or None, got {self.key!r}", "omit it to split by row content")
-        size = self.image_size
-        if (not isinstance(size, (list, tuple)) or len(size) != 2 or not all(_is_int(v) and 8 <= v <= 4096 for v in size)):
-            raise _fail("data.image_size", f"must be [height, width] with 8..4096 each, got {size!r}", "e.g. [64, 64]")
+            raise config_error("data.key", f"must be a column name or None, got {self.key!r}", "omit it to split by row content")
+        size, spec = self.image_size, contract.SECTIONS["data"]["image_size"]
+        low, high = spec["minimum"], spec["maximum"]
+        if (not isinstance(size, (list, tuple)) or len(size) != 2
+                or not all(_is_int(v) and low <= v <= high for v in size)):
+            raise config_error("data.image_size", f"must be [height, width] with {low}..{high} each, got {size!r}",
+                               "e.g. [64, 64]")
         object.__setattr__(self, "image_size", tuple(size))
-        check_choice("data.channels", self.channels, (1, 3))  # type: ignore[arg-type]
-        check_fraction("data.eval_fraction", self.eval_fraction, low_open=True, high_open=True)
-        if not _is_int(self.split_seed):
-            raise _fail("data.split_seed", f"must be an integer, got {self.split_seed!r}", "e.g. 42")
-        check_positive_int("data.shard_size", self.shard_size)
+        check_schema_section("data", self)
 
 
 @dataclass(frozen=True)
 class TrainingConfig(_Section):
-    """Model and hyperparameters; every field can be overridden per run from the trigger form.
+    """Model and hyperparameters; the fields a run may override are the contract's ``override`` ones.
+
+    Defaults, bounds and choices: :data:`tfpipe.contract.SECTIONS` ``["training"]``.
 
     :param model: ``mlp``, ``cnn``, ``resnet50`` or ``package.module:function`` on ``code_path``.
     :param model_kwargs: extra keyword arguments for the model builder.
@@ -347,7 +462,8 @@ class TrainingConfig(_Section):
     :param learning_rate: optimizer learning rate.
     :param optimizer: ``adam``, ``sgd`` or ``rmsprop``.
     :param seed: seed of initialisation and shuffling.
-    :param checkpoint_every_steps: also checkpoint every N steps (epoch ends always checkpoint).
+    :param checkpoint_every_steps: also checkpoint every N steps (epoch ends always checkpoint;
+        0 = epoch ends only).
     :param keep_checkpoints: how many checkpoints to keep.
     :param mixed_precision: train in ``mixed_float16`` (GPUs with tensor cores).
     :param cache: cache parsed examples in memory.
@@ -356,95 +472,116 @@ class TrainingConfig(_Section):
     """
 
     section: ClassVar[str] = "training"
-    model: str = "mlp"
-    model_kwargs: Mapping = field(default_factory=dict)
-    code_path: str | None = None
-    epochs: int = 10
-    batch_size: int = 64
-    learning_rate: float = 0.001
-    optimizer: str = "adam"
-    seed: int = 42
-    checkpoint_every_steps: int = 100
-    keep_checkpoints: int = 3
-    mixed_precision: bool = False
-    cache: bool = True
-    shuffle_buffer: int = 10000
-    warm_start: bool = False
+    model: str = schema_default("training", "model")
+    model_kwargs: Mapping = schema_default("training", "model_kwargs")
+    code_path: str | None = schema_default("training", "code_path")
+    epochs: int = schema_default("training", "epochs")
+    batch_size: int = schema_default("training", "batch_size")
+    learning_rate: float = schema_default("training", "learning_rate")
+    optimizer: str = schema_default("training", "optimizer")
+    seed: int = schema_default("training", "seed")
+    checkpoint_every_steps: int = schema_default("training", "checkpoint_every_steps")
+    keep_checkpoints: int = schema_default("training", "keep_checkpoints")
+    mixed_precision: bool = schema_default("training", "mixed_precision")
+    cache: bool = schema_default("training", "cache")
+    shuffle_buffer: int = schema_default("training", "shuffle_buffer")
+    warm_start: bool = schema_default("training", "warm_start")
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model, str) or not (self.model in BUILTIN_MODELS or _CUSTOM_MODEL.match(self.model)):
-            raise _fail(
+        models = contract.BUILTIN_MODELS
+        if not isinstance(self.model, str) or not (self.model in models or _CUSTOM_MODEL.match(self.model)):
+            raise config_error(
                 "training.model",
                 f"unknown model {self.model!r}",
-                f"use one of {', '.join(BUILTIN_MODELS)} or 'package.module:function' with code_path",
+                f"use one of {', '.join(models)} or 'package.module:function' with code_path",
             )
         if ":" in self.model and not self.code_path:
-            raise _fail("training.code_path", f"custom model {self.model!r} needs code_path",
-                        "set code_path to the container directory that holds the package")
+            raise config_error("training.code_path", f"custom model {self.model!r} needs code_path",
+                               "set code_path to the container directory that holds the package")
         if self.code_path is not None:
             if not isinstance(self.code_path, str) or not self.code_path:
-                raise _fail("training.code_path", f"must be a path, got {self.code_path!r}",
-                            "give a directory relative to volumes.data (e.g. 'code') or a container path")
+                raise config_error("training.code_path", f"must be a path, got {self.code_path!r}",
+                                   "give a directory relative to volumes.data (e.g. 'code') or a container path")
             if not self.code_path.startswith("/"):
                 check_relative_path("training.code_path", self.code_path)
         if not isinstance(self.model_kwargs, Mapping):
-            raise _fail("training.model_kwargs", "must be a mapping", "e.g. {'hidden_units': [128, 64]}")
-        for name in ("epochs", "batch_size", "checkpoint_every_steps", "keep_checkpoints", "shuffle_buffer"):
-            check_positive_int(f"training.{name}", getattr(self, name))
-        if self.epochs > 100000:
-            raise _fail("training.epochs", f"{self.epochs} is not a plausible epoch count", "use at most 100000")
-        if not _is_number(self.learning_rate) or not 0 < self.learning_rate < float("inf"):
-            raise _fail("training.learning_rate", f"must be a finite number > 0, got {self.learning_rate!r}",
-                        "e.g. 0.001")
-        check_choice("training.optimizer", self.optimizer, OPTIMIZERS)
-        if not _is_int(self.seed) or self.seed < 0:
-            raise _fail("training.seed", f"must be an integer >= 0, got {self.seed!r}", "e.g. 42")
-        for name in ("mixed_precision", "cache", "warm_start"):
-            if not isinstance(getattr(self, name), bool):
-                raise _fail(f"training.{name}", f"must be true or false, got {getattr(self, name)!r}", "use a boolean")
+            raise config_error("training.model_kwargs", "must be a mapping", "e.g. {'hidden_units': [128, 64]}")
+        check_schema_section("training", self)
 
-    #: Fields a run may override from the trigger form (``dag_run.conf`` / Params).
-    TUNABLE: ClassVar[tuple[str, ...]] = (
-        "model", "epochs", "batch_size", "learning_rate", "optimizer", "seed",
-        "checkpoint_every_steps", "mixed_precision", "warm_start",
-    )
+    #: Fields a run may override (``dag_run.conf``; the trigger form's Params for most of them).
+    TUNABLE: ClassVar[tuple[str, ...]] = tuple(
+        name for name, spec in contract.SECTIONS["training"].items() if "override" in spec)
 
 
 @dataclass(frozen=True)
 class EvaluationConfig(_Section):
     """The blessing gate.
 
-    :param metric: metric compared (``accuracy``).
+    Defaults, bounds and choices: :data:`tfpipe.contract.SECTIONS` ``["evaluation"]``.
+
+    :param metric: metric compared: ``accuracy``, ``macro_precision``, ``macro_recall`` or ``macro_f1``.
     :param threshold: absolute minimum of the metric.
     :param tolerance: how much worse than the current production model a candidate may be.
     """
 
     section: ClassVar[str] = "evaluation"
-    metric: str = "accuracy"
-    threshold: float = 0.9
-    tolerance: float = 0.01
+    metric: str = schema_default("evaluation", "metric")
+    threshold: float = schema_default("evaluation", "threshold")
+    tolerance: float = schema_default("evaluation", "tolerance")
 
     def __post_init__(self) -> None:
-        check_choice("evaluation.metric", self.metric, METRICS)
-        check_fraction("evaluation.threshold", self.threshold)
-        check_fraction("evaluation.tolerance", self.tolerance)
+        check_schema_section("evaluation", self)
 
 
 @dataclass(frozen=True)
 class ExportConfig(_Section):
     """Versioned SavedModel export.
 
+    Defaults and bounds: :data:`tfpipe.contract.SECTIONS` ``["export"]``.
+
     :param model_name: directory under ``volumes.models`` (TF Serving's model name).
     :param keep_versions: how many versions to keep.
     """
 
     section: ClassVar[str] = "export"
-    model_name: str = "model"
-    keep_versions: int = 5
+    model_name: str = schema_default("export", "model_name")
+    keep_versions: int = schema_default("export", "keep_versions")
 
     def __post_init__(self) -> None:
-        check_name("export.model_name", self.model_name)
-        check_positive_int("export.keep_versions", self.keep_versions)
+        check_schema_section("export", self)
+
+
+#: The stage-config sections, by name (the contract's sections, as frozen dataclasses).
+STAGE_SECTIONS: dict[str, type[_Section]] = {
+    "data": DataConfig, "training": TrainingConfig, "evaluation": EvaluationConfig, "export": ExportConfig,
+}
+
+
+_TOLERATION_KEYS = {"key": "key", "operator": "operator", "value": "value", "effect": "effect",
+                    "toleration_seconds": "toleration_seconds", "tolerationSeconds": "toleration_seconds"}
+
+
+def _check_tolerations(value: Any) -> tuple[dict[str, Any], ...]:
+    """Validate Kubernetes tolerations; return them with snake_case keys, as a tuple."""
+    example = "e.g. [{'key': 'nvidia.com/gpu', 'operator': 'Exists', 'effect': 'NoSchedule'}]"
+    if not isinstance(value, (list, tuple)):
+        raise config_error("resources.tolerations", f"must be a list of tolerations, got {value!r}", example)
+    cleaned = []
+    for i, item in enumerate(value):
+        where = f"resources.tolerations[{i}]"
+        if not isinstance(item, Mapping) or set(item) - set(_TOLERATION_KEYS):
+            raise config_error(where, f"must be a mapping of {', '.join(sorted(_TOLERATION_KEYS))}, got {item!r}",
+                               example)
+        toleration = {_TOLERATION_KEYS[k]: v for k, v in item.items()}
+        check_choice(f"{where}.operator", toleration.get("operator", "Equal"), ("Equal", "Exists"))
+        check_choice(f"{where}.effect", toleration.get("effect", ""), ("", "NoSchedule", "PreferNoSchedule",
+                                                                      "NoExecute"))
+        seconds = toleration.get("toleration_seconds")
+        if seconds is not None and not (_is_int(seconds) and seconds >= 0):
+            raise config_error(f"{where}.toleration_seconds", f"must be a whole number >= 0, got {seconds!r}",
+                               "e.g. 300, or leave it out")
+        cleaned.append(toleration)
+    return tuple(cleaned)
 
 
 @dataclass(frozen=True)
@@ -463,6 +600,10 @@ class ResourcesConfig(_Section):
     :param private_environment: secret environment variables (tokens, keys): passed to the
         containers only, never rendered in the UI, logged or stored in XCom. Prefer reading them
         from a secrets backend in the DAG file over writing values into it.
+    :param node_selector: Kubernetes backend: node labels a stage pod must match (e.g.
+        ``{"nvidia.com/gpu.present": "true"}``); the Docker backend ignores it.
+    :param tolerations: Kubernetes backend: tolerations of the stage pods, as in a pod spec
+        (``{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}``).
     """
 
     section: ClassVar[str] = "resources"
@@ -475,35 +616,41 @@ class ResourcesConfig(_Section):
     network_mode: str = "bridge"
     environment: Mapping = field(default_factory=dict)
     private_environment: Mapping = field(default_factory=dict, repr=False)
+    node_selector: Mapping = field(default_factory=dict)
+    tolerations: tuple = ()
 
     def __post_init__(self) -> None:
-        from tfpipe.specs import GpuRequest  # local: specs imports this module
-
         for name in ("environment", "private_environment"):
             env = getattr(self, name)
             if not isinstance(env, Mapping) or not all(
                     isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) and isinstance(v, str)
                     for k, v in env.items()):
-                raise _fail(f"resources.{name}", "must map variable names to string values",
+                raise config_error(f"resources.{name}", "must map variable names to string values",
                             "e.g. {'WANDB_MODE': 'offline'}")
 
+        if not isinstance(self.node_selector, Mapping) or not all(
+                isinstance(k, str) and k and isinstance(v, str) for k, v in self.node_selector.items()):
+            raise config_error("resources.node_selector", "must map node label names to string values",
+                               "e.g. {'nvidia.com/gpu.present': 'true'}")
+        object.__setattr__(self, "node_selector", dict(self.node_selector))
+        object.__setattr__(self, "tolerations", _check_tolerations(self.tolerations))
         GpuRequest.parse(self.gpus, field_name="resources.gpus")
         check_choice("resources.gpu_fallback", self.gpu_fallback, GPU_FALLBACKS)
-        if not isinstance(self.gpu_stages, (list, tuple)) or any(s not in STAGE_NAMES for s in self.gpu_stages):
-            raise _fail("resources.gpu_stages", f"must list stages of {STAGE_NAMES}, got {self.gpu_stages!r}",
+        if not isinstance(self.gpu_stages, (list, tuple)) or any(s not in contract.STAGES for s in self.gpu_stages):
+            raise config_error("resources.gpu_stages", f"must list stages of {contract.STAGES}, got {self.gpu_stages!r}",
                         "e.g. ['train', 'evaluate']")
         object.__setattr__(self, "gpu_stages", tuple(self.gpu_stages))
         for name in ("mem_limit", "shm_size"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, str) and _MEM.match(value)):
-                raise _fail(f"resources.{name}", f"must be a size like '2g' or '512m', got {value!r}", "e.g. '2g'")
+                raise config_error(f"resources.{name}", f"must be a size like '2g' or '512m', got {value!r}", "e.g. '2g'")
         if not isinstance(self.user, str) or not re.fullmatch(r"\d+(:\d+)?", self.user):
-            raise _fail("resources.user", f"must be 'uid:gid' in numbers, got {self.user!r}", "e.g. '1000:1000'")
+            raise config_error("resources.user", f"must be 'uid:gid' in numbers, got {self.user!r}", "e.g. '1000:1000'")
         if not isinstance(self.network_mode, str) or not self.network_mode:
-            raise _fail("resources.network_mode", f"must be a Docker network name, got {self.network_mode!r}",
+            raise config_error("resources.network_mode", f"must be a Docker network name, got {self.network_mode!r}",
                         "e.g. 'bridge' or 'none'")
         if self.network_mode == "host":
-            raise _fail("resources.network_mode", "'host' shares the host's network stack", "use 'bridge' or 'none'")
+            raise config_error("resources.network_mode", "'host' shares the host's network stack", "use 'bridge' or 'none'")
 
     @property
     def uid_gid(self) -> tuple[int, int]:
@@ -512,7 +659,65 @@ class ResourcesConfig(_Section):
         return int(uid), int(gid or uid)
 
 
-STAGE_NAMES = ("prep", "train", "evaluate", "export")
+
+
+BACKENDS = ("docker", "kubernetes")
+_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class KubernetesConfig(_Section):
+    """Where the stages run when ``backend="kubernetes"`` (``pip install 'airflow-provider-tfpipe[kubernetes]'``).
+
+    :param namespace: the namespace of the stage pods.
+    :param kubernetes_conn_id: the Airflow Kubernetes connection (``None``: in-cluster or kube config).
+    :param in_cluster: use the in-cluster service account configuration.
+    :param config_file: a kube config file on the worker.
+    :param claims: PersistentVolumeClaim per volume (``{"data": "raw", "work": "work", "models":
+        "models"}``); a volume without a claim is a hostPath of ``volumes.<name>`` on the node.
+    :param service_account_name: the pods' service account.
+    :param image_pull_policy: ``IfNotPresent``, ``Always`` or ``Never``.
+    :param prepare_volumes: run an init container (root, only ``chown`` of the directories the
+        stage writes) before each stage, as the Docker backend's helper container does; turn it
+        off where volumes are already owned by ``resources.user`` (e.g. ``fsGroup``-managed PVCs).
+    :param secret_env: environment variables from Kubernetes Secrets, ``{"VAR": "secret-name:key"}``
+        (the Kubernetes backend's ``private_environment``).
+    """
+
+    section: ClassVar[str] = "kubernetes"
+    namespace: str = "default"
+    kubernetes_conn_id: str | None = "kubernetes_default"
+    in_cluster: bool | None = None
+    config_file: str | None = None
+    claims: Mapping = field(default_factory=dict)
+    service_account_name: str | None = None
+    image_pull_policy: str = "IfNotPresent"
+    prepare_volumes: bool = True
+    secret_env: Mapping = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.namespace, str) or not _K8S_NAME.match(self.namespace) or len(self.namespace) > 63:
+            raise config_error("kubernetes.namespace", f"must be a Kubernetes namespace name, got {self.namespace!r}",
+                               "use lowercase letters, digits and '-', e.g. 'ml-training'")
+        if not isinstance(self.claims, Mapping) or set(self.claims) - {"data", "work", "models"} or not all(
+                isinstance(v, str) and _K8S_NAME.match(v) for v in self.claims.values()):
+            raise config_error("kubernetes.claims", f"must map data/work/models to PVC names, got {self.claims!r}",
+                               "e.g. {'work': 'tfpipe-work', 'models': 'tfpipe-models'}")
+        object.__setattr__(self, "claims", dict(self.claims))
+        check_choice("kubernetes.image_pull_policy", self.image_pull_policy, ("IfNotPresent", "Always", "Never"))
+        for name in ("in_cluster",):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise config_error(f"kubernetes.{name}", f"must be true, false or None, got {getattr(self, name)!r}",
+                                   "use a boolean")
+        if not isinstance(self.secret_env, Mapping) or not all(
+                isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) and isinstance(v, str)
+                and re.fullmatch(r"[a-z0-9][-a-z0-9.]*:[-._A-Za-z0-9]+", v) for k, v in self.secret_env.items()):
+            raise config_error("kubernetes.secret_env", f"must map variable names to 'secret-name:key', got "
+                               f"{self.secret_env!r}", "e.g. {'WANDB_API_KEY': 'wandb:api-key'}")
+        object.__setattr__(self, "secret_env", dict(self.secret_env))
+        if not isinstance(self.prepare_volumes, bool):
+            raise config_error("kubernetes.prepare_volumes", f"must be true or false, got {self.prepare_volumes!r}",
+                               "use a boolean")
 
 
 _CRON_BOUNDS = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
@@ -538,13 +743,13 @@ def _check_schedule(value: Any) -> None:
     if value is None:
         return
     if not isinstance(value, str) or not value.strip():
-        raise _fail("schedule", f"must be a cron expression, a preset like '@daily', or None, got {value!r}",
+        raise config_error("schedule", f"must be a cron expression, a preset like '@daily', or None, got {value!r}",
                     "e.g. '0 3 * * *'")
     presets = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly", "@annually",
                "@midnight", "@continuous"}
     if value.startswith("@"):
         if value not in presets:
-            raise _fail("schedule", f"unknown preset {value!r}", f"use one of {', '.join(sorted(presets))}")
+            raise config_error("schedule", f"unknown preset {value!r}", f"use one of {', '.join(sorted(presets))}")
         return
     fields = value.split()
     if len(fields) == 5 and all(_plain_cron_field(f, lo, hi) for f, (lo, hi) in zip(fields, _CRON_BOUNDS)):
@@ -552,7 +757,7 @@ def _check_schedule(value: Any) -> None:
     from croniter import croniter  # ships with Airflow; decides the rest (names, L, W, #)
 
     if len(fields) != 5 or not croniter.is_valid(value):
-        raise _fail("schedule", f"{value!r} is not a valid 5-field cron expression",
+        raise config_error("schedule", f"{value!r} is not a valid 5-field cron expression",
                     "use minute hour day-of-month month day-of-week, e.g. '0 3 * * *'")
 
 
@@ -584,6 +789,9 @@ class PipelineConfig:
         ``<prefix>/<model_name>/<version>/`` (a run's ``publish_uri`` Param overrides it); ``None`` = no publish.
     :param gcp_conn_id: Airflow connection with the Google credentials (missing: Application Default
         Credentials; with ``STORAGE_EMULATOR_HOST`` set: anonymous).
+    :param backend: ``"docker"`` (DockerOperators against ``docker_url``) or ``"kubernetes"``
+        (KubernetesPodOperators, see :class:`KubernetesConfig`); the stages are the same specs.
+    :param kubernetes: namespace, claims and connection of the Kubernetes backend.
     """
 
     dag_id: str
@@ -604,10 +812,12 @@ class PipelineConfig:
     start_date: datetime = datetime(2026, 1, 1, tzinfo=timezone.utc)
     tags: tuple = ("tfpipe",)
     description: str = "TensorFlow training pipeline: prep -> train -> evaluate -> export"
-    # Google Cloud Storage (issue #7)
+    # Google Cloud Storage
     data_uri: str | None = None
     publish_uri: str | None = None
     gcp_conn_id: str = "google_cloud_default"
+    backend: str = "docker"
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
 
     _SECTIONS: ClassVar[dict[str, type[_Section]]] = {
         "image": ImageConfig,
@@ -617,6 +827,7 @@ class PipelineConfig:
         "evaluation": EvaluationConfig,
         "export": ExportConfig,
         "resources": ResourcesConfig,
+        "kubernetes": KubernetesConfig,
     }
 
     def __post_init__(self) -> None:
@@ -629,44 +840,59 @@ class PipelineConfig:
         for name in ("data_asset", "model_asset"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or "://" not in value):
-                raise _fail(name, f"must be an asset URI like 'file:///srv/raw/digits', got {value!r}",
+                raise config_error(name, f"must be an asset URI like 'file:///srv/raw/digits', got {value!r}",
                             "give a URI with a scheme")
         if not _is_int(self.retries) or not 0 <= self.retries <= 20:
-            raise _fail("retries", f"must be a whole number in 0..20, got {self.retries!r}", "e.g. 3")
+            raise config_error("retries", f"must be a whole number in 0..20, got {self.retries!r}", "e.g. 3")
         if not _is_number(self.retry_delay_seconds) or self.retry_delay_seconds < 0:
-            raise _fail("retry_delay_seconds", f"must be >= 0, got {self.retry_delay_seconds!r}", "e.g. 30")
+            raise config_error("retry_delay_seconds", f"must be >= 0, got {self.retry_delay_seconds!r}", "e.g. 30")
         check_name("gpu_pool", self.gpu_pool)
         if not isinstance(self.docker_url, str) or "://" not in self.docker_url:
-            raise _fail("docker_url", f"must be a URL like 'unix://var/run/docker.sock' or 'tcp://host:2376', "
+            raise config_error("docker_url", f"must be a URL like 'unix://var/run/docker.sock' or 'tcp://host:2376', "
                         f"got {self.docker_url!r}", "set the engine's URL")
         if self.data.format == "images" and self.training.model == "mlp":
-            raise _fail("training.model", "'mlp' is for tabular (csv) data, data.format is 'images'",
+            raise config_error("training.model", "'mlp' is for tabular (csv) data, data.format is 'images'",
                         "use 'cnn' or 'resnet50'")
         if self.data.format == "csv" and self.training.model in ("cnn", "resnet50"):
-            raise _fail("training.model", f"{self.training.model!r} needs images, data.format is 'csv'", "use 'mlp'")
+            raise config_error("training.model", f"{self.training.model!r} needs images, data.format is 'csv'", "use 'mlp'")
         object.__setattr__(self, "tags", tuple(self.tags))
-        # Google Cloud Storage (issue #7)
+        # Google Cloud Storage
         for name in ("data_uri", "publish_uri"):
             if getattr(self, name) is not None:
                 check_gcs_uri(name, getattr(self, name))
         if not isinstance(self.gcp_conn_id, str) or not self.gcp_conn_id.strip():
-            raise _fail("gcp_conn_id", f"must name an Airflow connection, got {self.gcp_conn_id!r}",
+            raise config_error("gcp_conn_id", f"must name an Airflow connection, got {self.gcp_conn_id!r}",
                         "e.g. 'google_cloud_default'")
+        check_choice("backend", self.backend, BACKENDS)
+        if self.backend == "kubernetes":
+            self._check_kubernetes()
+
+    def _check_kubernetes(self) -> None:
+        """What the Kubernetes backend cannot do, said at parse time."""
+        gpus = GpuRequest.parse(self.resources.gpus, field_name="resources.gpus")
+        if gpus and (gpus.count == -1 or gpus.device_ids):
+            raise config_error("resources.gpus", f"{self.resources.gpus!r} cannot be asked of Kubernetes, which "
+                               "schedules GPUs by count (nvidia.com/gpu)", "give a count such as 1 or 2")
+        for name in ("data_uri", "publish_uri"):
+            if getattr(self, name) is not None:
+                raise config_error(name, "Cloud Storage stage-in and publish run through a Docker engine's helper "
+                                   "containers, which the Kubernetes backend has not",
+                                   "leave it unset with backend='kubernetes' (or use backend='docker')")
 
     @classmethod
     def from_dict(cls, mapping: Mapping[str, Any]) -> PipelineConfig:
         """Build a pipeline config from a plain mapping (e.g. loaded from YAML), strictly."""
         if not isinstance(mapping, Mapping):
-            raise _fail("pipeline", f"must be a mapping, got {type(mapping).__name__}", "pass a dict")
+            raise config_error("pipeline", f"must be a mapping, got {type(mapping).__name__}", "pass a dict")
         names = [f.name for f in dataclasses.fields(cls)]
         for key in mapping:
             if key not in names:
                 close = difflib.get_close_matches(str(key), names, n=1)
                 hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(names)}"
-                raise _fail(str(key), "unknown key", f"remove it ({hint})")
+                raise config_error(str(key), "unknown key", f"remove it ({hint})")
         for required in ("dag_id", "image", "volumes", "data"):
             if required not in mapping:
-                raise _fail(required, "is missing", f"add {required} to the pipeline config")
+                raise config_error(required, "is missing", f"add {required} to the pipeline config")
         kwargs = dict(mapping)
         for name, kind in cls._SECTIONS.items():
             if name in kwargs:

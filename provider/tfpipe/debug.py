@@ -1,139 +1,38 @@
-"""Seeing and reproducing a run: operator extra links, TensorBoard and a debug shell.
+"""Reproducing a run by hand: the container a stage task starts, as ``docker run`` command lines.
 
-* :class:`RunReportLink` and :class:`TensorBoardLink` are the "Run report" and "TensorBoard"
-  buttons of the train, evaluate and export tasks in the Airflow UI. Airflow 3 computes an extra
-  link **on the worker**, when the task ends (success or failure), by calling ``get_link`` and
-  storing the URL in XCom under the link's ``xcom_key``; the UI then reads that XCom.
 * :func:`task_plan` says what container a stage task starts for a given run and try (image,
   mounts, user, environment, working dir, network, ...), from the same builders as
-  :meth:`tfpipe.operators.TfpipeStageOperator.execute`. :func:`shell_args` and
+  :meth:`tfpipe.operators.docker.TfpipeStageOperator.execute`. :func:`shell_args` and
   :func:`tensorboard_args` turn a plan into a ``docker run`` command line (``tfpipe shell`` and
   ``tfpipe tensorboard`` in :mod:`tfpipe.cli` run them).
 
-Every function here is pure: no engine, no metadata DB. The links point at the tfpipe plugin
-under the api-server (:mod:`tfpipe.plugins`), which reads the run's files through the engine;
-the ``tfpipe tensorboard`` URL is meant for a browser on the engine's host.
+Every function here is pure: no engine, no metadata DB. The paths and URLs of a run (report,
+TensorBoard) are in :mod:`tfpipe.links`, shared with the UI's extra links.
 """
 
 from __future__ import annotations
 
-import os
-import posixpath
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from airflow.providers.common.compat.sdk import BaseOperatorLink
-
 from tfpipe import contract
-from tfpipe.specs import GpuRequest, MountSpec, container_labels, container_name, resolve_stage_config
+from tfpipe.config import GpuRequest
+from tfpipe.links import tensorboard_run_name
+from tfpipe.specs import MountSpec, TryIdentity, resolve_try
 
-#: Environment variable with the base URL of the TensorBoard the "TensorBoard" link points to.
-TENSORBOARD_URL_ENV = "TFPIPE_TENSORBOARD_URL"
-DEFAULT_TENSORBOARD_URL = "http://localhost:6006"
 #: The port TensorBoard listens on inside its container.
 TENSORBOARD_CONTAINER_PORT = 6006
 #: Where the event files are mounted in the TensorBoard container (``<root>/<dag>/<run>``).
 TENSORBOARD_LOGDIR = "/logs"
 #: The port Jupyter would listen on inside the shell container.
 JUPYTER_CONTAINER_PORT = 8888
-#: Run dir sub-path of the TensorBoard event files (``trainer.train``).
-TENSORBOARD_SUBDIR = "train/tensorboard"
 #: ``tfpipe.role`` label values of the containers started here.
 SHELL_ROLE = "shell"
 TENSORBOARD_ROLE = "tensorboard"
 DEFAULT_DOCKER_URL = "unix://var/run/docker.sock"
-
-
-# --- paths and URLs ----------------------------------------------------------------------------
-
-def _volume_map(volumes: Any) -> tuple[tuple[str, str], ...]:
-    return ((contract.CONTAINER_DATA, volumes.data), (contract.CONTAINER_WORK, volumes.work),
-            (contract.CONTAINER_MODELS, volumes.models))
-
-
-def host_path(container_path: str | None, volumes: Any) -> str | None:
-    """Map a container path under ``/data``, ``/work`` or ``/models`` to the engine host's path.
-
-    Returns ``None`` for ``None`` or a path outside the three mounts.
-    """
-    if not container_path:
-        return None
-    path = posixpath.normpath(container_path)
-    for target, source in _volume_map(volumes):
-        if path == target:
-            return source
-        if path.startswith(target + "/"):
-            return source.rstrip("/") + path[len(target):]
-    return None
-
-
-def host_run_dir(volumes: Any, dag_id: str, run_id: str) -> str:
-    """The run directory (``contract.run_dir``) as a path on the engine's host."""
-    path = host_path(contract.run_dir(dag_id, run_id), volumes)
-    assert path is not None  # run_dir is always under /work
-    return path
-
-
-def host_tensorboard_dir(volumes: Any, dag_id: str, run_id: str) -> str:
-    """The run's TensorBoard event files on the engine's host."""
-    return f"{host_run_dir(volumes, dag_id, run_id)}/{TENSORBOARD_SUBDIR}"
-
-
-def tensorboard_run_name(dag_id: str, run_id: str) -> str:
-    """The run's name in TensorBoard: ``<dag>/<run>`` as in ``work/runs/<dag>/<run>``.
-
-    ``tfpipe tensorboard`` mounts the event files at ``/logs/<dag>/<run>``, so TensorBoard names
-    the run exactly this; a TensorBoard serving the whole ``work/runs`` tree names it
-    ``<dag>/<run>/train/tensorboard``, which the same filter matches.
-    """
-    return f"{contract.safe_name(dag_id)}/{contract.safe_name(run_id, 120)}"
-
-
-def tensorboard_url(dag_id: str, run_id: str, base: str | None = None) -> str:
-    """The TensorBoard URL with the run selected (TensorBoard 2.9's ``?runFilter=<regex>``).
-
-    ``base`` defaults to ``$TFPIPE_TENSORBOARD_URL``, else ``http://localhost:6006``. Safe names
-    hold only ``[A-Za-z0-9._-]``, so escaping ``.`` makes the filter match the name literally.
-    """
-    base = (base or os.environ.get(TENSORBOARD_URL_ENV) or DEFAULT_TENSORBOARD_URL).rstrip("/")
-    regex = tensorboard_run_name(dag_id, run_id).replace(".", r"\.")
-    return f"{base}/?runFilter={quote(regex, safe='')}#timeseries"
-
-
-# --- operator extra links ----------------------------------------------------------------------
-
-class RunReportLink(BaseOperatorLink):
-    """"Run report": the run's ``report.html``, served by the tfpipe plugin under the api-server.
-
-    ``[api] base_url`` + ``/tfpipe/runs/<dag>/<run>/report/`` (root-relative when ``base_url`` is
-    unset). The plugin reads the report through the Docker engine and lets only users who may
-    read the DAG see it (:mod:`tfpipe.plugins.app`).
-    """
-
-    name = "Run report"
-
-    def get_link(self, operator: Any, *, ti_key: Any) -> str:
-        from tfpipe.plugins.paths import report_url as plugin_report_url
-
-        return plugin_report_url(ti_key.dag_id, ti_key.run_id)
-
-
-class TensorBoardLink(BaseOperatorLink):
-    """"TensorBoard": the run's TensorBoard, started on demand by the tfpipe plugin.
-
-    ``[api] base_url`` + ``/tfpipe/runs/<dag>/<run>/tensorboard/``. On a workstation,
-    ``tfpipe tensorboard DAG RUN_ID`` (``make tensorboard RUN=...``) serves it without Airflow.
-    """
-
-    name = "TensorBoard"
-
-    def get_link(self, operator: Any, *, ti_key: Any) -> str:
-        from tfpipe.plugins.paths import tensorboard_url as plugin_tensorboard_url
-
-        return plugin_tensorboard_url(ti_key.dag_id, ti_key.run_id)
 
 
 # --- what a task's container is ----------------------------------------------------------------
@@ -167,25 +66,21 @@ def task_plan(task: Any, *, dag_id: str, run_id: str, try_number: int, params: M
               map_index: int = -1, image: str | None = None) -> ContainerPlan:
     """The container a tfpipe stage task starts for one try, as its ``execute()`` builds it.
 
-    ``params`` are the run's params (the DAG's defaults updated with ``dag_run.conf``, as Airflow
-    hands them to the task); ``image`` overrides the task's image (e.g. the image recorded in the
-    run's ``config/<stage>.json`` when the DAG file now names another one). Private environment
-    values are left out (their names are in ``left_out``).
+    Both resolve the try with :func:`tfpipe.specs.resolve_try` from the task's spec. ``params``
+    are the run's params (the DAG's defaults updated with ``dag_run.conf``, as Airflow hands them
+    to the task); ``image`` overrides the task's image (e.g. the image recorded in the run's
+    ``config/<stage>.json`` when the DAG file now names another one). Private environment values
+    are left out (their names are in ``left_out``).
     """
-    params = dict(params or {})
-    image = image or task.image
-    config = resolve_stage_config(
-        {**task.stage_config, "stage": task.stage},
-        dag_id=dag_id, run_id=run_id, task_id=task.task_id, try_number=try_number, image=image,
-        overrides=params,
-    )
-    gpus = task.gpu_request
-    if task.gpu_stage and params.get("gpus") not in (None, ""):
-        gpus = GpuRequest.parse(params["gpus"], field_name="params.gpus")
-    private = dict(getattr(task, "_private_environment", None) or {})
+    from docker.utils import parse_bytes
+
+    spec = task.spec
+    image = image or spec.image
+    plan = resolve_try(spec, TryIdentity(dag_id, run_id, task.task_id, try_number, map_index), params, image=image)
+    private = dict(spec.private_environment)
     environment = {k: str(v) for k, v in (task.environment or {}).items()
                    if k not in private and k != "AIRFLOW_TMP_DIR"}
-    environment[contract.CONFIG_ENV] = contract.dumps(config)
+    environment[contract.CONFIG_ENV] = contract.dumps(plan.config)
     notes = []
     templated = sorted(k for k, v in environment.items() if "{{" in str(v) or "{%" in str(v))
     if templated:
@@ -194,20 +89,19 @@ def task_plan(task: Any, *, dag_id: str, run_id: str, try_number: int, params: M
         notes.append("the task's env_file is not reproduced (its values may be secret)")
     return ContainerPlan(
         image=image,
-        command=tuple(task.command) if not isinstance(task.command, str) else tuple(shlex.split(task.command)),
-        mounts=tuple(task.mount_specs),
-        user=task.user,
+        command=tuple(spec.command),
+        mounts=tuple(spec.mounts),
+        user=spec.user,
         environment=environment,
         working_dir=getattr(task, "working_dir", None),
-        network_mode=task.network_mode,
-        shm_size=task.shm_size,
-        mem_limit=task.mem_limit,
-        gpus=gpus,
-        labels=container_labels(dag_id=dag_id, run_id=run_id, task_id=task.task_id, try_number=try_number,
-                                stage=task.stage, map_index=map_index),
-        name=container_name(dag_id, run_id, task.task_id, map_index),
+        network_mode=spec.network_mode,
+        shm_size=parse_bytes(spec.shm_size) if spec.shm_size else None,
+        mem_limit=spec.mem_limit,
+        gpus=plan.gpus,
+        labels=dict(plan.labels),
+        name=plan.name,
         docker_url=getattr(task, "docker_url", None) or DEFAULT_DOCKER_URL,
-        config=config,
+        config=plan.config,
         left_out=tuple(sorted(private)),
         notes=tuple(notes),
     )

@@ -47,3 +47,11 @@ class StageRejectedError(AirflowFailException):
 
 class DockerEngineUnreachableError(AirflowException):
     """The Docker engine at ``docker_url`` did not answer."""
+
+
+class StageInError(AirflowFailException):
+    """The bucket's content cannot be laid out under the data path (retrying cannot fix it)."""
+
+
+class PublishConflictError(AirflowFailException):
+    """The version is already published with other content (published versions are immutable)."""

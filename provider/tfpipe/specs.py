@@ -2,7 +2,7 @@
 
 A :class:`StageSpec` says everything about one stage run: image, command, the stage config
 template, mounts, GPUs, environment and isolation. It knows nothing about Docker's client or
-Airflow's operators: :mod:`tfpipe.operators` turns a spec into a ``DockerOperator``, and a
+Airflow's operators: :mod:`tfpipe.operators.docker` turns a spec into a ``DockerOperator``, and a
 Kubernetes backend could turn the same spec into a pod. Every function here is pure, so unit
 tests call them directly.
 """
@@ -16,10 +16,12 @@ from typing import Any
 
 from tfpipe import contract
 from tfpipe.config import (
-    STAGE_NAMES,
+    STAGE_SECTIONS,
+    GpuRequest,
     PipelineConfig,
-    TrainingConfig,
-    _fail,
+    ResourcesConfig,
+    VolumesConfig,
+    check_image_ref,
     json_ready,
 )
 from tfpipe.exceptions import TfpipeConfigError
@@ -40,57 +42,6 @@ LABEL_PREFIX = "tfpipe."
 
 
 @dataclass(frozen=True)
-class GpuRequest:
-    """GPUs for one container: a count (``-1`` = all) or explicit device ids."""
-
-    count: int = 0
-    device_ids: tuple[str, ...] = ()
-
-    @classmethod
-    def parse(cls, value: Any, *, field_name: str = "gpus") -> GpuRequest | None:
-        """Parse ``None``, ``"all"``, a count, or a list of device ids; raise a config error otherwise."""
-        if isinstance(value, str):
-            value = value.strip()
-            if "," in value:
-                value = [v.strip() for v in value.split(",")]
-        if value is None or value == 0 or value in ("", "none"):
-            return None
-        if value == "all":
-            return cls(count=-1)
-        if isinstance(value, bool):
-            raise _fail(field_name, f"{value!r} is not a GPU spec", "use 'all', a count such as 2, or ['0', '1']")
-        if isinstance(value, int):
-            if value < 0:
-                raise _fail(field_name, f"GPU count must be >= 1, got {value}", "use 'all', a count, or device ids")
-            return cls(count=value)
-        if isinstance(value, str) and value.isdigit():
-            return cls(count=int(value))
-        if isinstance(value, (list, tuple)) and value:
-            ids = tuple(str(v) for v in value)
-            if any(not v or not (v.isdigit() or v.startswith("GPU-") or v.startswith("MIG-")) for v in ids):
-                raise _fail(field_name, f"device ids must be indexes or UUIDs, got {list(value)!r}",
-                            "e.g. ['0', '1'] or ['GPU-8a3c...']")
-            if isinstance(value[0], bool):
-                raise _fail(field_name, f"{value!r} is not a GPU spec", "use 'all', a count, or device ids")
-            return cls(device_ids=ids)
-        raise _fail(field_name, f"{value!r} is not a GPU spec", "use None, 'all', a count such as 2, or ['0', '1']")
-
-    def to_docker(self) -> list:
-        """The docker-py ``DeviceRequest`` list (engine API >= 1.40)."""
-        from docker.types import DeviceRequest
-
-        if self.device_ids:
-            return [DeviceRequest(device_ids=list(self.device_ids), capabilities=[["gpu"]])]
-        return [DeviceRequest(count=self.count, capabilities=[["gpu"]])]
-
-    def describe(self) -> str:
-        """Human-readable form for logs."""
-        if self.device_ids:
-            return "GPUs " + ",".join(self.device_ids)
-        return "all GPUs" if self.count == -1 else f"{self.count} GPU(s)"
-
-
-@dataclass(frozen=True)
 class MountSpec:
     """A bind mount: ``source`` on the engine's host, ``target`` in the container."""
 
@@ -107,7 +58,36 @@ class MountSpec:
 
 @dataclass(frozen=True)
 class StageSpec:
-    """Everything needed to run one stage, independent of the backend that runs it."""
+    """Everything needed to run one stage, independent of the backend that runs it.
+
+    A backend builds its operator from a spec alone (:mod:`tfpipe.operators.docker`,
+    :mod:`tfpipe.operators.kubernetes`); what changes per try (the run identity in the config,
+    the GPUs a run asks for, names, labels) comes from :func:`resolve_try`.
+
+    :param stage: ``prep``, ``train``, ``evaluate`` or ``export``.
+    :param task_id: the Airflow task id.
+    :param image: the trainer image, pinned.
+    :param command: the container command (the config travels in :data:`contract.CONFIG_ENV`).
+    :param config: the stage config template (no run identity yet).
+    :param mounts: data (read-only), work and models.
+    :param environment: environment variables of the container (no secrets).
+    :param user: ``uid:gid`` the stage runs as.
+    :param shm_size: ``/dev/shm`` size (``"1g"``).
+    :param mem_limit: memory limit (``"8g"``), or ``None``.
+    :param network_mode: Docker network (``"none"``: no network); Kubernetes ignores it.
+    :param gpus: the GPUs of this stage, or ``None``.
+    :param gpu_fallback: ``"fail"`` or ``"cpu"`` when the backend has no GPUs.
+    :param gpu_param: whether a run's ``gpus`` Param applies to this stage.
+    :param private_environment: secrets for the container; never rendered, logged or in XCom.
+    :param node_selector: Kubernetes node labels the pod must match.
+    :param tolerations: Kubernetes tolerations (mappings as in a pod spec).
+    :param upstream: task ids this stage runs after.
+    :param retries: retries of the task.
+    :param retry_delay_seconds: first retry delay (doubles for the training task).
+    :param pool: the Airflow pool, or ``None`` for the default.
+    :param doc_md: the task's documentation.
+    :param outlets: asset URIs the task emits.
+    """
 
     stage: str
     task_id: str
@@ -116,19 +96,29 @@ class StageSpec:
     config: Mapping[str, Any]
     mounts: tuple[MountSpec, ...]
     environment: Mapping[str, str]
-    writable_dirs: tuple[str, ...]
     user: str
     shm_size: str | None
     mem_limit: str | None
     network_mode: str
     gpus: GpuRequest | None = None
     gpu_fallback: str = "fail"
+    gpu_param: bool = False
+    private_environment: Mapping[str, str] = field(default_factory=dict, repr=False)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
     upstream: tuple[str, ...] = ()
     retries: int = 1
+    retry_delay_seconds: float = 30.0
     pool: str | None = None
     doc_md: str = ""
     outlets: tuple[str, ...] = ()
-    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def volumes(self) -> VolumesConfig:
+        """The three volumes as host paths (from the mounts)."""
+        by_target = {m.target: m.source for m in self.mounts}
+        return VolumesConfig(data=by_target[contract.CONTAINER_DATA], work=by_target[contract.CONTAINER_WORK],
+                             models=by_target[contract.CONTAINER_MODELS])
 
 
 STAGE_DOCS = {
@@ -157,8 +147,8 @@ STAGE_DOCS = {
 
 def stage_command(stage: str) -> tuple[str, ...]:
     """The container command of a stage; the config travels in :data:`contract.CONFIG_ENV`."""
-    if stage not in STAGE_NAMES:
-        raise TfpipeConfigError(f"stage: unknown stage {stage!r}. Fix: use one of {', '.join(STAGE_NAMES)}.")
+    if stage not in contract.STAGES:
+        raise TfpipeConfigError(f"stage: unknown stage {stage!r}. Fix: use one of {', '.join(contract.STAGES)}.")
     return ("python3", "-m", "trainer", stage)
 
 
@@ -167,27 +157,30 @@ def config_template(cfg: PipelineConfig, stage: str) -> dict[str, Any]:
     return {
         "schema_version": contract.SCHEMA_VERSION,
         "stage": stage,
-        "data": cfg.data.to_dict(),
-        "training": cfg.training.to_dict(),
-        "evaluation": cfg.evaluation.to_dict(),
-        "export": cfg.export.to_dict(),
+        **{name: getattr(cfg, name).to_dict() for name in contract.SECTIONS},
     }
 
 
 def apply_overrides(template: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Apply per-run training overrides (from Params / ``dag_run.conf``), validated like the config.
+    """Apply per-run overrides (from Params / ``dag_run.conf``), validated like the config.
 
-    Keys outside :attr:`TrainingConfig.TUNABLE` are ignored here (other Params, such as GPUs,
-    are applied elsewhere); ``None`` values mean "keep the configured value".
+    Only the fields the contract marks ``override`` are taken (:func:`tfpipe.contract.overridable`);
+    other keys are ignored here (other Params, such as GPUs, are applied elsewhere); ``None``
+    values mean "keep the configured value".
     """
     resolved = json_ready(template)
     if not overrides:
         return resolved
-    chosen = {k: v for k, v in overrides.items() if k in TrainingConfig.TUNABLE and v is not None}
-    if chosen:
-        merged = {**resolved["training"], **chosen}
-        merged["model_kwargs"] = dict(merged.get("model_kwargs") or {})
-        resolved["training"] = TrainingConfig.from_dict(merged).to_dict()
+    sections = contract.overridable()
+    chosen: dict[str, dict[str, Any]] = {}
+    for key, value in overrides.items():
+        if key in sections and value is not None:
+            chosen.setdefault(sections[key], {})[key] = value
+    for section, values in chosen.items():
+        merged = {**resolved[section], **values}
+        if section == "training":
+            merged["model_kwargs"] = dict(merged.get("model_kwargs") or {})
+        resolved[section] = STAGE_SECTIONS[section].from_dict(merged).to_dict()
     return resolved
 
 
@@ -212,6 +205,115 @@ def resolve_stage_config(
         "run_dir": contract.run_dir(dag_id, run_id),
     }
     return contract.validate_stage_config(config)
+
+
+def stage_spec(
+    stage: str,
+    *,
+    task_id: str,
+    image: str,
+    stage_config: Mapping[str, Any],
+    volumes: VolumesConfig | Mapping[str, str],
+    gpus: Any = None,
+    gpu_fallback: str = "fail",
+    gpu_param: bool | None = None,
+    allow_floating_tag: bool = False,
+    user: str = "1000:1000",
+    shm_size: str | None = "1g",
+    mem_limit: str | None = None,
+    network_mode: str = "bridge",
+    environment: Mapping[str, str] | None = None,
+    private_environment: Mapping[str, str] | None = None,
+    node_selector: Mapping[str, str] | None = None,
+    tolerations: Any = (),
+) -> StageSpec:
+    """The spec of one stage from plain arguments, validated as a pipeline config is.
+
+    For operators used on their own (``TrainOperator(image=..., stage_config=..., volumes=...)``);
+    :func:`plan_pipeline` builds the specs of a whole pipeline.
+    """
+    check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
+    volumes = VolumesConfig.from_dict(volumes, where="volumes")
+    resources = ResourcesConfig(gpus=gpus, gpu_fallback=gpu_fallback, user=user, shm_size=shm_size or "64m",
+                                mem_limit=mem_limit, network_mode=network_mode,
+                                environment=dict(environment or {}), private_environment=dict(private_environment or {}),
+                                node_selector=dict(node_selector or {}), tolerations=tolerations)
+    if not isinstance(stage_config, Mapping) or "data" not in stage_config or "export" not in stage_config:
+        raise TfpipeConfigError(
+            "stage_config: must be a stage config template with data, training, evaluation and export "
+            "sections. Fix: build it with tfpipe.specs.config_template(pipeline_config, stage)."
+        )
+    return StageSpec(
+        stage=stage, task_id=task_id, image=image, command=stage_command(stage),
+        config={**stage_config, "stage": stage}, mounts=volume_mounts(volumes),
+        environment={**TF_DEFAULT_ENV, **resources.environment}, user=resources.user, shm_size=shm_size,
+        mem_limit=mem_limit, network_mode=network_mode, gpus=GpuRequest.parse(gpus),
+        gpu_fallback=resources.gpu_fallback,
+        gpu_param=stage in resources.gpu_stages if gpu_param is None else bool(gpu_param),
+        private_environment=dict(resources.private_environment), node_selector=dict(resources.node_selector),
+        tolerations=resources.tolerations,
+    )
+
+
+@dataclass(frozen=True)
+class TryPlan:
+    """What one try of a stage runs with, on any backend (see :func:`resolve_try`).
+
+    :param config: the full stage config (run identity, container paths, the run's overrides).
+    :param gpus: the GPUs of this try (the run's ``gpus`` Param wins on a GPU stage).
+    :param name: the container name, the same for every try of a task (a leftover is findable).
+    :param labels: the ``tfpipe.*`` identity labels.
+    :param writable_dirs: container directories that must exist and belong to the stage's user.
+    """
+
+    config: Mapping[str, Any]
+    gpus: GpuRequest | None
+    name: str
+    labels: Mapping[str, str]
+    writable_dirs: tuple[str, ...]
+
+    @property
+    def run_dir(self) -> str:
+        """The run directory in the container."""
+        return self.config["paths"]["run_dir"]
+
+
+def resolve_try(spec: StageSpec, ti: Any, params: Mapping[str, Any] | None = None, *,
+                image: str | None = None) -> TryPlan:
+    """Resolve one try of ``spec``: config, GPUs, name, labels and the directories it writes.
+
+    ``ti`` is anything with ``dag_id``, ``run_id``, ``task_id``, ``try_number`` and ``map_index``
+    (a task instance, or a :class:`TryIdentity`); ``params`` the run's params (the DAG's defaults
+    updated with ``dag_run.conf``); ``image`` replaces the spec's (an image a run recorded).
+    Bad run parameters raise :class:`~tfpipe.exceptions.TfpipeConfigError`. Pure: the Docker and
+    Kubernetes operators, the shell tooling and the bench all call it.
+    """
+    params = dict(params or {})
+    map_index = getattr(ti, "map_index", -1)
+    map_index = -1 if map_index is None else map_index
+    config = resolve_stage_config(
+        {**spec.config, "stage": spec.stage}, dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
+        try_number=ti.try_number, image=image or spec.image, overrides=params)
+    gpus = spec.gpus
+    if spec.gpu_param and params.get("gpus") not in (None, ""):
+        gpus = GpuRequest.parse(params["gpus"], field_name="params.gpus")
+    return TryPlan(
+        config=config, gpus=gpus, name=container_name(ti.dag_id, ti.run_id, ti.task_id, map_index),
+        labels=container_labels(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
+                                try_number=ti.try_number, stage=spec.stage, map_index=map_index),
+        writable_dirs=writable_dirs(spec.stage, config, config["paths"]["run_dir"]),
+    )
+
+
+@dataclass(frozen=True)
+class TryIdentity:
+    """The identity of one try, where no task instance exists (shell tooling, the bench)."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    try_number: int = 1
+    map_index: int = -1
 
 
 def container_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
@@ -266,22 +368,23 @@ def prepare_dirs_command(dirs: Sequence[str], user: str) -> list[str]:
     return ["sh", "-c", script, "tfpipe-prepare", *dirs]
 
 
-def volume_mounts(cfg: PipelineConfig) -> tuple[MountSpec, ...]:
+def volume_mounts(volumes: VolumesConfig) -> tuple[MountSpec, ...]:
     """Data read-only, work and models read-write."""
     return (
-        MountSpec(cfg.volumes.data, contract.CONTAINER_DATA, True),
-        MountSpec(cfg.volumes.work, contract.CONTAINER_WORK, False),
-        MountSpec(cfg.volumes.models, contract.CONTAINER_MODELS, False),
+        MountSpec(volumes.data, contract.CONTAINER_DATA, True),
+        MountSpec(volumes.work, contract.CONTAINER_WORK, False),
+        MountSpec(volumes.models, contract.CONTAINER_MODELS, False),
     )
 
 
 def plan_pipeline(cfg: PipelineConfig) -> list[StageSpec]:
     """The pipeline as plain specs, in order: prep -> train -> evaluate -> export."""
     gpus = GpuRequest.parse(cfg.resources.gpus, field_name="resources.gpus")
-    mounts = volume_mounts(cfg)
+    mounts = volume_mounts(cfg.volumes)
+    resources = cfg.resources
     specs = []
     previous: tuple[str, ...] = ()
-    for stage in STAGE_NAMES:
+    for stage in contract.STAGES:
         specs.append(
             StageSpec(
                 stage=stage,
@@ -290,16 +393,20 @@ def plan_pipeline(cfg: PipelineConfig) -> list[StageSpec]:
                 command=stage_command(stage),
                 config=config_template(cfg, stage),
                 mounts=mounts,
-                environment={**TF_DEFAULT_ENV, **cfg.resources.environment},
-                writable_dirs=(),  # depends on the run: computed at execute time
-                user=cfg.resources.user,
-                shm_size=cfg.resources.shm_size,
-                mem_limit=cfg.resources.mem_limit,
-                network_mode=cfg.resources.network_mode,
-                gpus=gpus if stage in cfg.resources.gpu_stages else None,
-                gpu_fallback=cfg.resources.gpu_fallback,
+                environment={**TF_DEFAULT_ENV, **resources.environment},
+                user=resources.user,
+                shm_size=resources.shm_size,
+                mem_limit=resources.mem_limit,
+                network_mode=resources.network_mode,
+                gpus=gpus if stage in resources.gpu_stages else None,
+                gpu_fallback=resources.gpu_fallback,
+                gpu_param=stage in resources.gpu_stages,
+                private_environment=dict(resources.private_environment),
+                node_selector=dict(resources.node_selector),
+                tolerations=resources.tolerations,
                 upstream=previous,
                 retries=cfg.retries if stage == "train" else 1,
+                retry_delay_seconds=cfg.retry_delay_seconds,
                 pool=cfg.gpu_pool if stage == "train" else None,
                 doc_md=STAGE_DOCS[stage],
                 outlets=(cfg.model_asset_uri,) if stage == "export" else (),

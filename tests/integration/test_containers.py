@@ -6,7 +6,7 @@ import pytest
 from airflow.sdk import DAG
 
 from tfpipe.config import PipelineConfig
-from tfpipe.operators import TrainOperator
+from tfpipe.operators.docker import TrainOperator
 from tfpipe.specs import config_template, container_labels, container_name
 
 pytestmark = pytest.mark.integration

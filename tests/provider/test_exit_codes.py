@@ -12,7 +12,7 @@ from airflow.providers.common.compat.sdk import AirflowFailException, Downstream
 
 from tfpipe import contract
 from tfpipe.exceptions import StageFailedError, StageRejectedError
-from tfpipe.operators import OPERATORS
+from tfpipe.operators.docker import OPERATORS
 from tfpipe.specs import config_template
 from tfpipe.config import PipelineConfig
 

@@ -6,10 +6,9 @@ import pytest
 from docker.types import DeviceRequest
 
 from tfpipe import contract
-from tfpipe.config import PipelineConfig
+from tfpipe.config import GpuRequest, PipelineConfig
 from tfpipe.exceptions import TfpipeConfigError
 from tfpipe.specs import (
-    GpuRequest,
     container_labels,
     container_name,
     plan_pipeline,

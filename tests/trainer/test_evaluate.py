@@ -71,3 +71,18 @@ def test_decide_boundaries():
     assert evaluate.decide(0.9, "accuracy", 0.9, 0.0, None)[0] is True
     assert evaluate.decide(0.89, "accuracy", 0.5, 0.01, baseline)[0] is True
     assert evaluate.decide(0.88, "accuracy", 0.5, 0.01, baseline)[0] is False
+
+
+@pytest.mark.parametrize("metric", ["macro_f1", "macro_precision", "macro_recall"])
+def test_every_contract_metric_gates_the_blessing(trained, metric):
+    """Each metric a DAG can choose (contract.METRICS) is what the gate compares."""
+    from trainer import contract
+
+    assert metric in contract.METRICS
+    evaluate.run(trained.config("evaluate", evaluation={"metric": metric, "threshold": 0.5}))
+    blessing = trained.read("blessing.json")
+    value = trained.read("evaluation.json")["metrics"][metric]
+    assert blessing["metric"] == metric and blessing["candidate"]["value"] == pytest.approx(value)
+    with pytest.raises(NotBlessed) as info:
+        evaluate.run(trained.config("evaluate", evaluation={"metric": metric, "threshold": value + 0.001}))
+    assert metric in info.value.result["reason"]

@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DIGITS_CSV, REPO, run_dag, write_dag
-from tests.gcs.conftest import gcs_emulator  # noqa: F401  (the session's emulator fixture)
+from tests.integration.conftest import gcs_emulator  # noqa: F401  (the session's emulator fixture)
 
 DAG_ID = "tfpipe_ui"
 TEAM = "mlteam"  # team names have 3 to 50 characters
@@ -141,8 +141,9 @@ class ApiServer:
 
 
 @pytest.fixture(scope="session")
-def ui_run(tmp_path_factory, trainer_image, gcs_emulator):
+def ui_run(tmp_path_factory, trainer_image, request):
     """A finished, published run of ``tfpipe_ui`` and a running api-server on its metadata DB."""
+    emulator = request.getfixturevalue("gcs_emulator")
     if not DIGITS_CSV.exists():
         pytest.fail(f"{DIGITS_CSV} is missing: run `make data`")
     source_db = REPO / ".airflow" / "airflow.db"
@@ -178,7 +179,7 @@ def ui_run(tmp_path_factory, trainer_image, gcs_emulator):
         "AIRFLOW__METRICS__STATSD_ON": "True",
         "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
         "AIRFLOW__METRICS__STATSD_PORT": str(statsd.port),
-        "STORAGE_EMULATOR_HOST": gcs_emulator,
+        "STORAGE_EMULATOR_HOST": emulator,
     }
     env = {k: v for k, v in os.environ.items() if k not in ("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT",
                                                            "GOOGLE_APPLICATION_CREDENTIALS")}
@@ -193,7 +194,7 @@ def ui_run(tmp_path_factory, trainer_image, gcs_emulator):
 
     from google.cloud import storage
 
-    os.environ["STORAGE_EMULATOR_HOST"] = gcs_emulator  # the client reads it when created
+    os.environ["STORAGE_EMULATOR_HOST"] = emulator  # the client reads it when created
     try:
         client = storage.Client(project="test")
     finally:

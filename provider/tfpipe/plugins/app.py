@@ -14,8 +14,6 @@ DB), never from the request. A browser without a session is sent to the login pa
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import RedirectResponse, Response

@@ -57,17 +57,16 @@ def read_run_file(location: Mapping[str, str], dag_id: str, run_id: str, name: s
     """
     if name not in REPORT_FILES:
         raise ValueError(f"name: {name!r} is not a report file. Fix: one of {', '.join(REPORT_FILES)}")
-    from tfpipe.volumes import VolumeHelper
+    from tfpipe.hooks.docker import TfpipeDockerHook
 
-    cli = api_client(location["docker_url"])
+    hook = TfpipeDockerHook(docker_url=location["docker_url"])
     try:
-        with VolumeHelper(cli, image=location["image"], host_path=location["work"],
-                          mount_point=contract.CONTAINER_WORK, read_only=True,
-                          labels={"tfpipe.dag_id": dag_id, "tfpipe.run_id": run_id},
-                          role=REPORT_READER_ROLE) as helper:
+        with hook.volume(image=location["image"], host_path=location["work"], mount_point=contract.CONTAINER_WORK,
+                         read_only=True, labels={"tfpipe.dag_id": dag_id, "tfpipe.run_id": run_id},
+                         role=REPORT_READER_ROLE) as helper:
             return helper.read_file(f"{contract.run_dir(dag_id, run_id)}/{name}")
     finally:
-        cli.close()
+        hook.api_client.close()
 
 
 # --- TensorBoard on demand -----------------------------------------------------------------------
@@ -88,7 +87,8 @@ except OSError as err:
     sys.stdout.write(json.dumps({"status": 0, "error": str(err)}) + "\n")
     sys.exit(0)
 data = resp.read()
-headers = {k: v for k, v in resp.headers.items() if k.lower() in ("content-type", "content-encoding", "cache-control", "etag", "last-modified", "location")}
+kept = ("content-type", "content-encoding", "cache-control", "etag", "last-modified", "location")
+headers = {k: v for k, v in resp.headers.items() if k.lower() in kept}
 sys.stdout.write(json.dumps({"status": resp.status if hasattr(resp, "status") else resp.code, "headers": headers}) + "\n")
 sys.stdout.flush()
 sys.stdout.buffer.write(data)

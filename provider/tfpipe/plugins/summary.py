@@ -3,9 +3,11 @@
 :func:`summary_line` is pure: it takes the stage results (XCom ``return_value`` by stage), the
 train task's try number and the run's state, so the grid view shows, for example::
 
-    tfpipe: blessed, accuracy 0.9712 >= threshold 0.9000 (baseline v3 0.9650); model digits v4; train 2 tries, resumed from step 110
+    tfpipe: blessed, accuracy 0.9712 >= threshold 0.9000 (baseline v3 0.9650); \
+    model digits v4; train 2 tries, resumed from step 110
 
-(one line, at most 1000 characters). :func:`note_for_run` reads those inputs from the metadata DB for a finished run.
+(one line of at most 1000 characters; wrapped here). :func:`note_for_run` reads those inputs from
+the metadata DB for a finished run.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DIGITS_CSV, run_dag
-from tests.gcs.conftest import object_names
-from tfpipe.transfers import MARKER_NAME, list_published_versions
+from tests.integration.conftest import object_names
+from tfpipe.gcs.publish import MARKER_NAME, list_published_versions
 
 pytestmark = [pytest.mark.gcs, pytest.mark.integration]
 

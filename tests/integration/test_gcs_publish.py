@@ -8,18 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.gcs.conftest import fake_context, object_names
+from tests.integration.conftest import fake_context, object_names
 from tfpipe.hooks.gcs import TfpipeGcsHook
-from tfpipe.transfers import (
-    MARKER_NAME,
-    GcsPublishOperator,
-    GcsUri,
-    PublishConflictError,
-    list_published_versions,
-    local_files,
-    publish_version,
-    version_uri,
-)
+from tfpipe.exceptions import PublishConflictError
+from tfpipe.gcs.publish import MARKER_NAME, list_published_versions, local_files, publish_version, version_uri
+from tfpipe.hooks.gcs import GcsUri
+from tfpipe.operators.gcs import GcsPublishOperator
 
 pytestmark = [pytest.mark.gcs, pytest.mark.integration]
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.gcs.conftest import fake_context
-from tfpipe.transfers import MANIFEST_NAME, GcsStageInOperator
+from tests.integration.conftest import fake_context
+from tfpipe.gcs.plan import MANIFEST_NAME
+from tfpipe.operators.gcs import GcsStageInOperator
 
 pytestmark = [pytest.mark.gcs, pytest.mark.integration]
 

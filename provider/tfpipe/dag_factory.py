@@ -18,45 +18,75 @@ from typing import Any
 
 from airflow.providers.common.compat.sdk import DAG, Asset, Param, TriggerRule
 
-from tfpipe.config import BUILTIN_MODELS, OPTIMIZERS, PipelineConfig
-from tfpipe.operators import OPERATORS, TfpipeStageOperator
+from tfpipe import contract
+from tfpipe.config import PipelineConfig
+from tfpipe.operators.docker import OPERATORS
+from tfpipe.operators.gcs import GcsPublishOperator, GcsStageInOperator
 from tfpipe.specs import StageSpec, plan_pipeline
-from tfpipe.transfers import GcsPublishOperator, GcsStageInOperator
 
 GPU_PARAM_PATTERN = r"^(all|none|[0-9]+|[0-9]+(,[0-9]+)+)$"
 GCS_PARAM_PATTERN = r"^gs://"
 
 
+_PARAM_TYPES = {"int": "integer", "number": "number", "bool": "boolean", "str": "string"}
+
+
+def schema_param(section: str, name: str, value: Any, **form: Any) -> Param:
+    """A trigger-form Param of a stage-config field: type, bounds and choices from the contract.
+
+    ``value`` is the configured value (the form's default); ``form`` adds the title, description
+    or a narrower ``enum``. The contract's ``parse_maximum`` is the form's maximum too.
+    """
+    spec = contract.SECTIONS[section][name]
+    rules: dict[str, Any] = {"type": _PARAM_TYPES[spec["kind"]]}
+    if "choices" in spec:
+        rules["enum"] = list(spec["choices"])
+    for key, schema_key in (("minimum", "minimum"), ("exclusive_minimum", "exclusiveMinimum"),
+                            ("exclusive_maximum", "exclusiveMaximum")):
+        if key in spec:
+            rules[schema_key] = spec[key]
+    if "maximum" in spec or "parse_maximum" in spec:
+        rules["maximum"] = spec.get("maximum", spec.get("parse_maximum"))
+    return Param(value, **{**rules, "description": spec["doc"][:1].upper() + spec["doc"][1:] + ".", **form})
+
+
 def pipeline_params(cfg: PipelineConfig) -> dict[str, Param]:
-    """Run parameters shown by the UI's trigger form, validated by JSON schema before a run starts."""
-    t = cfg.training
-    models = [m for m in BUILTIN_MODELS if (m == "mlp") == (cfg.data.format == "csv")]
+    """Run parameters shown by the UI's trigger form, validated by JSON schema before a run starts.
+
+    Every stage-config field the contract marks ``override: "param"`` is one, so each metric the
+    trainer can gate on can be chosen per run.
+    """
+    t, e = cfg.training, cfg.evaluation
+    models = [m for m in contract.BUILTIN_MODELS if (m == "mlp") == (cfg.data.format == "csv")]
     if t.model not in models:
         models.append(t.model)
-    return {
-        "epochs": Param(t.epochs, type="integer", minimum=1, maximum=100000,
-                        title="Epochs", description="Target number of epochs; a resumed run trains until it."),
-        "batch_size": Param(t.batch_size, type="integer", minimum=1, maximum=65536,
-                            title="Batch size", description="Global batch size (split across GPUs)."),
-        "learning_rate": Param(t.learning_rate, type="number", exclusiveMinimum=0,
-                               maximum=max(10.0, t.learning_rate), title="Learning rate"),
-        "model": Param(t.model, type="string", enum=models, title="Model",
-                       description="Built-in model, or the configured custom model."),
-        "optimizer": Param(t.optimizer, type="string", enum=list(OPTIMIZERS), title="Optimizer"),
-        "seed": Param(t.seed, type="integer", minimum=0, title="Seed"),
-        "mixed_precision": Param(t.mixed_precision, type="boolean", title="Mixed precision (mixed_float16)"),
-        "warm_start": Param(t.warm_start, type="boolean", title="Warm start",
-                            description="Initialise from the newest blessed model instead of from scratch."),
+    params = {
+        "epochs": schema_param("training", "epochs", t.epochs, title="Epochs"),
+        "batch_size": schema_param("training", "batch_size", t.batch_size, title="Batch size"),
+        "learning_rate": schema_param("training", "learning_rate", t.learning_rate, title="Learning rate"),
+        "model": schema_param("training", "model", t.model, enum=models, title="Model",
+                              description="Built-in model, or the configured custom model."),
+        "optimizer": schema_param("training", "optimizer", t.optimizer, title="Optimizer"),
+        "seed": schema_param("training", "seed", t.seed, title="Seed"),
+        "mixed_precision": schema_param("training", "mixed_precision", t.mixed_precision,
+                                        title="Mixed precision (mixed_float16)"),
+        "warm_start": schema_param("training", "warm_start", t.warm_start, title="Warm start"),
+        "metric": schema_param("evaluation", "metric", e.metric, title="Blessing metric"),
+        "threshold": schema_param("evaluation", "threshold", e.threshold, title="Blessing threshold"),
         "gpus": Param(None, type=["null", "string"], pattern=GPU_PARAM_PATTERN, title="GPUs",
                       description="Empty = as configured; 'none' = CPU; 'all'; a count such as '2'; or ids '0,1'."),
-        # Google Cloud Storage (issue #7): empty = the config's data_uri / publish_uri
-        "data_uri": Param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN, title="Data URI",
-                          description="gs://bucket/prefix synced to the data path before prep. Empty = "
-                          f"{cfg.data_uri or 'none (use the data volume as it is)'}."),
-        "publish_uri": Param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN, title="Publish URI",
-                             description="gs://bucket/prefix a blessed export is published under "
-                             f"(<prefix>/{cfg.export.model_name}/<version>/). Empty = {cfg.publish_uri or 'none'}."),
     }
+    if cfg.backend == "docker":
+        params.update({
+            # Google Cloud Storage: empty = the config's data_uri / publish_uri
+            "data_uri": Param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN, title="Data URI",
+                              description="gs://bucket/prefix synced to the data path before prep. Empty = "
+                              f"{cfg.data_uri or 'none (use the data volume as it is)'}."),
+            "publish_uri": Param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN, title="Publish URI",
+                                 description="gs://bucket/prefix a blessed export is published under "
+                                 f"(<prefix>/{cfg.export.model_name}/<version>/). Empty = {cfg.publish_uri or 'none'}."),
+        })
+    return params
 
 
 def _doc_md(cfg: PipelineConfig) -> str:
@@ -90,19 +120,10 @@ Seeing and reproducing a run: `train`, `evaluate` and `export` link to the **Run
 """
 
 
-#: What a Param means, for the Params whose trigger-form description is only a title.
-_PARAM_MEANINGS = {
-    "learning_rate": "Learning rate of the optimizer.",
-    "optimizer": "Optimizer of the training loop.",
-    "seed": "Random seed: weight initialisation, and the data order (epoch e is shuffled with seed + e).",
-    "mixed_precision": "Train with the mixed_float16 policy (float16 compute, float32 weights).",
-}
-
-
 def _params_table(cfg: PipelineConfig) -> str:
     rows = ["| param | default | meaning |", "| --- | --- | --- |"]
     for name, param in pipeline_params(cfg).items():
-        meaning = param.description or _PARAM_MEANINGS.get(name) or param.schema.get("title", "")
+        meaning = param.description or param.schema.get("title", "")
         enum = param.schema.get("enum")
         if enum:
             meaning += " One of: " + ", ".join(f"`{v}`" for v in enum) + "."
@@ -123,8 +144,12 @@ def _schedule(cfg: PipelineConfig) -> Any:
     return cfg.schedule
 
 
-def operator_from_spec(spec: StageSpec, cfg: PipelineConfig) -> TfpipeStageOperator:
-    """Turn one backend-neutral stage spec into its Docker operator."""
+def operator_from_spec(spec: StageSpec, cfg: PipelineConfig) -> Any:
+    """Turn one backend-neutral stage spec into its operator on ``cfg.backend``.
+
+    The operator is built from the spec alone; ``cfg`` only says which backend and where it is
+    (the Docker engine's URL, the Kubernetes namespace and claims).
+    """
     kwargs: dict[str, Any] = {}
     if spec.retries > 1:
         kwargs.update(retry_exponential_backoff=2.0, max_retry_delay=timedelta(hours=1))
@@ -132,27 +157,13 @@ def operator_from_spec(spec: StageSpec, cfg: PipelineConfig) -> TfpipeStageOpera
         kwargs["pool"] = spec.pool
     if spec.outlets:
         kwargs["outlets"] = [Asset(uri) for uri in spec.outlets]
-    return OPERATORS[spec.stage](
-        task_id=spec.task_id,
-        image=spec.image,
-        stage_config=spec.config,
-        volumes=cfg.volumes,
-        gpus=cfg.resources.gpus if spec.gpus else None,
-        gpu_fallback=spec.gpu_fallback,
-        gpu_stage=spec.stage in cfg.resources.gpu_stages,
-        allow_floating_tag=cfg.image.allow_floating_tag,
-        user=spec.user,
-        shm_size=spec.shm_size,
-        mem_limit=spec.mem_limit,
-        network_mode=spec.network_mode,
-        environment=dict(spec.environment),
-        private_environment=dict(cfg.resources.private_environment) or None,
-        docker_url=cfg.docker_url,
-        retries=spec.retries,
-        retry_delay=timedelta(seconds=cfg.retry_delay_seconds),
-        doc_md=spec.doc_md,
-        **kwargs,
-    )
+    common = dict(task_id=spec.task_id, spec=spec, retries=spec.retries,
+                  retry_delay=timedelta(seconds=spec.retry_delay_seconds), doc_md=spec.doc_md, **kwargs)
+    if cfg.backend == "kubernetes":
+        from tfpipe.operators.kubernetes import POD_OPERATORS  # the optional extra, only when chosen
+
+        return POD_OPERATORS[spec.stage](kubernetes=cfg.kubernetes, **common)
+    return OPERATORS[spec.stage](docker_url=cfg.docker_url, **common)
 
 
 def training_pipeline(cfg: PipelineConfig, **dag_kwargs: Any) -> DAG:
@@ -171,18 +182,20 @@ def training_pipeline(cfg: PipelineConfig, **dag_kwargs: Any) -> DAG:
         tags=list(cfg.tags),
     )
     options.update(dag_kwargs)
-    dag = DAG(**options)
+    schedule = options.pop("schedule")
+    dag = DAG(schedule=schedule, **options)
     with dag:
         specs = plan_pipeline(cfg)
         operators = {spec.task_id: operator_from_spec(spec, cfg) for spec in specs}
         for spec in specs:
             for upstream in spec.upstream:
                 operators[upstream] >> operators[spec.task_id]
-        _add_gcs_tasks(cfg, operators)
+        if cfg.backend == "docker":  # stage-in and publish work through a Docker engine's helpers
+            _add_gcs_tasks(cfg, operators)
     return dag
 
 
-# --- Google Cloud Storage (issue #7) --------------------------------------------------------------
+# --- Google Cloud Storage -------------------------------------------------------------------------
 
 def _add_gcs_tasks(cfg: PipelineConfig, operators: dict[str, Any]) -> None:
     """``stage_in >> prep`` and ``export >> publish``; each skips itself without a URI.

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DIGITS_CSV, REPO, dag_command, run_dag, write_dag
-from tfpipe import contract, debug
+from tfpipe import contract
+from tfpipe import links as run_links
 
 pytestmark = pytest.mark.integration
 
@@ -190,7 +191,7 @@ def test_tensorboard_serves_the_run(finished_run):
     proc = _tfpipe(ctx, "tensorboard", DAG_ID, run_id, "--port", str(port), "--detach")
     assert proc.returncode == 0, proc.stderr[-3000:]
     cid, url = proc.stdout.strip().splitlines()[-2:]
-    assert url == debug.tensorboard_url(DAG_ID, run_id, base=f"http://localhost:{port}")
+    assert url == run_links.tensorboard_url(DAG_ID, run_id, base=f"http://localhost:{port}")
     try:
         deadline, status, last = time.time() + 90, None, None
         while time.time() < deadline:
@@ -210,7 +211,7 @@ def test_tensorboard_serves_the_run(finished_run):
             if runs:
                 break
             time.sleep(0.5)
-        assert runs == [debug.tensorboard_run_name(DAG_ID, run_id)]
+        assert runs == [run_links.tensorboard_run_name(DAG_ID, run_id)]
     finally:
         subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
 

@@ -1,67 +1,71 @@
-"""Stage operators: one thin ``DockerOperator`` subclass per pipeline stage.
+"""The Docker backend: one thin ``DockerOperator`` subclass per pipeline stage, built from a
+:class:`~tfpipe.specs.StageSpec`.
 
-Construction only stores and validates arguments (no I/O: DAG files parse fast and offline).
-``execute()`` then, against the Docker engine at ``docker_url``:
+Construction only stores the spec and hands Docker's arguments to ``DockerOperator`` (no I/O:
+DAG files parse fast and offline). ``execute()`` then, against the Docker engine at ``docker_url``:
 
-1. resolves the stage config for this try (Params/``dag_run.conf`` overrides, run identity);
-2. removes any leftover container of an earlier try of the same task (a worker killed with
-   SIGKILL never ran ``on_kill``), so two containers never write one checkpoint directory;
-3. prepares the directories the stage writes, from a short root container on the engine
-   (the worker may not see the engine's disks);
-4. runs the stage container (deterministic name, ``tfpipe.*`` labels, non-root user, GPUs);
-5. maps the exit code through the contract (:class:`tfpipe.contract.ExitCode`) and returns
-   the stage's JSON result through XCom.
+1. resolves this try (:func:`tfpipe.specs.resolve_try`: config with the run's overrides and
+   identity, GPUs, container name and labels);
+2. has the engine's :class:`~tfpipe.hooks.docker.TfpipeDockerHook` check the engine, remove any
+   leftover container of an earlier try of the same task (a worker killed with SIGKILL never ran
+   ``on_kill``: two containers must never write one checkpoint directory) and prepare the
+   directories the stage writes, from a short root container (the worker may not see the
+   engine's disks);
+3. runs the stage container (deterministic name, ``tfpipe.*`` labels, non-root user, GPUs);
+4. maps the exit code through the contract (:mod:`tfpipe.operators.exits`) and returns the
+   stage's JSON result through XCom.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from functools import cached_property
 from typing import Any, ClassVar
 
-from airflow.providers.common.compat.sdk import AirflowFailException, DownstreamTasksSkipped
+from airflow.providers.common.compat.sdk import AirflowFailException
 from airflow.providers.docker.exceptions import DockerContainerFailedException
 from airflow.providers.docker.operators.docker import DockerOperator
 
 from tfpipe import contract
-from tfpipe.config import ResourcesConfig, VolumesConfig, check_image_ref
-from tfpipe.debug import RunReportLink, TensorBoardLink
+from tfpipe.config import GpuRequest
+from tfpipe.exceptions import GpuUnavailableError, StageFailedError, TfpipeConfigError
+from tfpipe.hooks.docker import TfpipeDockerHook
 from tfpipe.lineage import capture
+from tfpipe.links import RunReportLink, TensorBoardLink
 from tfpipe.metrics import emit_stage_metrics
+from tfpipe.operators.exits import raise_for_exit
 from tfpipe.plugins.paths import LOCATION_XCOM_KEY, location_record
-from tfpipe.exceptions import (
-    DockerEngineUnreachableError,
-    GpuUnavailableError,
-    StageFailedError,
-    StageRejectedError,
-    TfpipeConfigError,
-)
-from tfpipe.specs import (
-    TF_DEFAULT_ENV,
-    GpuRequest,
-    MountSpec,
-    container_labels,
-    container_name,
-    prepare_dirs_command,
-    resolve_stage_config,
-    stage_command,
-    writable_dirs,
-)
+from tfpipe.specs import MountSpec, StageSpec, TryPlan, prepare_dirs_command, resolve_try, stage_spec
 
 _NO_GPU_DRIVER = "could not select device driver"
 _NO_BIND_SOURCE = "bind source path does not exist"
-_LOG_TAIL = 30
+#: ``tfpipe.role`` of the short container that prepares a stage's directories.
+PREPARE_ROLE = "prepare-volumes"
 #: Upstream stages whose results a stage's OpenLineage event names (dataset dir, model, blessing).
 _LINEAGE_STAGES = ("prep", "train", "evaluate")
 
 
-def _tail(lines: list[str] | None) -> str:
-    lines = [str(line) for line in (lines or [])][-_LOG_TAIL:]
-    return "\n".join(lines)
+def docker_mount(mount: MountSpec) -> Any:
+    """The docker-py bind ``Mount`` of a spec's mount."""
+    from docker.types import Mount
+
+    return Mount(target=mount.target, source=mount.source, type="bind", read_only=mount.read_only)
+
+
+def device_requests(gpus: GpuRequest | None) -> list | None:
+    """The docker-py ``DeviceRequest`` list of a GPU request (engine API >= 1.40)."""
+    return gpus.to_docker() if gpus else None
 
 
 class TfpipeStageOperator(DockerOperator):
     """Run one tfpipe stage (``python3 -m trainer <stage>``) in the trainer image.
 
+    Built from a :class:`~tfpipe.specs.StageSpec` (:func:`tfpipe.dag_factory.training_pipeline`
+    passes ``spec``); used on its own, it builds the spec from the arguments below with
+    :func:`tfpipe.specs.stage_spec`, validated as a pipeline config is.
+
+    :param spec: the stage's spec; when given, the spec arguments below must be left out.
+    :param docker_url: the Docker engine, local or remote.
+    :param prepare_volumes: create and chown the directories the stage writes before it runs.
     :param image: the trainer image, pinned by version tag or digest.
     :param stage_config: the stage config template (see :func:`tfpipe.specs.config_template`);
         run identity and container paths are added for each try.
@@ -81,8 +85,6 @@ class TfpipeStageOperator(DockerOperator):
     :param network_mode: Docker network; ``"none"`` cuts the stage off the network.
     :param environment: extra environment variables (templated).
     :param private_environment: secrets for the container; never rendered or logged.
-    :param docker_url: the Docker engine, local or remote.
-    :param prepare_volumes: create and chown the directories the stage writes before it runs.
     :param kwargs: passed to ``BaseOperator`` (``task_id``, ``retries``, ``pool``, ...).
     """
 
@@ -93,9 +95,12 @@ class TfpipeStageOperator(DockerOperator):
     def __init__(
         self,
         *,
-        image: str,
-        stage_config: Mapping[str, Any],
-        volumes: VolumesConfig | Mapping[str, str],
+        spec: StageSpec | None = None,
+        docker_url: str = "unix://var/run/docker.sock",
+        prepare_volumes: bool = True,
+        image: str | None = None,
+        stage_config: Any = None,
+        volumes: Any = None,
         gpus: Any = None,
         gpu_fallback: str = "fail",
         gpu_stage: bool | None = None,
@@ -106,49 +111,38 @@ class TfpipeStageOperator(DockerOperator):
         network_mode: str = "bridge",
         environment: dict[str, str] | None = None,
         private_environment: dict[str, str] | None = None,
-        docker_url: str = "unix://var/run/docker.sock",
-        prepare_volumes: bool = True,
         **kwargs: Any,
     ) -> None:
         if not self.stage:
             raise TypeError("use one of PrepOperator, TrainOperator, EvaluateOperator, ExportOperator")
-        check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
-        volumes = VolumesConfig.from_dict(volumes, where="volumes")
-        resources = ResourcesConfig(gpus=gpus, gpu_fallback=gpu_fallback, user=user, shm_size=shm_size or "64m",
-                                    mem_limit=mem_limit, network_mode=network_mode)
-        if not isinstance(stage_config, Mapping) or "data" not in stage_config or "export" not in stage_config:
-            raise TfpipeConfigError(
-                "stage_config: must be a stage config template with data, training, evaluation and export "
-                "sections. Fix: build it with tfpipe.specs.config_template(pipeline_config, stage)."
-            )
+        if spec is None:
+            spec = stage_spec(
+                self.stage, task_id=kwargs.get("task_id", self.stage), image=image or "", stage_config=stage_config,
+                volumes=volumes, gpus=gpus, gpu_fallback=gpu_fallback, gpu_param=gpu_stage,
+                allow_floating_tag=allow_floating_tag, user=user, shm_size=shm_size, mem_limit=mem_limit,
+                network_mode=network_mode, environment=environment, private_environment=private_environment)
+        elif spec.stage != self.stage:
+            raise TfpipeConfigError(f"spec: a {spec.stage!r} spec cannot make a {self.stage!r} operator. "
+                                    f"Fix: use the operator of stage {spec.stage!r}.")
         from docker.utils import parse_bytes
 
-        self.volumes = volumes
-        self.gpu_request = GpuRequest.parse(gpus)
-        self.gpu_fallback = resources.gpu_fallback
-        self.gpu_stage = self.stage in resources.gpu_stages if gpu_stage is None else bool(gpu_stage)
-        self.stage_config = dict(stage_config)
+        self.spec = spec
+        self.volumes = spec.volumes
         self.prepare_volumes = prepare_volumes
-        mounts = [
-            MountSpec(volumes.data, contract.CONTAINER_DATA, True),
-            MountSpec(volumes.work, contract.CONTAINER_WORK, False),
-            MountSpec(volumes.models, contract.CONTAINER_MODELS, False),
-        ]
-        self.mount_specs = tuple(mounts)
         super().__init__(
-            image=image,
-            command=list(stage_command(self.stage)),
+            image=spec.image,
+            command=list(spec.command),
             docker_url=docker_url,
             api_version="auto",
-            mounts=[m.to_docker() for m in mounts],
+            mounts=[docker_mount(m) for m in spec.mounts],
             mount_tmp_dir=False,
             auto_remove="never",  # removed by execute() after the exit state was read
-            user=user,
-            shm_size=parse_bytes(shm_size) if shm_size else None,
-            mem_limit=mem_limit,
-            network_mode=network_mode,
-            environment={**TF_DEFAULT_ENV, **(environment or {})},
-            private_environment=private_environment,
+            user=spec.user,
+            shm_size=parse_bytes(spec.shm_size) if spec.shm_size else None,
+            mem_limit=spec.mem_limit,
+            network_mode=spec.network_mode,
+            environment=dict(spec.environment),
+            private_environment=dict(spec.private_environment) or None,
             privileged=False,
             tty=False,
             xcom_all=True,
@@ -156,49 +150,48 @@ class TfpipeStageOperator(DockerOperator):
             **kwargs,
         )
 
+    @cached_property
+    def hook(self) -> TfpipeDockerHook:
+        """The engine's hook: Airflow's ``DockerHook`` with tfpipe's housekeeping."""
+        tls_config = TfpipeDockerHook.construct_tls_config(
+            ca_cert=self.tls_ca_cert, client_cert=self.tls_client_cert, client_key=self.tls_client_key,
+            verify=self.tls_verify, assert_hostname=self.tls_hostname, ssl_version=self.tls_ssl_version,
+        )
+        return TfpipeDockerHook(docker_url=self.docker_url, docker_conn_id=self.docker_conn_id,
+                                version=self.api_version, tls=tls_config, timeout=self.timeout)
+
     # -- execute ---------------------------------------------------------------------------
 
     def execute(self, context: Any) -> dict[str, Any] | None:
-        ti = context["ti"]
-        params = dict(context.get("params") or {})
-        map_index = getattr(ti, "map_index", -1)
-        map_index = -1 if map_index is None else map_index
         try:
-            config = resolve_stage_config(
-                {**self.stage_config, "stage": self.stage},
-                dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
-                try_number=ti.try_number, image=self.image, overrides=params,
-            )
-            gpus = self.gpu_request
-            if self.gpu_stage and params.get("gpus") not in (None, ""):
-                gpus = GpuRequest.parse(params["gpus"], field_name="params.gpus")
+            plan = resolve_try(self.spec, context["ti"], context.get("params"))
         except (TfpipeConfigError, contract.ContractError) as err:
             raise AirflowFailException(f"{self.task_id}: invalid run parameters: {err}") from err
 
         from airflow.providers.common.compat.sdk import mask_secret
 
-        for value in (self._private_environment or {}).values():
+        for value in self.spec.private_environment.values():
             mask_secret(value)  # redacted should a stage ever print it
-        self.container_name = container_name(ti.dag_id, ti.run_id, ti.task_id, map_index)
-        self.labels = container_labels(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
-                                       try_number=ti.try_number, stage=self.stage, map_index=map_index)
-        self.environment = {**self.environment, contract.CONFIG_ENV: contract.dumps(config)}
-        self.log.info("tfpipe %s: run dir %s, container %s", self.stage, config["paths"]["run_dir"],
-                      self.container_name)
-
+        self.container_name = plan.name
+        self.labels = dict(plan.labels)
+        self.environment = {**self.environment, contract.CONFIG_ENV: contract.dumps(plan.config)}
+        self.log.info("tfpipe %s: run dir %s, container %s", self.stage, plan.run_dir, self.container_name)
         # Where the run's files are, for the api-server's report and TensorBoard (tfpipe.plugins);
         # pushed first so a failed try still leads there.
-        ti.xcom_push(key=LOCATION_XCOM_KEY, value=location_record(
+        context["ti"].xcom_push(key=LOCATION_XCOM_KEY, value=location_record(
             stage=self.stage, docker_url=self.docker_url, image=self.image, volumes=self.volumes))
-        self._check_engine(gpus)
-        self._remove_leftovers(ti.dag_id, ti.run_id, ti.task_id, map_index)
-        if self.prepare_volumes:
-            self._prepare_dirs(writable_dirs(self.stage, config, config["paths"]["run_dir"]))
-        self.device_requests = gpus.to_docker() if gpus else None
-        if gpus:
-            self.log.info("requesting %s for %s", gpus.describe(), self.stage)
 
-        lines = self._run_with_gpu_fallback(context, gpus)
+        self.hook.ping_or_raise()
+        if plan.gpus:
+            self.hook.require_api("1.40", f"{self.stage}: GPU device requests")
+        self._remove_leftovers_of(plan)
+        if self.prepare_volumes:
+            self._prepare_dirs(plan.writable_dirs)
+        self.device_requests = device_requests(plan.gpus)
+        if plan.gpus:
+            self.log.info("requesting %s for %s", plan.gpus.describe(), self.stage)
+
+        lines = self._run_with_gpu_fallback(context, plan.gpus)
         result = contract.parse_result_line(lines or [])
         if result is None:
             raise StageFailedError(
@@ -206,7 +199,7 @@ class TfpipeStageOperator(DockerOperator):
                 f"({contract.RESULT_PREFIX.strip()} ...); is the image a tfpipe trainer image?",
                 exit_code=0, logs=lines,
             )
-        emit_stage_metrics(ti.dag_id, self.stage, result)
+        emit_stage_metrics(self.dag_id, self.stage, result)
         self.lineage_inputs = capture(self, context, result, _LINEAGE_STAGES)
         return result
 
@@ -225,7 +218,7 @@ class TfpipeStageOperator(DockerOperator):
             if not gpus or _NO_GPU_DRIVER not in str(err):
                 raise
             self._remove_container()
-            if self.gpu_fallback == "cpu":
+            if self.spec.gpu_fallback == "cpu":
                 self.log.warning("no NVIDIA runtime on the engine at %s; gpu_fallback='cpu': running %s on the CPU",
                                  self.docker_url, self.stage)
                 self.device_requests = None
@@ -250,87 +243,32 @@ class TfpipeStageOperator(DockerOperator):
             self._remove_container()
 
     def _raise_for_exit(self, code: int | None, oom_killed: bool, logs: list[str], context: Any) -> None:
-        what = contract.ExitCode.describe(code)
         if code == contract.ExitCode.NOT_BLESSED and self.stage == "evaluate":
-            result = contract.parse_result_line(logs)
-            context["ti"].xcom_push(key="return_value", value=result)
+            result = contract.parse_result_line(logs)  # a decision too: its figures and lineage count
             emit_stage_metrics(self.dag_id, self.stage, result)
             self.lineage_inputs = capture(self, context, result, _LINEAGE_STAGES)
-            downstream = sorted(self.get_direct_relative_ids(upstream=False))
-            self.log.info("candidate not blessed: skipping %s", ", ".join(downstream) or "nothing")
-            raise DownstreamTasksSkipped(tasks=downstream)
-        if code in contract.ExitCode.NO_RETRY:
-            raise StageRejectedError(
-                f"{self.stage} rejected its input: {what} (exit {code}); retrying cannot fix this.\n{_tail(logs)}",
-                exit_code=code, logs=logs,
-            )
-        if oom_killed:
-            raise StageFailedError(
-                f"{self.stage} was killed by the out-of-memory killer (exit {code}, mem_limit={self.mem_limit}). "
-                "Fix: raise resources.mem_limit or lower training.batch_size.\n" + _tail(logs),
-                exit_code=code, oom_killed=True, logs=logs,
-            )
-        raise StageFailedError(f"{self.stage} failed: {what} (exit {code}).\n{_tail(logs)}",
-                               exit_code=code, logs=logs)
+        raise_for_exit(stage=self.stage, code=code, oom_killed=oom_killed, logs=logs, context=context,
+                       downstream=lambda: list(self.get_direct_relative_ids(upstream=False)),
+                       mem_limit=self.mem_limit, log=self.log)
 
-    # -- engine helpers ----------------------------------------------------------------------
+    # -- engine housekeeping (the hook does it) ------------------------------------------------
 
-    def _check_engine(self, gpus: GpuRequest | None) -> None:
-        try:
-            cli = self.cli
-            cli.ping()
-        except Exception as err:  # docker-py raises several types; all mean "not reachable"
-            raise DockerEngineUnreachableError(
-                f"cannot reach the Docker engine at {self.docker_url}: {err}. Fix: start dockerd on that host "
-                "or point docker_url at a running engine."
-            ) from err
-        if gpus:
-            from docker.utils import version_lt
-
-            if version_lt(cli.api_version, "1.40"):
-                raise GpuUnavailableError(
-                    f"{self.stage}: GPU device requests need Docker API >= 1.40; the engine at {self.docker_url} "
-                    f"speaks {cli.api_version}. Fix: upgrade Docker to 19.03 or newer."
-                )
+    def _remove_leftovers_of(self, plan: TryPlan) -> None:
+        identity = {k: v for k, v in plan.labels.items() if not k.endswith(("try_number", "stage"))}
+        self.hook.remove_labelled(identity, name=plan.name, log=self.log)
 
     def _remove_leftovers(self, dag_id: str, run_id: str, task_id: str, map_index: int) -> None:
         """Stop and remove containers left by earlier tries of this task (found by labels and name)."""
-        filters = {"label": [f"tfpipe.dag_id={dag_id}", f"tfpipe.run_id={run_id}", f"tfpipe.task_id={task_id}",
-                             f"tfpipe.map_index={map_index}"]}
-        found = {c["Id"]: c for c in self.cli.containers(all=True, filters=filters)}
-        for c in self.cli.containers(all=True, filters={"name": f"^/{self.container_name}$"}):
-            found.setdefault(c["Id"], c)
-        for cid, c in found.items():
-            labels = c.get("Labels") or {}
-            self.log.warning(
-                "removing leftover container %s (%s, try %s, state %s) of an earlier try before starting",
-                (c.get("Names") or [cid[:12]])[0].lstrip("/"), labels.get("tfpipe.stage", "?"),
-                labels.get("tfpipe.try_number", "?"), c.get("State"),
-            )
-            self.cli.remove_container(cid, force=True)
+        from tfpipe.specs import TryIdentity
+
+        self._remove_leftovers_of(resolve_try(self.spec, TryIdentity(dag_id, run_id, task_id, 1, map_index)))
 
     def _prepare_dirs(self, dirs: tuple[str, ...]) -> None:
-        """Create ``dirs`` on the engine's host and hand them to ``self.user``, from a root container."""
-        # Binds (unlike mounts) make the engine create a missing source directory, so a fresh
-        # host needs no set-up; the stage containers then mount the prepared directories.
-        host_config = self.cli.create_host_config(
-            binds={m.source: {"bind": m.target, "mode": "rw"} for m in self.mount_specs if not m.read_only},
-            network_mode="none", auto_remove=False,
-        )
-        helper = self.cli.create_container(
-            image=self.image, command=prepare_dirs_command(dirs, self.user or "0:0"), user="0:0",
-            host_config=host_config, labels={**(self.labels or {}), "tfpipe.role": "prepare-volumes"},
-            entrypoint=[],
-        )
-        try:
-            self.cli.start(helper["Id"])
-            status = self.cli.wait(helper["Id"]).get("StatusCode")
-            if status != 0:
-                out = self.cli.logs(helper["Id"]).decode("utf-8", "replace")
-                raise StageFailedError(f"preparing volume directories failed (exit {status}): {out}",
-                                       exit_code=status)
-        finally:
-            self.cli.remove_container(helper["Id"], force=True)
+        """Create ``dirs`` on the engine's host and hand them to the stage's user, from a root container."""
+        self.hook.run_helper(
+            image=self.image, command=prepare_dirs_command(dirs, self.user or "0:0"),
+            binds={m.source: {"bind": m.target, "mode": "rw"} for m in self.spec.mounts if not m.read_only},
+            labels=self.labels or {}, role=PREPARE_ROLE, where="the work and models volumes")
 
     def _container_state(self) -> dict[str, Any]:
         if not getattr(self, "container", None):
@@ -351,13 +289,13 @@ class TfpipeStageOperator(DockerOperator):
 
     # -- OpenLineage (used when apache-airflow-providers-openlineage is installed) ---------------
 
-    def _lineage(self, captured: Mapping[str, Any] | None) -> Any:
+    def _lineage(self, captured: dict[str, Any] | None) -> Any:
         from tfpipe.lineage import stage_lineage, to_operator_lineage
 
         captured = captured or {}
         return to_operator_lineage(stage_lineage(
             self.stage, volumes=self.volumes, docker_url=self.docker_url, image=self.image,
-            data_path=(self.stage_config.get("data") or {}).get("path"),
+            data_path=(self.spec.config.get("data") or {}).get("path"),
             result=captured.get("result"), upstream=captured.get("upstream") or {}))
 
     def get_openlineage_facets_on_start(self) -> Any:

@@ -14,16 +14,10 @@ import pytest
 from tfpipe.config import PipelineConfig
 from tfpipe.exceptions import TfpipeConfigError
 from tfpipe.hooks.gcs import GcsAccessError, GcsUri, TfpipeGcsHook
-from tfpipe.transfers import (
-    MANIFEST_NAME,
-    GcsPublishOperator,
-    GcsStageInOperator,
-    StageInError,
-    batches,
-    plan_layout,
-    plan_sync,
-    version_uri,
-)
+from tfpipe.exceptions import StageInError
+from tfpipe.gcs.plan import MANIFEST_NAME, batches, plan_layout, plan_sync
+from tfpipe.gcs.publish import version_uri
+from tfpipe.operators.gcs import GcsPublishOperator, GcsStageInOperator
 
 pytestmark = pytest.mark.gcs
 

@@ -7,9 +7,11 @@ import json
 import pytest
 
 from tfpipe import contract, debug
+from tfpipe import links as run_links
 from tfpipe.config import PipelineConfig
-from tfpipe.pipeline import pipeline_params, training_pipeline
-from tfpipe.specs import GpuRequest, MountSpec
+from tfpipe.dag_factory import pipeline_params, training_pipeline
+from tfpipe.config import GpuRequest
+from tfpipe.specs import MountSpec
 
 RUN_ID = "manual__2026-11-29T18:10:11.460351+00:00"
 SAFE_RUN = "manual__2026-11-29T18_10_11.460351_00_00"
@@ -46,23 +48,23 @@ def _key(task_id: str, run_id: str = RUN_ID):
 
 def test_host_path_maps_the_three_mounts_only(dag):
     volumes = dag.get_task("train").volumes
-    assert debug.host_path("/work/runs/x/report.html", volumes) == f"{HOME}/work/runs/x/report.html"
-    assert debug.host_path("/models/digits/3/report/report.html", volumes) == f"{HOME}/models/digits/3/report/report.html"
-    assert debug.host_path("/data", volumes) == f"{HOME}/data"
-    assert debug.host_path("/workshop/x", volumes) is None, "a prefix match is not a mount"
-    assert debug.host_path("/etc/passwd", volumes) is None and debug.host_path(None, volumes) is None
-    assert debug.host_run_dir(volumes, "dbg", RUN_ID) == f"{HOME}/work/runs/dbg/{SAFE_RUN}"
-    assert debug.host_tensorboard_dir(volumes, "dbg", RUN_ID).endswith(f"{SAFE_RUN}/train/tensorboard")
+    assert run_links.host_path("/work/runs/x/report.html", volumes) == f"{HOME}/work/runs/x/report.html"
+    assert run_links.host_path("/models/digits/3/report/report.html", volumes) == f"{HOME}/models/digits/3/report/report.html"
+    assert run_links.host_path("/data", volumes) == f"{HOME}/data"
+    assert run_links.host_path("/workshop/x", volumes) is None, "a prefix match is not a mount"
+    assert run_links.host_path("/etc/passwd", volumes) is None and run_links.host_path(None, volumes) is None
+    assert run_links.host_run_dir(volumes, "dbg", RUN_ID) == f"{HOME}/work/runs/dbg/{SAFE_RUN}"
+    assert run_links.host_tensorboard_dir(volumes, "dbg", RUN_ID).endswith(f"{SAFE_RUN}/train/tensorboard")
 
 
 def test_tensorboard_url_selects_the_run(monkeypatch):
-    monkeypatch.delenv(debug.TENSORBOARD_URL_ENV, raising=False)
-    url = debug.tensorboard_url("dbg", RUN_ID)
+    monkeypatch.delenv(run_links.TENSORBOARD_URL_ENV, raising=False)
+    url = run_links.tensorboard_url("dbg", RUN_ID)
     # TensorBoard 2.9 reads ?runFilter=<regex> into the run selector; '.' escaped to match literally
     assert url == f"http://localhost:6006/?runFilter=dbg%2F{SAFE_RUN.replace('.', '%5C.')}#timeseries"
-    monkeypatch.setenv(debug.TENSORBOARD_URL_ENV, "https://tb.example.org:8443/")
-    assert debug.tensorboard_url("dbg", RUN_ID).startswith("https://tb.example.org:8443/?runFilter=dbg%2F")
-    assert debug.tensorboard_run_name("dbg", RUN_ID) == f"dbg/{SAFE_RUN}"
+    monkeypatch.setenv(run_links.TENSORBOARD_URL_ENV, "https://tb.example.org:8443/")
+    assert run_links.tensorboard_url("dbg", RUN_ID).startswith("https://tb.example.org:8443/?runFilter=dbg%2F")
+    assert run_links.tensorboard_run_name("dbg", RUN_ID) == f"dbg/{SAFE_RUN}"
 
 
 # --- operator extra links ----------------------------------------------------------------------
@@ -112,7 +114,7 @@ def test_provider_info_registers_the_links():
     from tfpipe.get_provider_info import get_provider_info
 
     classes = get_provider_info()["extra-links"]
-    assert classes == ["tfpipe.debug.RunReportLink", "tfpipe.debug.TensorBoardLink"]
+    assert classes == ["tfpipe.links.RunReportLink", "tfpipe.links.TensorBoardLink"]
     loaded = [getattr(importlib.import_module(c.rsplit(".", 1)[0]), c.rsplit(".", 1)[1]) for c in classes]
     assert {cls().name for cls in loaded} == {"Run report", "TensorBoard"}
     assert set(classes) <= set(ProvidersManager().extra_links_class_names), "Airflow discovers them"

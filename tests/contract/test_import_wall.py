@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 TRAINER = sorted((REPO / "trainer").glob("*.py"))
 AIRFLOW_SIDE = sorted((REPO / "provider" / "tfpipe").rglob("*.py")) + sorted((REPO / "dags").glob("*.py"))
 

@@ -9,9 +9,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from airflow.providers.common.compat.sdk import AirflowFailException
 
-from tests.gcs.conftest import fake_context
+from tests.integration.conftest import fake_context
 from tfpipe.hooks.gcs import GcsAccessError
-from tfpipe.transfers import GcsPublishOperator, GcsStageInOperator, list_published_versions
+from tfpipe.gcs.publish import list_published_versions
+from tfpipe.operators.gcs import GcsPublishOperator, GcsStageInOperator
 
 pytestmark = [pytest.mark.gcs, pytest.mark.integration]
 

@@ -1,0 +1,35 @@
+"""Airflow DAG: the digits pipeline on Kubernetes: the same stages as ``tfpipe_digits``, as pods.
+
+``backend="kubernetes"`` turns the same stage specs into ``KubernetesPodOperator``s (install the
+extra: ``pip install './[kubernetes]'``): GPUs as ``nvidia.com/gpu`` limits on the train and
+evaluate pods, work and models on PersistentVolumeClaims, the raw data on a read-only hostPath,
+non-root pods on GPU nodes. It needs a cluster with NVIDIA's device plugin, the claims below and
+the trainer image in a registry the nodes can pull from; none of that exists where this project
+is tested, so this DAG is parsed and its pods are built in the tests, never run (see the README).
+"""
+
+from __future__ import annotations
+
+import os
+
+from tfpipe import PipelineConfig, training_pipeline
+
+dag = training_pipeline(
+    PipelineConfig(
+        dag_id="k8s_tfpipe_digits",
+        description="Digits on Kubernetes: prep -> train -> evaluate -> export as pods",
+        schedule=None,
+        tags=("tfpipe", "kubernetes"),
+        backend="kubernetes",
+        image={"ref": os.environ.get("TFPIPE_K8S_IMAGE") or "registry.example:5000/tfpipe/trainer:0.1.0"},
+        volumes={"data": "/srv/tfpipe/data", "work": "/srv/tfpipe/work", "models": "/srv/tfpipe/models"},
+        kubernetes={"namespace": "ml-training", "claims": {"work": "tfpipe-work", "models": "tfpipe-models"}},
+        data={"path": "digits/digits.csv"},
+        training={"model": "mlp", "epochs": 10},
+        evaluation={"metric": "macro_f1", "threshold": 0.9},
+        export={"model_name": "digits"},
+        resources={"gpus": 1, "mem_limit": "8g", "shm_size": "2g",
+                   "node_selector": {"nvidia.com/gpu.present": "true"},
+                   "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+    )
+)

@@ -1,0 +1,55 @@
+"""tfpipe: run a training DAG through Airflow, and see or reproduce its runs.
+
+The ``tfpipe`` command (also ``python -m tfpipe.cli``), one module per sub-command.
+
+* ``tfpipe run DAG_ID [--conf JSON | --rerun RUN_ID]`` (:mod:`tfpipe.cli.run`) runs one DAG run
+  through Airflow's ``dag.test()`` and prints its summary as one JSON line.
+
+Seeing and reproducing a run (:mod:`tfpipe.cli.tensorboard`, :mod:`tfpipe.cli.shell`, built by :mod:`tfpipe.debug`):
+
+* ``tfpipe tensorboard DAG_ID RUN_ID|latest [--port 6006]`` serves the run's TensorBoard event
+  files from the trainer image on ``127.0.0.1:PORT`` and prints the URL;
+* ``tfpipe shell DAG_ID TASK_ID [--run RUN_ID|latest]`` opens a shell in a container set up as
+  that task's (image, mounts, user, environment with the run's ``TFPIPE_CONFIG``, working dir,
+  network), where ``python3 -m trainer <stage>`` reruns the stage. Private environment values
+  are left out. ``--print`` prints the ``docker run`` command instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from tfpipe.cli import run, shell, tensorboard
+
+
+def _add_debug_parsers(sub: Any) -> None:
+    """The ``tensorboard`` and ``shell`` sub-commands and the flags they share."""
+    dags_folder = os.environ.get("AIRFLOW__CORE__DAGS_FOLDER", str(Path("dags")))
+    tb = tensorboard.add_parser(sub)
+    sh = shell.add_parser(sub)
+    for p in (tb, sh):
+        p.add_argument("--dags-folder", default=dags_folder)
+        p.add_argument("--print", action="store_true", help="print the docker command instead of running it")
+        p.add_argument("--detach", action="store_true",
+                       help="start the container in the background and print its id"
+                       + (" (the shell container runs `sleep infinity`)" if p is sh else ""))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``tfpipe`` argument parser; each sub-command sets its ``handler``."""
+    parser = argparse.ArgumentParser(prog="tfpipe", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run.add_parser(sub)
+    _add_debug_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``tfpipe`` command."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.parser = parser
+    return args.handler(args)

@@ -1,0 +1,7 @@
+"""``python -m tfpipe.cli``: the ``tfpipe`` command."""
+
+import sys
+
+from tfpipe.cli import main
+
+sys.exit(main())

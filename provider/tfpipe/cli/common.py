@@ -1,0 +1,157 @@
+"""What the ``tfpipe`` commands share: loading a DAG, finding a run, quiet stdout, launching docker."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def load_dag(dag_id: str, dags_folder: str):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=dags_folder)
+    if bag.import_errors:
+        for path, err in bag.import_errors.items():
+            print(f"tfpipe: DAG import error in {path}:\n{err}", file=sys.stderr)
+    dag = bag.get_dag(dag_id)
+    if dag is None:
+        known = ", ".join(sorted(bag.dag_ids)) or "none"
+        raise SystemExit(f"tfpipe: no DAG {dag_id!r} in {dags_folder} (found: {known})")
+    return dag
+
+
+@contextlib.contextmanager
+def quiet_stdout():
+    """Send whatever Airflow prints while loading DAGs or reading the DB to stderr."""
+    saved = os.dup(1)
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def note(message: str) -> None:
+    print(f"tfpipe: {message}", file=sys.stderr, flush=True)
+
+
+def stage_tasks(dag: Any) -> list[Any]:
+    from tfpipe.operators.docker import TfpipeStageOperator
+
+    return [t for t in dag.tasks if isinstance(t, TfpipeStageOperator)]
+
+
+def stage_task(dag: Any, task_id: str) -> Any:
+    stages = stage_tasks(dag)
+    for task in stages:
+        if task.task_id == task_id:
+            return task
+    names = ", ".join(t.task_id for t in stages) or "none"
+    raise SystemExit(f"tfpipe: {dag.dag_id} has no tfpipe stage task {task_id!r} (stage tasks: {names})")
+
+
+def _db_runs(dag_id: str) -> list[Any]:
+    """The DAG's runs in the metadata DB (none when it cannot be read)."""
+    try:
+        from airflow.models.dagrun import DagRun
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            runs = DagRun.find(dag_id=dag_id, session=session)
+            for run in runs:
+                session.expunge(run)
+            return runs
+    except Exception as err:  # no DB yet, another Airflow: work from the run dirs alone
+        note(f"cannot read runs of {dag_id} from the metadata DB ({type(err).__name__}: {err})")
+        return []
+
+
+def resolve_run(dag_id: str, run: str | None, work_volume: str) -> tuple[str, Any | None]:
+    """``(run_id, dag_run or None)`` for ``run``: a run id, a run dir name, or ``latest``.
+
+    ``latest`` is the newest run directory under ``<work>/runs/<dag>/`` when this machine sees
+    the work volume, else the newest run in the metadata DB.
+    """
+    from tfpipe import contract
+
+    runs = _db_runs(dag_id)
+    by_safe = {contract.safe_name(r.run_id, 120): r for r in runs}
+    if not run or run == "latest":
+        root = Path(work_volume) / "runs" / contract.safe_name(dag_id)
+        dirs = [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+        if dirs:
+            newest = max(dirs, key=lambda p: p.stat().st_mtime)
+            found = by_safe.get(newest.name)
+            if found is None:
+                note(f"run dir {newest} is not a run in the metadata DB: using its name as the run id")
+            return (found.run_id if found else newest.name), found
+        if runs:
+            newest_run = max(runs, key=lambda r: r.run_after or r.logical_date or r.start_date)
+            return newest_run.run_id, newest_run
+        raise SystemExit(f"tfpipe: no run of {dag_id} found (no run dirs under {root}, none in the metadata DB)")
+    for candidate in runs:
+        if candidate.run_id == run:
+            return run, candidate
+    if run in by_safe:
+        return by_safe[run].run_id, by_safe[run]
+    note(f"run {run!r} of {dag_id} is not in the metadata DB: using the DAG's default params")
+    return run, None
+
+
+def try_number_of(dag_run: Any, task_id: str) -> int:
+    """The task's newest try in the run (1 when the DB does not know it)."""
+    if dag_run is None:
+        return 1
+    try:
+        from airflow.models.taskinstance import TaskInstance
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        with create_session() as session:
+            ti = session.scalars(select(TaskInstance).where(
+                TaskInstance.dag_id == dag_run.dag_id, TaskInstance.run_id == dag_run.run_id,
+                TaskInstance.task_id == task_id)).first()
+            return max(int(ti.try_number or 1), 1) if ti is not None else 1
+    except Exception:  # noqa: BLE001 -- best effort: the try number only labels the shell
+        return 1
+
+
+def run_params(dag: Any, task: Any, conf: dict[str, Any] | None) -> dict[str, Any]:
+    """The params the task saw: DAG and task Params updated with the run's conf, as Airflow does."""
+    try:
+        from airflow.sdk.definitions.param import process_params
+
+        return dict(process_params(dag, task, conf, suppress_exception=False))
+    except ImportError:  # another Airflow: the same merge by hand
+        params = {**dag.params.dump(), **(task.params.dump() if task.params else {})}
+        return {**params, **(conf or {})}
+
+
+def launch(cmd: list[str], args: argparse.Namespace, after: list[str] | None = None) -> int:
+    """Print ``cmd`` (``--print``), start it detached and print the container id, or exec it."""
+    from tfpipe.debug import printable
+
+    if args.print:
+        print(printable(cmd), flush=True)
+        return 0
+    if args.detach:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(proc.stderr.strip() or f"docker exited {proc.returncode}", file=sys.stderr)
+            return proc.returncode
+        print(proc.stdout.strip(), flush=True)
+        for line in after or []:
+            print(line, flush=True)
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp(cmd[0], cmd)
+    return 0  # not reached

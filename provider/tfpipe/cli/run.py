@@ -1,0 +1,151 @@
+"""``tfpipe run DAG_ID [--conf JSON | --rerun RUN_ID]``: one DAG run through Airflow, as one JSON line.
+
+It runs the DAG with Airflow's own ``dag.test()`` (the scheduler's dependency loop, real task
+runner, the metadata DB at ``$AIRFLOW_HOME``), so retries, skips, Params validation and XCom all
+behave as in a deployment. The last line printed is::
+
+    {"dag_id": ..., "run_id": ..., "state": "success", "model_dir": ..., "metrics": {...}, "tasks": {...}}
+
+``model_dir`` is the exported version as a path on the engine's host; ``published`` its
+``gs://`` URI when the run published it. The exit status is 0 only when the run succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from tfpipe.cli.common import load_dag, quiet_stdout
+
+
+def ensure_pools(dag: Any) -> None:
+    """Create the pools the DAG's tasks use when missing (a task in a missing pool never runs)."""
+    from airflow.models.pool import Pool
+
+    for name in sorted({t.pool for t in dag.tasks if t.pool and t.pool != Pool.DEFAULT_POOL_NAME}):
+        if Pool.get_pool(name) is None:
+            Pool.create_or_update_pool(name, 1, "created by tfpipe: one training job at a time", False)
+
+
+def _host_path(container_path: str | None, dag: Any) -> str | None:
+    """Map a container path under /models back to the host path of the models volume."""
+    if not container_path:
+        return None
+    from tfpipe import contract
+
+    for task in dag.tasks:
+        volumes = getattr(task, "volumes", None)
+        if volumes is not None and container_path.startswith(contract.CONTAINER_MODELS + "/"):
+            return volumes.models + container_path[len(contract.CONTAINER_MODELS):]
+    return container_path
+
+
+def summarize(dag: Any, dag_run: Any) -> dict[str, Any]:
+    """The run's state, every task's state and result, the exported model and its metrics."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    tasks: dict[str, Any] = {}
+    results: dict[str, Any] = {}
+    with create_session() as session:
+        for ti in dag_run.get_task_instances(session=session):
+            tasks[ti.task_id] = {"state": str(ti.state.value if hasattr(ti.state, "value") else ti.state),
+                                 "try_number": ti.try_number}
+        query = XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag.dag_id, key="return_value")
+        for row in session.scalars(query):
+            results[row.task_id] = XComModel.deserialize_value(row)
+    export = results.get("export") or {}
+    evaluation = results.get("evaluate") or {}
+    metrics = export.get("metrics") or evaluation.get("metrics") or {}
+    state = dag_run.state.value if hasattr(dag_run.state, "value") else str(dag_run.state)
+    return {
+        "dag_id": dag.dag_id,
+        "run_id": dag_run.run_id,
+        "state": state,
+        "model_dir": _host_path(export.get("model_dir"), dag),
+        "metrics": metrics,
+        "blessed": evaluation.get("blessed"),
+        "published": (results.get("publish") or {}).get("uri"),
+        "tasks": tasks,
+    }
+
+
+def _reenter(dag_id: str, run_id: str) -> dict[str, Any]:
+    """Prepare an existing run for re-running, as the UI's "Clear" on a run does.
+
+    Tasks still marked running or queued belong to a worker that died (a SIGKILLed ``tfpipe run``,
+    a lost machine): they are failed first, as the scheduler does once their heartbeat times out.
+    Returns the ``dag.test`` arguments that find this same run again (its run id derives from
+    them); ``dag.test`` then clears the run and runs it again, each task with a new try number.
+    """
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+
+    with create_session() as session:
+        runs = DagRun.find(dag_id=dag_id, run_id=run_id, session=session)
+        if not runs:
+            raise SystemExit(f"tfpipe: no run {run_id!r} of DAG {dag_id!r} to re-run")
+        dag_run = runs[0]
+        for ti in dag_run.get_task_instances(session=session):
+            if ti.state in (TaskInstanceState.RUNNING, TaskInstanceState.QUEUED,
+                            TaskInstanceState.RESTARTING, TaskInstanceState.SCHEDULED):
+                print(f"tfpipe: {ti.task_id} try {ti.try_number} was left {ti.state} by a dead worker: "
+                      "marking it failed before the re-run", file=sys.stderr)
+                ti.set_state(TaskInstanceState.FAILED, session=session)
+        return {"logical_date": dag_run.logical_date, "run_after": dag_run.run_after,
+                "run_conf": dag_run.conf or None}
+
+
+def run(dag_id: str, conf: dict[str, Any] | None, dags_folder: str, rerun: str | None = None) -> dict[str, Any]:
+    """Run one DAG run of ``dag_id`` with ``conf`` (or re-run run ``rerun``) and return its summary.
+
+    Airflow's logs (task logs included) go to stderr, so stdout carries only the summary line.
+    """
+    with quiet_stdout():
+        dag = load_dag(dag_id, dags_folder)
+        ensure_pools(dag)
+        if rerun:
+            dag_run = dag.test(**_reenter(dag_id, rerun))
+            if dag_run.run_id != rerun:
+                raise SystemExit(f"tfpipe: re-running {rerun!r} created another run {dag_run.run_id!r}")
+        else:
+            dag_run = dag.test(run_conf=conf or None)
+        return summarize(dag, dag_run)
+
+
+
+
+def add_parser(sub: Any) -> None:
+    """The ``run`` sub-command."""
+    run_p = sub.add_parser("run", help="run one DAG run and print a JSON summary line")
+    run_p.add_argument("dag_id")
+    run_p.add_argument("--conf", default="{}", help="run parameters as a JSON object")
+    run_p.add_argument("--dags-folder", default=os.environ.get("AIRFLOW__CORE__DAGS_FOLDER", str(Path("dags"))))
+    run_p.add_argument("--rerun", metavar="RUN_ID",
+                       help="clear an existing run and run it again (training resumes from its checkpoints)")
+    run_p.set_defaults(handler=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    """``tfpipe run``: print the summary line; 0 when the run succeeded, 2 for rejected parameters."""
+    try:
+        conf = json.loads(args.conf or "{}")
+    except json.JSONDecodeError as err:
+        args.parser.error(f"--conf is not valid JSON ({err}); pass an object such as '{{\"epochs\": 5}}'")
+    if not isinstance(conf, dict):
+        args.parser.error("--conf must be a JSON object such as '{\"epochs\": 5}'")
+    from airflow.providers.common.compat.sdk import ParamValidationError
+
+    try:
+        summary = run(args.dag_id, conf, args.dags_folder, rerun=args.rerun)
+    except ParamValidationError as err:  # rejected before a run starts, as the trigger form does
+        print(f"tfpipe: {args.dag_id} rejected the run parameters: {err}. Fix: pass values its Params "
+              "accept (the trigger form shows them).", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, sort_keys=False, default=str), flush=True)
+    return 0 if summary["state"] == "success" else 1

@@ -1,0 +1,109 @@
+"""The "Run report" and "TensorBoard" extra links of the train, evaluate and export tasks.
+
+Airflow 3 computes an extra link **on the worker**, when the task ends (success or failure), by
+calling ``get_link`` and storing the URL in XCom under the link's ``xcom_key``; the UI then reads
+that XCom. Both links point at the tfpipe plugin under the api-server (:mod:`tfpipe.plugins`),
+which reads the run's files through the engine. The path helpers here are pure (no engine, no
+metadata DB) and are shared with the shell tooling of :mod:`tfpipe.debug`; volume paths are
+paths on the Docker engine's host, and the ``tfpipe tensorboard`` URL is meant for a browser there.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from typing import Any
+from urllib.parse import quote
+
+from airflow.providers.common.compat.sdk import BaseOperatorLink
+
+from tfpipe import contract
+from tfpipe.plugins import paths as plugin_paths
+
+#: Environment variable with the base URL of the TensorBoard the "TensorBoard" link points to.
+TENSORBOARD_URL_ENV = "TFPIPE_TENSORBOARD_URL"
+DEFAULT_TENSORBOARD_URL = "http://localhost:6006"
+
+# --- paths and URLs ----------------------------------------------------------------------------
+
+def _volume_map(volumes: Any) -> tuple[tuple[str, str], ...]:
+    return ((contract.CONTAINER_DATA, volumes.data), (contract.CONTAINER_WORK, volumes.work),
+            (contract.CONTAINER_MODELS, volumes.models))
+
+
+def host_path(container_path: str | None, volumes: Any) -> str | None:
+    """Map a container path under ``/data``, ``/work`` or ``/models`` to the engine host's path.
+
+    Returns ``None`` for ``None`` or a path outside the three mounts.
+    """
+    if not container_path:
+        return None
+    path = posixpath.normpath(container_path)
+    for target, source in _volume_map(volumes):
+        if path == target:
+            return source
+        if path.startswith(target + "/"):
+            return source.rstrip("/") + path[len(target):]
+    return None
+
+
+def host_run_dir(volumes: Any, dag_id: str, run_id: str) -> str:
+    """The run directory (``contract.run_dir``) as a path on the engine's host."""
+    path = host_path(contract.run_dir(dag_id, run_id), volumes)
+    assert path is not None  # run_dir is always under /work
+    return path
+
+
+def host_tensorboard_dir(volumes: Any, dag_id: str, run_id: str) -> str:
+    """The run's TensorBoard event files on the engine's host."""
+    return f"{host_run_dir(volumes, dag_id, run_id)}/{contract.TENSORBOARD_SUBDIR}"
+
+
+def tensorboard_run_name(dag_id: str, run_id: str) -> str:
+    """The run's name in TensorBoard: ``<dag>/<run>`` as in ``work/runs/<dag>/<run>``.
+
+    ``tfpipe tensorboard`` mounts the event files at ``/logs/<dag>/<run>``, so TensorBoard names
+    the run exactly this; a TensorBoard serving the whole ``work/runs`` tree names it
+    ``<dag>/<run>/train/tensorboard``, which the same filter matches.
+    """
+    return f"{contract.safe_name(dag_id)}/{contract.safe_name(run_id, 120)}"
+
+
+def tensorboard_url(dag_id: str, run_id: str, base: str | None = None) -> str:
+    """The TensorBoard URL with the run selected (TensorBoard 2.9's ``?runFilter=<regex>``).
+
+    ``base`` defaults to ``$TFPIPE_TENSORBOARD_URL``, else ``http://localhost:6006``. Safe names
+    hold only ``[A-Za-z0-9._-]``, so escaping ``.`` makes the filter match the name literally.
+    """
+    base = (base or os.environ.get(TENSORBOARD_URL_ENV) or DEFAULT_TENSORBOARD_URL).rstrip("/")
+    regex = tensorboard_run_name(dag_id, run_id).replace(".", r"\.")
+    return f"{base}/?runFilter={quote(regex, safe='')}#timeseries"
+
+
+# --- operator extra links ----------------------------------------------------------------------
+
+class RunReportLink(BaseOperatorLink):
+    """"Run report": the run's ``report.html``, served by the tfpipe plugin under the api-server.
+
+    ``[api] base_url`` + ``/tfpipe/runs/<dag>/<run>/report/`` (root-relative when ``base_url`` is
+    unset). The plugin reads the report through the Docker engine and lets only users who may
+    read the DAG see it (:mod:`tfpipe.plugins.app`).
+    """
+
+    name = "Run report"
+
+    def get_link(self, operator: Any, *, ti_key: Any) -> str:
+        return plugin_paths.report_url(ti_key.dag_id, ti_key.run_id)
+
+
+class TensorBoardLink(BaseOperatorLink):
+    """"TensorBoard": the run's TensorBoard, started on demand by the tfpipe plugin.
+
+    ``[api] base_url`` + ``/tfpipe/runs/<dag>/<run>/tensorboard/``. On a workstation,
+    ``tfpipe tensorboard DAG RUN_ID`` (``make tensorboard RUN=...``) serves it without Airflow.
+    """
+
+    name = "TensorBoard"
+
+    def get_link(self, operator: Any, *, ti_key: Any) -> str:
+        return plugin_paths.tensorboard_url(ti_key.dag_id, ti_key.run_id)

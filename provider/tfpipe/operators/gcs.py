@@ -1,0 +1,257 @@
+"""Google Cloud Storage operators: stage raw data in before prep, publish blessed models after export.
+
+Both do the Cloud Storage side **on the worker** (``google-cloud-storage``, credentials from
+:class:`~tfpipe.hooks.gcs.TfpipeGcsHook`) and move files into and out of the volumes **through
+the Docker engine** (:class:`~tfpipe.hooks.docker.TfpipeDockerHook`), because the engine's host may
+not be the worker's. Credentials never enter a container.
+
+- :class:`GcsStageInOperator` syncs ``gs://bucket/prefix`` to ``<data volume>/<data path>``
+  (:func:`tfpipe.gcs.sync.stage_in`).
+- :class:`GcsPublishOperator` uploads an exported version and its ``_COMPLETE`` marker
+  (:func:`tfpipe.gcs.publish.publish_version`).
+
+A run's Params ``data_uri`` / ``publish_uri`` choose the URIs (falling back to the operator's
+``source_uri`` / ``destination_uri``); with neither, the task skips itself.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.providers.common.compat.sdk import AirflowFailException, AirflowSkipException, BaseOperator
+
+from tfpipe import contract
+from tfpipe.config import check_host_path, check_image_ref, check_name, check_relative_path
+from tfpipe.exceptions import TfpipeConfigError
+from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook, list_objects
+from tfpipe.lineage import capture
+from tfpipe.specs import container_labels
+
+#: Where the stage-in helper mounts the data volume.
+DATA_MOUNT = "/vol"
+
+
+def _resolve_uri(context: Mapping[str, Any], param: str | None, default: str | None, task_id: str,
+                 what: str) -> GcsUri | None:
+    """The URI of this run: the run's Param ``param`` if set, else ``default``; None = nothing to do."""
+    params = context.get("params") or {}
+    value = params.get(param) if param else None
+    source = f"run parameter {param!r}"
+    if value in (None, ""):
+        value, source = default, f"the task's {what}"
+    if value in (None, "", "None"):
+        return None
+    try:
+        return GcsUri.parse(value, field_name=source)
+    except TfpipeConfigError as err:
+        raise AirflowFailException(f"{task_id}: {err}") from None
+
+
+def _task_labels(context: Mapping[str, Any], stage: str) -> dict[str, str]:
+    ti = context["ti"]
+    map_index = getattr(ti, "map_index", -1)
+    return container_labels(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, try_number=ti.try_number,
+                            stage=stage, map_index=-1 if map_index is None else map_index)
+
+
+class GcsStageInOperator(BaseOperator):
+    """Sync ``gs://bucket/prefix`` into ``<data_volume>/<data_path>`` on the Docker engine's host.
+
+    Runs before prep. Objects are listed and downloaded **on the worker** (only new or changed ones:
+    a manifest of generations and CRC32Cs stays next to the files), in parallel, and handed to the
+    engine as tar streams (``put_archive``) through a helper container of ``image`` that mounts the
+    data volume; files of objects deleted from the bucket are removed. When neither the run's
+    Param ``uri_param`` nor ``source_uri`` is set, the task skips itself.
+
+    :param data_volume: the data volume: a directory on the Docker engine's host.
+    :param data_path: the file or directory relative to ``data_volume`` (``data.path``). A URI that
+        names one object becomes this file; a folder URI is laid out below this directory.
+    :param image: the trainer image (the helper containers run it; it is not pulled here).
+    :param source_uri: ``gs://bucket/prefix`` used when the run does not set the Param (templated).
+    :param uri_param: name of the run Param that chooses the URI (``"data_uri"``); ``None`` ignores Params.
+    :param gcp_conn_id: Airflow connection with the Google credentials (missing: Application Default
+        Credentials; anonymous with ``STORAGE_EMULATOR_HOST``).
+    :param docker_url: the Docker engine, local or remote.
+    :param user: ``uid:gid`` that owns the staged files and directories.
+    :param max_workers: parallel downloads.
+    :param allow_floating_tag: accept an unpinned ``image``.
+    :param kwargs: passed to ``BaseOperator`` (``task_id``, ``retries``, ...).
+    """
+
+    template_fields = ("source_uri",)
+    ui_color = "#d6eaff"
+
+    def __init__(self, *, data_volume: str, data_path: str, image: str, source_uri: str | None = None,
+                 uri_param: str | None = "data_uri", gcp_conn_id: str = "google_cloud_default",
+                 docker_url: str = "unix://var/run/docker.sock", user: str = "1000:1000", max_workers: int = 8,
+                 allow_floating_tag: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
+        check_relative_path("data_path", data_path)
+        _check_common(source_uri, "source_uri", max_workers)
+        if not isinstance(user, str) or not re.fullmatch(r"\d+(:\d+)?", user):
+            raise TfpipeConfigError(f"user: must be 'uid:gid' in numbers, got {user!r}. Fix: e.g. '1000:1000'.")
+        self.data_volume = check_host_path("data_volume", data_volume)
+        self.data_path = data_path
+        self.image = image
+        self.source_uri = source_uri
+        self.uri_param = uri_param
+        self.gcp_conn_id = gcp_conn_id
+        self.docker_url = docker_url
+        self.user = user
+        self.max_workers = max_workers
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        uri = _resolve_uri(context, self.uri_param, self.source_uri, self.task_id, "source_uri")
+        if uri is None:
+            raise AirflowSkipException(f"no data URI: neither the run parameter {self.uri_param!r} nor "
+                                       "source_uri is set; prep reads the data volume as it is")
+        # imported here, not at the top: a DAG file that only builds this task never needs them
+        from tfpipe.gcs.sync import stage_in
+        from tfpipe.hooks.docker import TfpipeDockerHook
+
+        hook = TfpipeGcsHook(self.gcp_conn_id)
+        hook.get_conn()  # credentials first: a bad key fails before any container starts
+        engine = TfpipeDockerHook(docker_url=self.docker_url)
+        engine.ping_or_raise()
+        labels = _task_labels(context, "stage_in")
+        engine.remove_labelled(labels, role="gcs-stage-in", log=self.log)
+        with engine.volume(image=self.image, host_path=self.data_volume, mount_point=DATA_MOUNT, labels=labels,
+                           role="gcs-stage-in", log=self.log) as helper:
+            result = stage_in(hook, helper, uri, self.data_path, user=self.user, max_workers=self.max_workers,
+                              log=self.log)
+        self.lineage_inputs = capture(self, context, result, ())
+        return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the ``gs://`` raw data in, the data volume path prep reads out."""
+        from tfpipe.lineage import stage_in_lineage, to_operator_lineage
+
+        captured = getattr(self, "lineage_inputs", None) or {}
+        return to_operator_lineage(stage_in_lineage(
+            source_uri=self.source_uri, data_volume=self.data_volume, data_path=self.data_path,
+            docker_url=self.docker_url, result=captured.get("result")))
+
+
+class GcsPublishOperator(BaseOperator):
+    """Publish an exported model version to ``gs://bucket/prefix/<model_name>/<version>/``.
+
+    Runs after export. The version is read out of the models volume **through the Docker engine**
+    (``get_archive`` on a helper container of ``image`` that mounts the volume read-only) and
+    uploaded from the worker, in parallel; objects already uploaded intact by an earlier try are
+    skipped, and the ``_COMPLETE`` marker (file list with CRC32Cs) is written last, so a retry
+    after an interruption completes the version and readers never see a partial one. When
+    neither the run's Param ``uri_param`` nor ``destination_uri`` is set, the task skips itself.
+
+    :param models_volume: the models volume: a directory on the Docker engine's host.
+    :param model_name: the exported model's name (``export.model_name``).
+    :param image: the trainer image (the helper container runs it).
+    :param destination_uri: ``gs://bucket/prefix`` used when the run does not set the Param (templated).
+    :param uri_param: name of the run Param that chooses the URI (``"publish_uri"``); ``None`` ignores Params.
+    :param export_task_id: the export task whose result (XCom) names the version.
+    :param version: publish this version instead of the export task's (templated).
+    :param gcp_conn_id: Airflow connection with the Google credentials.
+    :param docker_url: the Docker engine, local or remote.
+    :param max_workers: parallel uploads.
+    :param allow_floating_tag: accept an unpinned ``image``.
+    :param kwargs: passed to ``BaseOperator``.
+    """
+
+    template_fields = ("destination_uri", "version")
+    ui_color = "#d6eaff"
+
+    def __init__(self, *, models_volume: str, model_name: str, image: str, destination_uri: str | None = None,
+                 uri_param: str | None = "publish_uri", export_task_id: str = "export",
+                 version: int | str | None = None, gcp_conn_id: str = "google_cloud_default",
+                 docker_url: str = "unix://var/run/docker.sock", max_workers: int = 8,
+                 allow_floating_tag: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
+        check_name("model_name", model_name)
+        _check_common(destination_uri, "destination_uri", max_workers)
+        self.models_volume = check_host_path("models_volume", models_volume)
+        self.model_name = model_name
+        self.image = image
+        self.destination_uri = destination_uri
+        self.uri_param = uri_param
+        self.export_task_id = export_task_id
+        self.version = version
+        self.gcp_conn_id = gcp_conn_id
+        self.docker_url = docker_url
+        self.max_workers = max_workers
+
+    def _version(self, context: Any) -> int:
+        value: Any = self.version
+        if value in (None, "", "None"):
+            result = context["ti"].xcom_pull(task_ids=self.export_task_id)
+            if not result or result.get("version") is None:
+                raise AirflowSkipException(f"{self.export_task_id} exported no version: nothing to publish")
+            if result.get("model_name") not in (None, self.model_name):
+                raise AirflowFailException(f"{self.export_task_id} exported model {result['model_name']!r}, but this "
+                                           f"task publishes {self.model_name!r}. Fix: give both the same model_name.")
+            value = result["version"]
+        if not str(value).isdigit() or int(value) < 1:
+            raise AirflowFailException(f"version must be a whole number >= 1, got {value!r}")
+        return int(value)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        base = _resolve_uri(context, self.uri_param, self.destination_uri, self.task_id, "destination_uri")
+        if base is None:
+            raise AirflowSkipException(f"no publish URI: neither the run parameter {self.uri_param!r} nor "
+                                       "destination_uri is set; the model stays in the models volume only")
+        from tfpipe.gcs import megabytes
+        from tfpipe.gcs.publish import extract_version, local_files, publish_version, version_uri
+        from tfpipe.hooks.docker import TfpipeDockerHook
+
+        version = self._version(context)
+        dest = version_uri(base, self.model_name, version)
+        hook = TfpipeGcsHook(self.gcp_conn_id)
+        hook.get_conn()
+        list_objects(hook, dest, prefix=dest.folder, action="checking")  # a missing bucket fails here
+        engine = TfpipeDockerHook(docker_url=self.docker_url)
+        engine.ping_or_raise()
+        labels = _task_labels(context, "publish")
+        engine.remove_labelled(labels, role="gcs-publish", log=self.log)
+        container_dir = f"{contract.CONTAINER_MODELS}/{self.model_name}/{version}"
+        with tempfile.TemporaryDirectory(prefix="tfpipe-publish-") as tmp:
+            with engine.volume(image=self.image, host_path=self.models_volume,
+                               mount_point=contract.CONTAINER_MODELS, read_only=True, labels=labels,
+                               role="gcs-publish", log=self.log) as helper:
+                stream = helper.get_archive(container_dir)
+                if stream is None:
+                    raise AirflowFailException(
+                        f"version {version} of {self.model_name!r} is not in the models volume "
+                        f"({self.models_volume}/{self.model_name}/{version} on the engine's host). Fix: run "
+                        "export first, or check models_volume and model_name.")
+                directory = extract_version(stream, str(version), tmp)
+            files = local_files(directory)
+            self.log.info("publishing %s version %d (%d file(s), %s) to %s", self.model_name, version, len(files),
+                          megabytes(sum(f.size for f in files)), dest)
+            ti = context["ti"]
+            info = {"model_name": self.model_name, "version": version, "dag_id": ti.dag_id, "run_id": ti.run_id}
+            result = publish_version(hook, dest, files, info=info, max_workers=self.max_workers, log=self.log)
+        result = {**result, "model_name": self.model_name, "version": version}
+        self.lineage_inputs = capture(self, context, result, ("evaluate", "export"))
+        return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the exported version in, its ``gs://`` copy out, with metrics, blessing and image."""
+        from tfpipe.lineage import publish_lineage, to_operator_lineage
+
+        captured = getattr(self, "lineage_inputs", None) or {}
+        upstream = captured.get("upstream") or {}
+        return to_operator_lineage(publish_lineage(
+            models_volume=self.models_volume, model_name=self.model_name, docker_url=self.docker_url,
+            image=self.image, result=captured.get("result"), export=upstream.get("export"),
+            evaluation=upstream.get("evaluate")))
+
+
+def _check_common(uri: str | None, field_name: str, max_workers: int) -> None:
+    """Argument checks shared by both operators (form only: no I/O at construction)."""
+    if uri is not None and "{{" not in str(uri):
+        GcsUri.parse(uri, field_name=field_name)
+    if not isinstance(max_workers, int) or isinstance(max_workers, bool) or not 1 <= max_workers <= 64:
+        raise TfpipeConfigError(f"max_workers: must be a whole number in 1..64, got {max_workers!r}. Fix: e.g. 8.")

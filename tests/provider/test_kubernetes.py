@@ -1,0 +1,223 @@
+"""The Kubernetes backend: the same specs become KubernetesPodOperators.
+
+No cluster exists here. These tests check the ``V1Pod`` that the operator would send, built by
+the Kubernetes provider's own ``build_pod_request_obj`` and serialised by the Kubernetes client
+(``ApiClient.sanitize_for_serialization``, the JSON that goes to the API server), and the exit
+mapping on pod statuses made of the client's own models.
+"""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("airflow.providers.cncf.kubernetes", reason="the 'kubernetes' extra is not installed")
+
+from airflow.providers.common.compat.sdk import AirflowFailException, DownstreamTasksSkipped  # noqa: E402
+from kubernetes.client import ApiClient  # noqa: E402
+from kubernetes.client import models as k8s  # noqa: E402
+
+from tfpipe import contract  # noqa: E402
+from tfpipe.config import PipelineConfig  # noqa: E402
+from tfpipe.dag_factory import training_pipeline  # noqa: E402
+from tfpipe.exceptions import StageFailedError, StageRejectedError, TfpipeConfigError  # noqa: E402
+from tfpipe.operators.kubernetes import POD_OPERATORS, TfpipeStagePodOperator, pod_exit  # noqa: E402
+
+RUN_ID = "manual__2026-11-30T05:00:00+00:00"
+SETTINGS = {
+    "dag_id": "k8s_test",
+    "backend": "kubernetes",
+    "image": {"ref": "registry.example:5000/tfpipe/trainer:0.1.0"},
+    "volumes": {"data": "/srv/t/data", "work": "/srv/t/work", "models": "/srv/t/models"},
+    "kubernetes": {"namespace": "ml", "claims": {"work": "tfpipe-work", "models": "tfpipe-models"},
+                   "secret_env": {"WANDB_API_KEY": "wandb:api-key"}},
+    "data": {"path": "digits/digits.csv"},
+    "evaluation": {"metric": "macro_f1", "threshold": 0.5},
+    "resources": {"gpus": 2, "mem_limit": "8g", "shm_size": "2g", "user": "1000:2000",
+                  "environment": {"WANDB_MODE": "offline"},
+                  "node_selector": {"nvidia.com/gpu.present": "true"},
+                  "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+}
+
+
+def _dag(**overrides):
+    return training_pipeline(PipelineConfig.from_dict({**copy.deepcopy(SETTINGS), **overrides}))
+
+
+def _context(dag, task, params=None, try_number=1):
+    ti = SimpleNamespace(dag_id=dag.dag_id, run_id=RUN_ID, task_id=task.task_id, try_number=try_number, map_index=-1,
+                         xcom_push=lambda key, value: pushed.__setitem__(key, value))
+    pushed: dict = {}
+    return {"ti": ti, "run_id": RUN_ID, "dag": dag, "task": task,
+            "params": {**dag.params.dump(), **(params or {})}, "pushed": pushed}
+
+
+def _pod(dag, task_id, params=None):
+    """The pod the task would create, as the Kubernetes client serialises it for the API server."""
+    task = dag.get_task(task_id)
+    context = _context(dag, task, params)
+    task.prepare_try(context)
+    pod = task.build_pod_request_obj(context, dry_run=True)
+    return ApiClient().sanitize_for_serialization(pod)
+
+
+def _stage_container(pod):
+    (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "base"]
+    return container
+
+
+def test_every_stage_is_a_pod_operator_built_from_its_spec():
+    dag = _dag()
+    stages = [t for t in dag.topological_sort()]
+    assert [t.task_id for t in stages] == list(contract.STAGES), "no Docker-only GCS tasks on Kubernetes"
+    for task in stages:
+        assert isinstance(task, POD_OPERATORS[task.task_id]) and isinstance(task, TfpipeStagePodOperator)
+        assert task.spec.stage == task.task_id
+    assert dag.get_task("train").retries == 3 and dag.get_task("train").pool == "gpu"
+    assert "data_uri" not in dag.params and dag.params["metric"] == "macro_f1"
+
+
+def test_the_train_pod():
+    dag = _dag()
+    pod = _pod(dag, "train", params={"epochs": 7})
+    spec, container = pod["spec"], _stage_container(pod)
+    assert pod["apiVersion"] == "v1" and pod["kind"] == "Pod" and pod["metadata"]["namespace"] == "ml"
+    assert container["image"] == "registry.example:5000/tfpipe/trainer:0.1.0"
+    assert container["command"] == ["python3", "-m", "trainer", "train"]
+    env = {e["name"]: e for e in container["env"]}
+    config = contract.validate_stage_config(__import__("json").loads(env[contract.CONFIG_ENV]["value"]))
+    assert config["training"]["epochs"] == 7 and config["evaluation"]["metric"] == "macro_f1"
+    assert config["run"]["run_id"] == RUN_ID and config["paths"]["run_dir"].startswith("/work/runs/k8s_test/")
+    assert env["WANDB_MODE"]["value"] == "offline" and env["TF_FORCE_GPU_ALLOW_GROWTH"]["value"] == "true"
+    assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "wandb", "key": "api-key"}
+    # GPUs, memory and shm
+    assert container["resources"]["limits"] == {"memory": str(8 << 30), "nvidia.com/gpu": "2"}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": str(2 << 30)}
+    # volumes: claims where configured, a read-only hostPath for the data
+    assert volumes["work"]["persistentVolumeClaim"] == {"claimName": "tfpipe-work", "readOnly": False}
+    assert volumes["models"]["persistentVolumeClaim"]["claimName"] == "tfpipe-models"
+    assert volumes["data"]["hostPath"] == {"path": "/srv/t/data", "type": "Directory"}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/data"]["readOnly"] is True and mounts["/work"]["readOnly"] is False
+    assert mounts["/models"]["readOnly"] is False and "/dev/shm" in mounts
+    # placement
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    # non-root
+    assert spec["securityContext"] == {"runAsUser": 1000, "runAsGroup": 2000, "fsGroup": 2000, "runAsNonRoot": True}
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False,
+                                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+    assert spec["restartPolicy"] == "Never"
+    # labels: the tfpipe identity, label-safe, with the exact values in annotations
+    labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
+    assert labels["tfpipe.stage"] == "train" and labels["tfpipe.dag_id"] == "k8s_test"
+    assert labels["tfpipe.run_id"] == "manual__2026-11-30T05_00_00_00_00"
+    assert annotations["tfpipe.run_id"] == RUN_ID and annotations["tfpipe.try_number"] == "1"
+    assert all(len(v) <= 63 for v in labels.values())
+    # the init container hands the run's directories to the stage user, and may do nothing else
+    (init,) = spec["initContainers"]
+    assert init["command"][:2] == ["sh", "-c"] and config["paths"]["run_dir"] in init["command"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]}
+    assert init["securityContext"]["allowPrivilegeEscalation"] is False
+    assert {m["mountPath"] for m in init["volumeMounts"]} == {"/work", "/models"}
+
+
+def test_gpus_only_on_gpu_stages_and_the_run_can_change_them():
+    dag = _dag()
+    assert "nvidia.com/gpu" not in (_stage_container(_pod(dag, "prep"))["resources"]["limits"] or {})
+    evaluate = _stage_container(_pod(dag, "evaluate", params={"gpus": "1"}))
+    assert evaluate["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    cpu = _stage_container(_pod(dag, "train", params={"gpus": "none"}))
+    assert cpu["resources"]["limits"] == {"memory": str(8 << 30)}
+    with pytest.raises(AirflowFailException, match="by count"):
+        _pod(dag, "train", params={"gpus": "all"})
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ({"resources": {**SETTINGS["resources"], "gpus": "all"}}, ["resources.gpus", "by count", "Fix:"]),
+    ({"resources": {**SETTINGS["resources"], "tolerations": [{"operator": "Sometimes"}]}},
+     ["resources.tolerations[0].operator", "Fix:"]),
+    ({"kubernetes": {"claims": {"scratch": "x"}}}, ["kubernetes.claims", "Fix:"]),
+    ({"kubernetes": {"namespace": "ML Training"}}, ["kubernetes.namespace", "Fix:"]),
+    ({"publish_uri": "gs://bucket/models"}, ["publish_uri", "Docker engine", "Fix:"]),
+    ({"backend": "nomad"}, ["backend", "'kubernetes'", "Fix:"]),
+])
+def test_what_kubernetes_cannot_do_is_a_parse_time_error(overrides, words):
+    with pytest.raises(TfpipeConfigError) as err:
+        _dag(**overrides)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_secrets_come_from_kubernetes_secrets_only():
+    resources = {**SETTINGS["resources"], "private_environment": {"TOKEN": "s3cr3t"}}
+    with pytest.raises(TfpipeConfigError, match="private_environment.*Fix:"):
+        _dag(resources=resources)
+    with pytest.raises(TfpipeConfigError, match="non-root"):
+        _dag(resources={**SETTINGS["resources"], "user": "0:0"})
+
+
+def _terminated(code, reason="Completed"):
+    state = k8s.V1ContainerState(terminated=k8s.V1ContainerStateTerminated(exit_code=code, reason=reason))
+    status = k8s.V1ContainerStatus(name="base", state=state, ready=False, restart_count=0, image="i", image_id="")
+    return k8s.V1Pod(status=k8s.V1PodStatus(phase="Succeeded" if code == 0 else "Failed",
+                                            container_statuses=[status]))
+
+
+RESULT = contract.RESULT_PREFIX + '{"blessed": false, "value": 0.4}'
+EXIT_TABLE = [
+    # stage, exit code, reason, expected exception (None: success), retried by Airflow?
+    ("evaluate", contract.ExitCode.NOT_BLESSED, "Error", DownstreamTasksSkipped, False),
+    ("prep", contract.ExitCode.BAD_INPUT, "Error", StageRejectedError, False),
+    ("train", contract.ExitCode.DIVERGED, "Error", StageRejectedError, False),
+    ("train", 1, "Error", StageFailedError, True),
+    ("train", 137, "OOMKilled", StageFailedError, True),
+    ("train", 143, "Error", StageFailedError, True),
+    ("train", contract.ExitCode.NOT_BLESSED, "Error", StageFailedError, True),
+    ("export", 0, "Completed", None, None),
+]
+
+
+@pytest.mark.parametrize("stage,code,reason,expected,retried", EXIT_TABLE)
+def test_exit_mapping_on_pod_statuses(stage, code, reason, expected, retried):
+    dag = _dag()
+    task = dag.get_task(stage)
+    context = _context(dag, task)
+    remote = _terminated(code, reason)
+    assert pod_exit(remote, task.base_container_name) == (code, reason == "OOMKilled")
+    if expected is None:
+        task.raise_for_pod_exit(remote, ["log", contract.RESULT_PREFIX + '{"version": 3}'], context)
+        assert task._result == {"version": 3}
+        return
+    with pytest.raises(expected) as err:
+        task.raise_for_pod_exit(remote, ["working", RESULT], context)
+    assert isinstance(err.value, AirflowFailException) is (not retried and expected is not DownstreamTasksSkipped)
+    if expected is DownstreamTasksSkipped:
+        assert err.value.tasks == ["export"] and context["pushed"]["return_value"]["blessed"] is False
+    if reason == "OOMKilled":
+        assert err.value.oom_killed and "out-of-memory" in str(err.value)
+
+
+def test_a_pod_that_never_ran_is_left_to_kubernetes_pod_operator():
+    dag = _dag()
+    task = dag.get_task("train")
+    pending = k8s.V1Pod(status=k8s.V1PodStatus(phase="Pending", container_statuses=None))
+    assert pod_exit(pending, task.base_container_name) == (None, False)
+    task.raise_for_pod_exit(pending, [], _context(dag, task))  # nothing to map: KPO's own error stands
+
+
+def test_the_example_dag_is_a_kubernetes_pipeline():
+    from airflow.dag_processing.dagbag import DagBag
+
+    from tests.conftest import REPO
+
+    bag = DagBag(dag_folder=str(REPO / "dags" / "k8s_tfpipe_digits.py"))
+    assert bag.import_errors == {}
+    dag = bag.get_dag("k8s_tfpipe_digits")
+    assert all(isinstance(t, TfpipeStagePodOperator) for t in dag.tasks)
+    pod = _pod(dag, "train")
+    assert pod["metadata"]["namespace"] == "ml-training"
+    assert _stage_container(pod)["resources"]["limits"]["nvidia.com/gpu"] == "1"
