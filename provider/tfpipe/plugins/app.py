@@ -62,8 +62,9 @@ def create_app() -> FastAPI:
     def location_or_404(dag_id: str, run_id: str) -> dict[str, str]:
         location = read_location(dag_id, run_id)
         if location is None:
-            raise HTTPException(404, f"No tfpipe run {run_id!r} of DAG {dag_id!r}: none of its stage tasks "
-                                     "has started yet.")
+            raise HTTPException(404, f"No tfpipe run {run_id!r} of DAG {dag_id!r}: no stage task of it recorded "
+                                     "where its files are (none started yet, or it ran on the Kubernetes backend, "
+                                     "whose volumes the plugin cannot read).")
         return location
 
     def report_file(dag_id: str, run_id: str, name: str) -> Response:
