@@ -162,7 +162,8 @@ def run(config):
     LOG.info("%s: %s", blessing["decision"], reason)
     written = write_report(config, evaluation, blessing, schema, stats)
     result = {"blessed": blessed, "metric": metric, "value": value, "metrics": metrics,
-              "baseline": baseline, "reason": reason,
+              "baseline": baseline, "reason": reason, "threshold": evaluation_cfg["threshold"],
+              "tolerance": evaluation_cfg["tolerance"],
               "evaluation_path": os.path.join(run_dir, contract.EVALUATION_FILE),
               "report": written["report"] if written else None,
               "plots": written["plots"] if written else []}

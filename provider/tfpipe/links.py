@@ -2,23 +2,23 @@
 
 Airflow 3 computes an extra link **on the worker**, when the task ends (success or failure), by
 calling ``get_link`` and storing the URL in XCom under the link's ``xcom_key``; the UI then reads
-that XCom. The path and URL helpers here are pure (no engine, no metadata DB) and are shared with
-the shell tooling of :mod:`tfpipe.debug`. Volume paths are paths on the Docker engine's host; the
-``file://`` links and the TensorBoard URL are meant for a browser on that host (or with those
-paths mounted at the same place).
+that XCom. Both links point at the tfpipe plugin under the api-server (:mod:`tfpipe.plugins`),
+which reads the run's files through the engine. The path helpers here are pure (no engine, no
+metadata DB) and are shared with the shell tooling of :mod:`tfpipe.debug`; volume paths are
+paths on the Docker engine's host, and the ``tfpipe tensorboard`` URL is meant for a browser there.
 """
 
 from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
 from airflow.providers.common.compat.sdk import BaseOperatorLink
 
 from tfpipe import contract
+from tfpipe.plugins import paths as plugin_paths
 
 #: Environment variable with the base URL of the TensorBoard the "TensorBoard" link points to.
 TENSORBOARD_URL_ENV = "TFPIPE_TENSORBOARD_URL"
@@ -59,26 +59,6 @@ def host_tensorboard_dir(volumes: Any, dag_id: str, run_id: str) -> str:
     return f"{host_run_dir(volumes, dag_id, run_id)}/{contract.TENSORBOARD_SUBDIR}"
 
 
-def file_url(path: str) -> str:
-    """A ``file://`` URL of an absolute local path."""
-    return "file://" + quote(path, safe="/")
-
-
-def report_container_path(dag_id: str, run_id: str, result: Mapping[str, Any] | None = None) -> str:
-    """The report of a task's XCom result (evaluate: run dir; export: model version), else the run's."""
-    report = (result or {}).get("report") if isinstance(result, Mapping) else None
-    if isinstance(report, str) and report:
-        return report
-    return f"{contract.run_dir(dag_id, run_id)}/{contract.REPORT_FILE}"
-
-
-def report_url(volumes: Any, dag_id: str, run_id: str, result: Mapping[str, Any] | None = None) -> str:
-    """``file://`` URL of the run report on the engine's host."""
-    container = report_container_path(dag_id, run_id, result)
-    path = host_path(container, volumes) or host_path(report_container_path(dag_id, run_id), volumes)
-    return file_url(path or container)
-
-
 def tensorboard_run_name(dag_id: str, run_id: str) -> str:
     """The run's name in TensorBoard: ``<dag>/<run>`` as in ``work/runs/<dag>/<run>``.
 
@@ -102,45 +82,28 @@ def tensorboard_url(dag_id: str, run_id: str, base: str | None = None) -> str:
 
 # --- operator extra links ----------------------------------------------------------------------
 
-def task_result(ti_key: Any) -> dict[str, Any] | None:
-    """The task's XCom result (``return_value``), or ``None`` when none can be read.
-
-    Works where the task SDK can read XComs (on the worker, where Airflow calls ``get_link``).
-    """
-    try:
-        from airflow.providers.common.compat.sdk import XCom
-
-        value = XCom.get_value(ti_key=ti_key, key="return_value")
-    except Exception:  # no result (failed task), or no XCom access here: fall back to the run dir
-        return None
-    return value if isinstance(value, dict) else None
-
-
 class RunReportLink(BaseOperatorLink):
-    """"Run report": ``file://`` URL of ``report.html`` on the engine's host.
+    """"Run report": the run's ``report.html``, served by the tfpipe plugin under the api-server.
 
-    The report path of the task's XCom result when there is one (evaluate: the run dir; export:
-    ``<version>/report/``), otherwise the run dir's (``contract.run_dir``), e.g. for train or a
-    failed task.
+    ``[api] base_url`` + ``/tfpipe/runs/<dag>/<run>/report/`` (root-relative when ``base_url`` is
+    unset). The plugin reads the report through the Docker engine and lets only users who may
+    read the DAG see it (:mod:`tfpipe.plugins.app`).
     """
 
     name = "Run report"
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
-        spec = getattr(operator, "spec", None)  # every backend's stage operator carries its StageSpec
-        volumes = spec.volumes if spec is not None else None
-        if volumes is None:
-            return ""
-        return report_url(volumes, ti_key.dag_id, ti_key.run_id, task_result(ti_key))
+        return plugin_paths.report_url(ti_key.dag_id, ti_key.run_id)
 
 
 class TensorBoardLink(BaseOperatorLink):
-    """"TensorBoard": ``$TFPIPE_TENSORBOARD_URL`` (default ``http://localhost:6006``), run selected.
+    """"TensorBoard": the run's TensorBoard, started on demand by the tfpipe plugin.
 
-    Serve the run with ``tfpipe tensorboard DAG RUN_ID`` (``make tensorboard RUN=...``).
+    ``[api] base_url`` + ``/tfpipe/runs/<dag>/<run>/tensorboard/``. On a workstation,
+    ``tfpipe tensorboard DAG RUN_ID`` (``make tensorboard RUN=...``) serves it without Airflow.
     """
 
     name = "TensorBoard"
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
-        return tensorboard_url(ti_key.dag_id, ti_key.run_id)
+        return plugin_paths.tensorboard_url(ti_key.dag_id, ti_key.run_id)

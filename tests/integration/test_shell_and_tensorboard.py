@@ -8,8 +8,6 @@ the container the task really had.
 from __future__ import annotations
 
 import contextlib
-import functools
-import http.server
 import json
 import shutil
 import socket
@@ -107,19 +105,18 @@ def _links(run_id: str) -> dict[str, dict[str, str]]:
     return links
 
 
-def test_links_of_the_finished_run_point_at_its_report_and_tensorboard(finished_run):
+def test_links_of_the_finished_run_point_at_the_plugin(finished_run):
+    from tfpipe.plugins import paths
+
     run_id, home = finished_run["summary"]["run_id"], finished_run["home"]
     links = _links(run_id)
     assert set(links) == {"train", "evaluate", "export"}
-    run_dir = home / "work" / "runs" / DAG_ID / contract.safe_name(run_id, 120)
-    assert links["train"]["_link_RunReportLink"] == run_links.file_url(str(run_dir / "report.html"))
-    assert links["evaluate"]["_link_RunReportLink"] == run_links.file_url(str(run_dir / "report.html"))
-    # export's link comes from its XCom result (read by the worker): the copy in the model version
-    exported = Path(finished_run["summary"]["model_dir"]) / "report" / "report.html"
-    assert links["export"]["_link_RunReportLink"] == run_links.file_url(str(exported))
-    assert (run_dir / "report.html").is_file() and exported.is_file()
     for task_links in links.values():
-        assert task_links["_link_TensorBoardLink"] == run_links.tensorboard_url(DAG_ID, run_id)
+        assert task_links["_link_RunReportLink"] == paths.report_url(DAG_ID, run_id)
+        assert task_links["_link_TensorBoardLink"] == paths.tensorboard_url(DAG_ID, run_id)
+    run_dir = home / "work" / "runs" / DAG_ID / contract.safe_name(run_id, 120)
+    exported = Path(finished_run["summary"]["model_dir"]) / "report" / "report.html"
+    assert (run_dir / "report.html").is_file() and exported.is_file()
 
 
 def test_shell_container_is_the_task_container(finished_run, docker_client):
@@ -303,8 +300,7 @@ def _wait_until(evaluate, expression: str, timeout: float = 30):
 
 def test_report_plots_decode_in_headless_chromium(finished_run):
     """The plots are images the browser decoded (non-zero natural size), not broken placeholders."""
-    link = _links(finished_run["summary"]["run_id"])["evaluate"]["_link_RunReportLink"]
-    with _chromium_page(_chromium(), link) as evaluate:
+    with _chromium_page(_chromium(), _report_file(finished_run).as_uri()) as evaluate:
         images = json.loads(_wait_until(evaluate, (
             # the tab shows about:blank first: wait for the report itself to have loaded
             "location.protocol === 'file:' && document.readyState === 'complete' ? "
@@ -317,67 +313,14 @@ def test_report_plots_decode_in_headless_chromium(finished_run):
         assert image["complete"] and image["width"] > 100 and image["height"] > 100, image
 
 
-LINKS_VIA_REST = r"""
-import json, sys
-from fastapi.testclient import TestClient
-from airflow.api_fastapi.app import create_app
-
-dag_id, run_id = sys.argv[1:3]
-with TestClient(create_app()) as client:
-    out = {}
-    for task in ("train", "evaluate", "export"):
-        resp = client.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task}/links")
-        out[task] = {"status": resp.status_code, "body": resp.json()}
-print("LINKS " + json.dumps(out))
-"""
-
-
-def test_the_ui_gets_a_file_url_that_a_browser_will_not_open_from_it(finished_run, tmp_path):
-    """What the README says of the Run report link: the REST API the UI calls serves the file:// URL,
-    and Chromium refuses to follow it from an http page (the file itself opens when typed in)."""
+def _report_file(finished_run) -> Path:
     run_id = finished_run["summary"]["run_id"]
-    env = {**finished_run["env"], "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"}
-    proc = subprocess.run([sys.executable, "-c", LINKS_VIA_REST, DAG_ID, run_id], capture_output=True, text=True,
-                          env=env, timeout=180, cwd=REPO)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("LINKS ")]
-    assert lines, proc.stdout[-2000:] + proc.stderr[-3000:]
-    served = json.loads(lines[-1][len("LINKS "):])
-    stored = _links(run_id)
-    for task in ("train", "evaluate", "export"):
-        assert served[task]["status"] == 200, served[task]
-        body = json.dumps(served[task]["body"])
-        url = stored[task]["_link_RunReportLink"]
-        assert url.startswith("file:///") and json.dumps(url) in body, (task, served[task])
-        assert json.dumps(stored[task]["_link_TensorBoardLink"]) in body
-
-    # an http page (as the UI is) with that link: clicking it leaves the page where it was
-    link = stored["evaluate"]["_link_RunReportLink"]
-    (tmp_path / "ui.html").write_text(f'<a id="report" href="{link}">Run report</a> <a id="control" href="other.html">x</a>')
-    (tmp_path / "other.html").write_text("<p>another http page</p>")
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        page = f"http://127.0.0.1:{server.server_address[1]}/ui.html"
-        with _chromium_page(_chromium(), page) as evaluate:
-            _wait_until(evaluate, f"location.href === {json.dumps(page)} && document.readyState === 'complete' "
-                                  "&& !!document.getElementById('report')")
-            evaluate("document.getElementById('report').click()")
-            time.sleep(2)
-            assert evaluate("location.href") == page, "Chromium followed a file:// link from an http page"
-            # the control: clicking an http link on the same page does navigate
-            evaluate("document.getElementById('control').click()")
-            _wait_until(evaluate, "location.pathname === '/other.html'")
-    finally:
-        server.shutdown()
-        server.server_close()
+    return finished_run["home"] / "work" / "runs" / DAG_ID / contract.safe_name(run_id, 120) / "report.html"
 
 
 def test_report_renders_in_headless_chromium(finished_run, tmp_path):
     chromium = _chromium()
-    link = _links(finished_run["summary"]["run_id"])["evaluate"]["_link_RunReportLink"]
-    assert link.startswith("file:///")
+    link = _report_file(finished_run).as_uri()  # the file itself; tests/ui opens it through the api-server's plugin
     out = tmp_path / "report.png"
     profile = tempfile.mkdtemp(prefix="chromium-")
     try:

@@ -57,16 +57,6 @@ def test_host_path_maps_the_three_mounts_only(dag):
     assert run_links.host_tensorboard_dir(volumes, "dbg", RUN_ID).endswith(f"{SAFE_RUN}/train/tensorboard")
 
 
-def test_report_url_prefers_the_task_result_and_falls_back_to_the_run_dir(dag):
-    volumes = dag.get_task("evaluate").volumes
-    run_report = f"file://{HOME}/work/runs/dbg/{SAFE_RUN}/report.html"
-    assert run_links.report_url(volumes, "dbg", RUN_ID) == run_report
-    assert run_links.report_url(volumes, "dbg", RUN_ID, {"report": None, "blessed": False}) == run_report
-    export = {"model_dir": "/models/digits/3", "report": "/models/digits/3/report/report.html"}
-    assert run_links.report_url(volumes, "dbg", RUN_ID, export) == f"file://{HOME}/models/digits/3/report/report.html"
-    assert run_links.file_url("/a b/c#d.html") == "file:///a%20b/c%23d.html"
-
-
 def test_tensorboard_url_selects_the_run(monkeypatch):
     monkeypatch.delenv(run_links.TENSORBOARD_URL_ENV, raising=False)
     url = run_links.tensorboard_url("dbg", RUN_ID)
@@ -86,30 +76,21 @@ def test_stage_operators_carry_the_links(dag):
     assert names["prep"] == [] and names["stage_in"] == [] and names["publish"] == []
 
 
-def test_get_link_of_a_finished_run(dag, monkeypatch):
-    """get_link as the worker calls it when the task ends (the XCom read is stubbed here)."""
-    monkeypatch.delenv(run_links.TENSORBOARD_URL_ENV, raising=False)
-    results = {
-        "evaluate": {"blessed": True, "report": f"/work/runs/dbg/{SAFE_RUN}/report.html"},
-        "export": {"model_dir": "/models/digits/2", "report": "/models/digits/2/report/report.html"},
-    }
-    monkeypatch.setattr(run_links, "task_result", lambda key: results.get(key.task_id))
+def test_links_point_at_the_plugin_under_the_api_server(dag, monkeypatch):
+    """get_link as the worker calls it when the task ends: the plugin's routes, one per run."""
+    quoted = "manual__2026-11-29T18%3A10%3A11.460351%2B00%3A00"
+    monkeypatch.delenv("AIRFLOW__API__BASE_URL", raising=False)
     links = {}
     for task_id in ("train", "evaluate", "export"):
         op = dag.get_task(task_id)
         links[task_id] = {link.name: link.get_link(op, ti_key=_key(task_id)) for link in op.operator_extra_links}
-    run_report = f"file://{HOME}/work/runs/dbg/{SAFE_RUN}/report.html"
-    assert links["train"]["Run report"] == run_report  # train has no report of its own: the run's
-    assert links["evaluate"]["Run report"] == run_report
-    assert links["export"]["Run report"] == f"file://{HOME}/models/digits/2/report/report.html"
-    assert {v["TensorBoard"] for v in links.values()} == {run_links.tensorboard_url("dbg", RUN_ID)}
-
-
-def test_get_link_outside_a_worker_falls_back_to_the_run_dir(dag):
-    """Without XCom access (no task runner here) the report link is computed from the run id."""
+    assert {v["Run report"] for v in links.values()} == {f"/tfpipe/runs/dbg/{quoted}/report/"}
+    assert {v["TensorBoard"] for v in links.values()} == {f"/tfpipe/runs/dbg/{quoted}/tensorboard/"}
+    # behind a configured base URL (another host, or a path prefix) the links are absolute
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.org/ml/")
     op = dag.get_task("export")
     link = next(link for link in op.operator_extra_links if link.name == "Run report")
-    assert link.get_link(op, ti_key=_key("export")) == f"file://{HOME}/work/runs/dbg/{SAFE_RUN}/report.html"
+    assert link.get_link(op, ti_key=_key("export")) == f"https://airflow.example.org/ml/tfpipe/runs/dbg/{quoted}/report/"
 
 
 def test_links_survive_dag_serialization(dag):

@@ -29,8 +29,11 @@ from tfpipe import contract
 from tfpipe.config import GpuRequest
 from tfpipe.exceptions import GpuUnavailableError, StageFailedError, TfpipeConfigError
 from tfpipe.hooks.docker import TfpipeDockerHook
+from tfpipe.lineage import capture
 from tfpipe.links import RunReportLink, TensorBoardLink
+from tfpipe.metrics import emit_stage_metrics
 from tfpipe.operators.exits import raise_for_exit
+from tfpipe.plugins.paths import LOCATION_XCOM_KEY, location_record
 from tfpipe.run_params import reject_unknown_conf
 from tfpipe.specs import (
     MountSpec,
@@ -46,6 +49,8 @@ _NO_GPU_DRIVER = "could not select device driver"
 _NO_BIND_SOURCE = "bind source path does not exist"
 #: ``tfpipe.role`` of the short container that prepares a stage's directories.
 PREPARE_ROLE = "prepare-volumes"
+#: Upstream stages whose results a stage's OpenLineage event names (dataset dir, model, blessing).
+_LINEAGE_STAGES = ("prep", "train", "evaluate")
 
 
 def docker_mount(mount: MountSpec) -> Any:
@@ -240,6 +245,10 @@ class TfpipeStageOperator(DockerOperator):
         self.container_name = plan.name
         self.labels = dict(plan.labels)
         self.log.info("tfpipe %s: run dir %s, container %s", self.stage, plan.run_dir, self.container_name)
+        # Where the run's files are, for the api-server's report and TensorBoard (tfpipe.plugins);
+        # pushed first so a failed try still leads there.
+        context["ti"].xcom_push(key=LOCATION_XCOM_KEY, value=location_record(
+            stage=self.stage, docker_url=self.docker_url, image=self.image, volumes=self.volumes))
 
         self.hook.ping_or_raise()
         plan.config["run"].update(self._image_identity())
@@ -261,6 +270,8 @@ class TfpipeStageOperator(DockerOperator):
                 f"({contract.RESULT_PREFIX.strip()} ...); is the image a tfpipe trainer image?",
                 exit_code=0, logs=lines,
             )
+        emit_stage_metrics(self.dag_id, self.stage, result)
+        self.lineage_inputs = capture(self, context, result, _LINEAGE_STAGES)
         return result
 
     def _image_identity(self) -> dict[str, Any]:
@@ -325,6 +336,10 @@ class TfpipeStageOperator(DockerOperator):
             self._remove_container()
 
     def _raise_for_exit(self, code: int | None, oom_killed: bool, logs: list[str], context: Any) -> None:
+        if code == contract.ExitCode.NOT_BLESSED and self.stage == "evaluate":
+            result = contract.parse_result_line(logs)  # a decision too: its figures and lineage count
+            emit_stage_metrics(self.dag_id, self.stage, result)
+            self.lineage_inputs = capture(self, context, result, _LINEAGE_STAGES)
         raise_for_exit(stage=self.stage, code=code, oom_killed=oom_killed, logs=logs, context=context,
                        downstream=lambda: list(self.get_direct_relative_ids(upstream=False)),
                        mem_limit=self.mem_limit, log=self.log)
@@ -364,6 +379,25 @@ class TfpipeStageOperator(DockerOperator):
         except Exception as err:  # already removed
             self.log.debug("container %s already gone: %s", self.container["Id"][:12], err)
         self.container = None
+
+    # -- OpenLineage (used when apache-airflow-providers-openlineage is installed) ---------------
+
+    def _lineage(self, captured: dict[str, Any] | None) -> Any:
+        from tfpipe.lineage import stage_lineage, to_operator_lineage
+
+        captured = captured or {}
+        return to_operator_lineage(stage_lineage(
+            self.stage, volumes=self.volumes, docker_url=self.docker_url, image=self.image,
+            data_path=(self.spec.config.get("data") or {}).get("path"),
+            result=captured.get("result"), upstream=captured.get("upstream") or {}))
+
+    def get_openlineage_facets_on_start(self) -> Any:
+        """Lineage before the stage ran: the inputs this stage will read."""
+        return self._lineage(None)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Lineage of the finished stage: inputs and outputs with fingerprint, metrics, blessing, image."""
+        return self._lineage(getattr(self, "lineage_inputs", None))
 
     def on_kill(self) -> None:
         """Stop and remove the stage container when Airflow kills the task."""

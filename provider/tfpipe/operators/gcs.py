@@ -27,6 +27,7 @@ from tfpipe import contract
 from tfpipe.config import check_host_path, check_image_ref, check_name, check_relative_path
 from tfpipe.exceptions import TfpipeConfigError
 from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook, list_objects
+from tfpipe.lineage import capture
 from tfpipe.run_params import reject_unknown_conf
 from tfpipe.specs import container_labels
 
@@ -122,8 +123,19 @@ class GcsStageInOperator(BaseOperator):
         engine.remove_labelled(labels, role="gcs-stage-in", log=self.log)
         with engine.volume(image=self.image, host_path=self.data_volume, mount_point=DATA_MOUNT, labels=labels,
                            role="gcs-stage-in", log=self.log) as helper:
-            return stage_in(hook, helper, uri, self.data_path, user=self.user, max_workers=self.max_workers,
-                            log=self.log)
+            result = stage_in(hook, helper, uri, self.data_path, user=self.user, max_workers=self.max_workers,
+                              log=self.log)
+        self.lineage_inputs = capture(self, context, result, ())
+        return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the ``gs://`` raw data in, the data volume path prep reads out."""
+        from tfpipe.lineage import stage_in_lineage, to_operator_lineage
+
+        captured = getattr(self, "lineage_inputs", None) or {}
+        return to_operator_lineage(stage_in_lineage(
+            source_uri=self.source_uri, data_volume=self.data_volume, data_path=self.data_path,
+            docker_url=self.docker_url, result=captured.get("result")))
 
 
 class GcsPublishOperator(BaseOperator):
@@ -224,7 +236,20 @@ class GcsPublishOperator(BaseOperator):
             ti = context["ti"]
             info = {"model_name": self.model_name, "version": version, "dag_id": ti.dag_id, "run_id": ti.run_id}
             result = publish_version(hook, dest, files, info=info, max_workers=self.max_workers, log=self.log)
-        return {**result, "model_name": self.model_name, "version": version}
+        result = {**result, "model_name": self.model_name, "version": version}
+        self.lineage_inputs = capture(self, context, result, ("evaluate", "export"))
+        return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the exported version in, its ``gs://`` copy out, with metrics, blessing and image."""
+        from tfpipe.lineage import publish_lineage, to_operator_lineage
+
+        captured = getattr(self, "lineage_inputs", None) or {}
+        upstream = captured.get("upstream") or {}
+        return to_operator_lineage(publish_lineage(
+            models_volume=self.models_volume, model_name=self.model_name, docker_url=self.docker_url,
+            image=self.image, result=captured.get("result"), export=upstream.get("export"),
+            evaluation=upstream.get("evaluate")))
 
 
 def _check_common(uri: str | None, field_name: str, max_workers: int) -> None:

@@ -1,0 +1,94 @@
+"""Training and evaluation figures as Airflow metrics (StatsD / Datadog / OpenTelemetry), names under ``tfpipe.``.
+
+When Airflow's metrics are on (``[metrics] statsd_on``, ``statsd_datadog_enabled`` or ``otel_on``),
+each stage task sends gauges when it ends::
+
+    tfpipe.<dag_id>.train.final_loss  tfpipe.<dag_id>.train.final_accuracy  tfpipe.<dag_id>.train.epochs
+    tfpipe.<dag_id>.train.steps       tfpipe.<dag_id>.train.try_number      tfpipe.<dag_id>.train.resumed
+    tfpipe.<dag_id>.evaluate.<metric> (every evaluation metric)  tfpipe.<dag_id>.evaluate.blessed (1 or 0)
+    tfpipe.<dag_id>.export.version    tfpipe.<dag_id>.prep.examples
+
+with the tags ``dag_id`` and ``stage`` for backends that take tags. Off, nothing is sent.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+LOG = logging.getLogger(__name__)
+
+_TRAIN_KEYS = ("final_loss", "final_accuracy", "final_val_loss", "final_val_accuracy", "epochs", "steps",
+               "try_number")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and value == value:  # NaN is no gauge value
+        return float(value)
+    return None
+
+
+def stage_gauges(stage: str, result: Mapping[str, Any] | None) -> dict[str, float]:
+    """The gauges of one stage result, by name below ``tfpipe.<dag_id>.<stage>.`` (pure)."""
+    result = result or {}
+    found: dict[str, Any] = {}
+    if stage == "train":
+        found = {k: result.get(k) for k in _TRAIN_KEYS}
+        found["resumed"] = result.get("resumed_from") is not None
+    elif stage == "evaluate":
+        found = dict(result.get("metrics") or {})
+        found["blessed"] = result.get("blessed")
+    elif stage == "export":
+        found = {"version": result.get("version")}
+    elif stage == "prep":
+        examples = result.get("examples")
+        found = {"examples": sum(examples.values()) if isinstance(examples, Mapping) else None}
+    gauges = {}
+    for name, value in found.items():
+        number = _number(value)
+        if number is not None:
+            gauges[name] = number
+    return gauges
+
+
+@functools.lru_cache(maxsize=1)
+def _backend() -> Any:
+    # The task runner initialises Airflow's Stats, but dag.test() runs tasks in-process without
+    # it; a backend from Airflow's own factory follows the same [metrics] settings either way.
+    try:
+        from airflow.sdk.observability.metrics.stats_utils import get_stats_factory
+    except ImportError:  # older Airflow: its Stats is set up in every process
+        from airflow.providers.common.compat.sdk import Stats
+
+        return Stats
+    return get_stats_factory()()
+
+
+def emit_stage_metrics(dag_id: str, stage: str, result: Mapping[str, Any] | None) -> dict[str, float]:
+    """Send the stage's gauges when Airflow's metrics are on; return what was sent by full name."""
+    from airflow.providers.common.compat.sdk import conf
+
+    if not any(conf.getboolean("metrics", key, fallback=False)
+               for key in ("statsd_on", "statsd_datadog_enabled", "otel_on")):
+        return {}
+    sent: dict[str, float] = {}
+    try:
+        backend = _backend()
+    except Exception:  # e.g. the statsd package is missing: metrics must never fail a stage
+        LOG.warning("Airflow metrics are on but no metrics client could be made; tfpipe sends none",
+                    exc_info=True)
+        return sent
+    tags = {"dag_id": dag_id, "stage": stage}
+    for name, value in stage_gauges(stage, result).items():
+        stat = f"tfpipe.{dag_id}.{stage}.{name}"
+        try:
+            backend.gauge(stat, value, tags=tags)
+        except Exception:  # metrics must never fail a stage that succeeded
+            LOG.warning("could not send metric %s", stat, exc_info=True)
+            continue
+        sent[stat] = value
+    return sent

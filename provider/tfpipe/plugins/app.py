@@ -1,0 +1,112 @@
+"""The plugin's FastAPI app, mounted by the api-server at ``/tfpipe``.
+
+Routes (every one needs a user who may read the DAG's runs, checked by Airflow's own
+``requires_access_dag("GET", DagAccessEntity.RUN)`` against the configured auth manager, with the
+api-server's JWT: the UI's ``_token`` cookie or an ``Authorization: Bearer`` header):
+
+* ``GET /runs/{dag_id}/{run_id}/report/``: the run report (``report.html``, plots embedded);
+* ``GET /runs/{dag_id}/{run_id}/report/{file}``: ``loss.png``, ``accuracy.png``, ``confusion_matrix.png``;
+* ``GET|POST /runs/{dag_id}/{run_id}/tensorboard/{path}``: the run's TensorBoard, started on demand.
+
+Where a run's files are comes from the location record its stage tasks pushed to XCom (metadata
+DB), never from the request. A browser without a session is sent to the login page.
+"""
+
+from __future__ import annotations
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import RedirectResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tfpipe.plugins.paths import LOCATION_XCOM_KEY, REPORT_FILES, REPORT_HTML, parse_location
+
+_MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".png": "image/png"}
+# The report is one self-contained page (inline style, data: images): nothing else may load.
+_REPORT_CSP = "default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'"
+
+
+def read_location(dag_id: str, run_id: str) -> dict[str, str] | None:
+    """The newest location record any task of the run pushed, or ``None``."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        query = XComModel.get_many(run_id=run_id, dag_ids=dag_id, key=LOCATION_XCOM_KEY)
+        for row in session.scalars(query.order_by(XComModel.timestamp.desc())):
+            location = parse_location(XComModel.deserialize_value(row))
+            if location:
+                return location
+    return None
+
+
+def create_app() -> FastAPI:
+    """Build the FastAPI app (imports the api-server's security module: call it in the api-server)."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+
+    from tfpipe.plugins.engine import TensorBoards, read_run_file
+
+    app = FastAPI(title="tfpipe", docs_url=None, redoc_url=None, openapi_url=None)
+    may_read_runs = [Depends(requires_access_dag("GET", DagAccessEntity.RUN))]
+    tensorboards = TensorBoards()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def login_for_browsers(request: Request, exc: StarletteHTTPException) -> Response:
+        # A link clicked without a session lands on the login page and comes back, as Airflow's own pages do.
+        if exc.status_code == 401 and "text/html" in request.headers.get("accept", ""):
+            return RedirectResponse(get_auth_manager().get_url_login(next_url=str(request.url)))
+        return await http_exception_handler(request, exc)
+
+    def location_or_404(dag_id: str, run_id: str) -> dict[str, str]:
+        location = read_location(dag_id, run_id)
+        if location is None:
+            raise HTTPException(404, f"No tfpipe run {run_id!r} of DAG {dag_id!r}: no stage task of it recorded "
+                                     "where its files are (none started yet, or it ran on the Kubernetes backend, "
+                                     "whose volumes the plugin cannot read).")
+        return location
+
+    def report_file(dag_id: str, run_id: str, name: str) -> Response:
+        if name not in REPORT_FILES:
+            raise HTTPException(404, f"{name!r} is not a report file; the report has {', '.join(REPORT_FILES)}.")
+        data = read_run_file(location_or_404(dag_id, run_id), dag_id, run_id, name)
+        if data is None:
+            raise HTTPException(404, f"No {name} for run {run_id!r} of DAG {dag_id!r} yet: the evaluate task "
+                                     "writes the report when it ends.")
+        headers = {"Cache-Control": "private, max-age=0"}
+        if name == REPORT_HTML:
+            headers["Content-Security-Policy"] = _REPORT_CSP
+        return Response(data, media_type=_MEDIA_TYPES[name[name.rfind("."):]], headers=headers)
+
+    @app.get("/runs/{dag_id}/{run_id}/report/", dependencies=may_read_runs)
+    def report(dag_id: str, run_id: str) -> Response:
+        return report_file(dag_id, run_id, REPORT_HTML)
+
+    @app.get("/runs/{dag_id}/{run_id}/report/{name}", dependencies=may_read_runs)
+    def report_part(dag_id: str, run_id: str, name: str) -> Response:
+        return report_file(dag_id, run_id, name)
+
+    @app.get("/runs/{dag_id}/{run_id}/tensorboard", dependencies=may_read_runs)
+    def tensorboard_root(request: Request) -> Response:
+        # TensorBoard's page loads its data with relative URLs: they need the trailing slash.
+        return RedirectResponse(str(request.url.replace(path=request.url.path + "/")))
+
+    @app.api_route("/runs/{dag_id}/{run_id}/tensorboard/{path:path}", methods=["GET", "POST"],
+                   dependencies=may_read_runs)
+    async def tensorboard(dag_id: str, run_id: str, path: str, request: Request) -> Response:
+        from starlette.concurrency import run_in_threadpool
+
+        location = await run_in_threadpool(location_or_404, dag_id, run_id)
+        body = await request.body()
+        try:
+            answer = await run_in_threadpool(
+                tensorboards.forward, location, dag_id, run_id, path, method=request.method,
+                query=request.url.query, body=body, content_type=request.headers.get("content-type", ""))
+        except RuntimeError as err:
+            raise HTTPException(502, f"TensorBoard for run {run_id!r} of DAG {dag_id!r}: {err}") from err
+        if answer.status == 0:
+            raise HTTPException(504, f"TensorBoard for run {run_id!r} of DAG {dag_id!r} did not start in time.")
+        return Response(answer.body, status_code=answer.status, headers=answer.headers)
+
+    return app

@@ -1,0 +1,103 @@
+"""The one-line summary of a tfpipe DAG run, written into the run's note when the run ends.
+
+:func:`summary_line` is pure: it takes the stage results (XCom ``return_value`` by stage), the
+train task's try number and the run's state, so the grid view shows, for example::
+
+    tfpipe: blessed, accuracy 0.9712 >= threshold 0.9000 (baseline v3 0.9650); \
+    model digits v4; train 2 tries, resumed from step 110
+
+(one line of at most 1000 characters; wrapped here). :func:`note_for_run` reads those inputs from
+the metadata DB for a finished run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tfpipe.plugins.paths import LOCATION_XCOM_KEY
+
+#: The DB column holds up to 1000 characters.
+NOTE_MAX = 1000
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def _blessing(evaluate: Mapping[str, Any] | None) -> str | None:
+    if not evaluate or "blessed" not in evaluate:
+        return None
+    metric, value = evaluate.get("metric", "metric"), evaluate.get("value")
+    threshold = evaluate.get("threshold")
+    baseline = evaluate.get("baseline")
+    parts = [f"{'blessed' if evaluate['blessed'] else 'NOT blessed'}, {metric} {_fmt(value)}"]
+    if threshold is not None:
+        parts.append(f"{'>=' if value is not None and value >= threshold else '<'} threshold {_fmt(threshold)}")
+    if isinstance(baseline, Mapping):
+        parts.append(f"(baseline v{baseline.get('version')} {_fmt(baseline.get('value'))})")
+    else:
+        parts.append("(no baseline)")
+    return " ".join(parts)
+
+
+def summary_line(results: Mapping[str, Mapping[str, Any] | None], *, train_tries: int | None,
+                 state: str, failed_tasks: list[str] | tuple[str, ...] = ()) -> str:
+    """One line: blessing with metric vs threshold and baseline, model version, tries and resumes.
+
+    :param results: stage name -> that task's result (``None`` or missing when it has none).
+    :param train_tries: the train task's try number (attempts), ``None`` when it never ran.
+    :param state: the run's final state (``success``, ``failed``).
+    :param failed_tasks: task ids that failed, named when the run failed.
+    """
+    parts = []
+    blessing = _blessing(results.get("evaluate"))
+    if state != "success":
+        parts.append(f"run {state}" + (f" at {', '.join(failed_tasks)}" if failed_tasks else ""))
+    if blessing:
+        parts.append(blessing)
+    export = results.get("export")
+    if export and export.get("version") is not None:
+        parts.append(f"model {export.get('model_name', '?')} v{export['version']}")
+    elif blessing:
+        parts.append("no model exported")
+    train = results.get("train")
+    if train_tries:
+        text = f"train {train_tries} {'try' if train_tries == 1 else 'tries'}"
+        resumed = (train or {}).get("resumed_from")
+        if isinstance(resumed, Mapping) and resumed.get("step") is not None:
+            text += f", resumed from step {resumed['step']}"
+        parts.append(text)
+    line = "tfpipe: " + "; ".join(parts)
+    return line if len(line) <= NOTE_MAX else line[: NOTE_MAX - 3] + "..."
+
+
+def note_for_run(dag_run: Any, session: Any, state: Any = None) -> str | None:
+    """The summary of a finished ``DagRun`` from its XComs and task instances, or ``None`` if not tfpipe's.
+
+    ``state`` is the run's final state when ``dag_run.state`` may not hold it yet.
+
+    A run is tfpipe's when one of its tasks pushed a location record (every stage task does).
+    """
+    from airflow.models.xcom import XComModel
+
+    rows = list(session.scalars(XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag_run.dag_id)))
+    stage_of: dict[str, str] = {}
+    for row in rows:
+        if row.key == LOCATION_XCOM_KEY:
+            value = XComModel.deserialize_value(row)
+            if isinstance(value, Mapping) and value.get("stage"):
+                stage_of[row.task_id] = str(value["stage"])
+    if not stage_of:
+        return None
+    results: dict[str, Any] = {}
+    for row in rows:
+        if row.key == "return_value" and row.task_id in stage_of:
+            value = XComModel.deserialize_value(row)
+            results[stage_of[row.task_id]] = value if isinstance(value, Mapping) else None
+    tis = dag_run.get_task_instances(session=session)
+    train_tries = max((ti.try_number for ti in tis if stage_of.get(ti.task_id) == "train"), default=None)
+    failed = sorted(ti.task_id for ti in tis if ti.state == "failed")
+    state = state or dag_run.state
+    return summary_line(results, train_tries=train_tries, state=str(getattr(state, "value", state)),
+                        failed_tasks=failed)

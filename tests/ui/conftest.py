@@ -1,0 +1,227 @@
+"""One real tfpipe run seen where people look: the api-server's plugin, the run note, metrics, lineage.
+
+The session fixture ``ui_run`` makes an Airflow home of its own (a copy of the migrated metadata
+DB), so the settings these tests need do not leak into other tests:
+
+* the simple auth manager with three users: ``admin`` (admin), ``mlviewer`` (viewer in team
+  ``mlteam``) and ``outsider`` (viewer in team ``other``); multi-team mode with the DAG bundle
+  owned by team ``mlteam``: teams are how the simple auth manager limits who may read a DAG
+  (its roles alone apply to every DAG);
+* OpenLineage's file transport writing every event of the run to a file;
+* StatsD metrics on, sent to a UDP listener on loopback that this fixture runs;
+* a GCS emulator: the run stages its raw data in from ``gs://`` and publishes the model there.
+
+It then runs the small DAG ``tfpipe_ui`` once through ``tfpipe run`` (``dag.test``, real
+containers) and starts ``airflow api-server`` on a free loopback port in its own process group,
+stopped (the whole group) at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DIGITS_CSV, REPO, run_dag, write_dag
+from tests.integration.conftest import gcs_emulator  # noqa: F401  (the session's emulator fixture)
+
+DAG_ID = "tfpipe_ui"
+TEAM = "mlteam"  # team names have 3 to 50 characters
+PASSWORDS = {"admin": "admin-pw", "mlviewer": "mlviewer-pw", "outsider": "outsider-pw"}
+OTHER_TEAM = "other"
+USERS = f"admin:admin,mlviewer:viewer:{TEAM},outsider:viewer:{OTHER_TEAM}"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class StatsdListener(threading.Thread):
+    """A real StatsD endpoint: a UDP socket on loopback that keeps every datagram's lines."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.lines: list[str] = []
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                data, _ = self.sock.recvfrom(65536)
+            except socket.timeout:
+                continue
+            self.lines.extend(data.decode("utf-8", "replace").splitlines())
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(timeout=2)
+        self.sock.close()
+
+
+class ApiServer:
+    """``airflow api-server`` on a free loopback port, in its own process group."""
+
+    def __init__(self, env: dict, log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        airflow = str(Path(sys.executable).parent / "airflow")
+        self.proc = subprocess.Popen([airflow, "api-server", "--host", "127.0.0.1", "--port", str(self.port)],
+                                     env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     cwd=REPO)
+        deadline = time.monotonic() + 120
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"api-server exited with {self.proc.returncode}:\n{log_path.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"api-server did not answer within 120 s:\n{log_path.read_text()[-4000:]}")
+            time.sleep(0.5)
+
+    def token(self, user: str) -> str:
+        body = json.dumps({"username": user, "password": PASSWORDS[user]}).encode()
+        req = urllib.request.Request(f"{self.url}/auth/token", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())["access_token"]
+
+    def get(self, path: str, *, user: str | None = None, headers: dict | None = None,
+            timeout: int = 360) -> tuple[int, dict, bytes]:
+        """``GET path`` as ``user`` (None: no credentials); redirects are not followed."""
+        headers = dict(headers or {})
+        if user:
+            headers["Authorization"] = f"Bearer {self.token(user)}"
+
+        class NoRedirect(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, *args, **kwargs):
+                return None
+
+        opener = urllib.request.build_opener(NoRedirect)
+        try:
+            with opener.open(urllib.request.Request(self.url + path, headers=headers), timeout=timeout) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, dict(err.headers), err.read()
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def ui_run(tmp_path_factory, trainer_image, request):
+    """A finished, published run of ``tfpipe_ui`` and a running api-server on its metadata DB."""
+    emulator = request.getfixturevalue("gcs_emulator")
+    if not DIGITS_CSV.exists():
+        pytest.fail(f"{DIGITS_CSV} is missing: run `make data`")
+    source_db = REPO / ".airflow" / "airflow.db"
+    if not source_db.exists():
+        pytest.fail(f"{source_db} is missing: run `make airflow-db`")
+    root = tmp_path_factory.mktemp("ui")
+    airflow_home, home, dags = root / "airflow", root / "home", root / "dags"
+    airflow_home.mkdir()
+    shutil.copy(source_db, airflow_home / "airflow.db")
+    (home / "data").mkdir(parents=True)
+    write_dag(dags, DAG_ID, training={"model": "mlp", "epochs": 2, "batch_size": 64},
+              evaluation={"threshold": 0.5, "tolerance": 1.0})
+    passwords = airflow_home / "passwords.json"
+    passwords.write_text(json.dumps(PASSWORDS))
+    lineage = root / "openlineage.jsonl"
+    statsd = StatsdListener()
+    statsd.start()
+    bundles = [{"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+                "kwargs": {"path": str(dags)}, "team_name": TEAM}]
+    settings = {
+        "AIRFLOW_HOME": str(airflow_home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home / 'airflow.db'}",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__MULTI_TEAM": "True",
+        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": USERS,
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(lineage),
+                                                        "append": True}),
+        "AIRFLOW__OPENLINEAGE__NAMESPACE": "tfpipe-test",
+        # the default 10 s for emitting an event is tight on a busy 2-core machine
+        "AIRFLOW__OPENLINEAGE__EXECUTION_TIMEOUT": "60",
+        "AIRFLOW__METRICS__STATSD_ON": "True",
+        "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+        "AIRFLOW__METRICS__STATSD_PORT": str(statsd.port),
+        "STORAGE_EMULATOR_HOST": emulator,
+    }
+    env = {k: v for k, v in os.environ.items() if k not in ("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT",
+                                                           "GOOGLE_APPLICATION_CREDENTIALS")}
+    env.update(settings)
+    # the auth manager refuses to start while a user's team is not in the DB
+    airflow = str(Path(sys.executable).parent / "airflow")
+    creating = [subprocess.Popen([airflow, "teams", "create", team], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, cwd=REPO) for team in (TEAM, OTHER_TEAM)]
+    for proc in creating:
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0, f"airflow teams create failed:\n{out[-3000:]}"
+
+    from google.cloud import storage
+
+    os.environ["STORAGE_EMULATOR_HOST"] = emulator  # the client reads it when created
+    try:
+        client = storage.Client(project="test")
+    finally:
+        del os.environ["STORAGE_EMULATOR_HOST"]
+    bucket = client.create_bucket(f"tfpipe-ui-{uuid.uuid4().hex[:10]}")
+    bucket.blob("raw/digits.csv").upload_from_filename(str(DIGITS_CSV))
+    conf = {"data_uri": f"gs://{bucket.name}/raw/digits.csv", "publish_uri": f"gs://{bucket.name}/models"}
+    started = time.monotonic()
+    try:
+        summary, log = run_dag(DAG_ID, conf, home=home, image=trainer_image, dags_folder=dags, extra_env=settings)
+    finally:
+        time.sleep(0.5)  # the last datagrams
+        statsd.stop()
+    run_seconds = time.monotonic() - started
+    assert summary["state"] == "success", log[-8000:]
+    assert summary["tasks"]["publish"]["state"] == "success", log[-8000:]
+    server = ApiServer(env, root / "api-server.log")
+    try:
+        yield {"summary": summary, "log": log, "env": env, "server": server, "home": home, "dags": dags,
+               "lineage": lineage, "statsd": statsd.lines, "bucket": bucket.name, "image": trainer_image,
+               "run_seconds": run_seconds, "conf": conf}
+    finally:
+        server.stop()
+        from tfpipe.plugins.engine import TENSORBOARD_ROLE, api_client
+
+        cli = api_client("unix://var/run/docker.sock")
+        for c in cli.containers(all=True, filters={"label": [f"tfpipe.role={TENSORBOARD_ROLE}",
+                                                             f"tfpipe.tensorboard={DAG_ID}/{summary['run_id']}"]}):
+            cli.remove_container(c["Id"], force=True)
+        cli.close()

@@ -1,0 +1,106 @@
+"""The tfpipe plugin in a running api-server: the report for readers only, TensorBoard, the run note, metrics."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from urllib.parse import quote
+
+import pytest
+
+from tests.conftest import REPO
+from tests.ui.conftest import DAG_ID
+
+pytestmark = pytest.mark.integration
+
+
+def test_airflow_discovers_the_plugin_through_the_entry_point():
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "airflow"), "plugins", "--output", "json"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plugins = {p["name"]: p for p in json.loads(proc.stdout[proc.stdout.index("["):])}
+    assert "tfpipe" in plugins, f"airflow plugins lists {sorted(plugins)}"
+    plugin = plugins["tfpipe"]
+    assert "tfpipe.plugins.listener" in str(plugin["listeners"])
+    assert "'url_prefix': '/tfpipe'" in str(plugin["fastapi_apps"])
+    assert "airflow-provider-tfpipe" in str(plugin["source"]), "loaded from the distribution's entry point"
+
+
+def _report_path(run_id: str, name: str = "") -> str:
+    return f"/tfpipe/runs/{DAG_ID}/{quote(run_id, safe='')}/report/{name}"
+
+
+def test_the_report_is_served_to_users_who_may_read_the_dag_and_to_no_one_else(ui_run):
+    server, run_id = ui_run["server"], ui_run["summary"]["run_id"]
+    for user in ("admin", "mlviewer"):
+        status, headers, body = server.get(_report_path(run_id), user=user)
+        assert status == 200, body[:500]
+        assert headers["content-type"].startswith("text/html")
+        page = body.decode()
+        assert "<html" in page.lower() and run_id in page and "data:image/png;base64," in page
+        for plot in ("loss.png", "accuracy.png", "confusion_matrix.png"):
+            status, headers, png = server.get(_report_path(run_id, plot), user=user)
+            assert status == 200 and headers["content-type"] == "image/png"
+            assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 2000
+    # a viewer of another team may not read this DAG, so not its report either
+    status, _, body = server.get(_report_path(run_id), user="outsider")
+    assert status == 403, body[:500]
+    status, _, _ = server.get(_report_path(run_id, "loss.png"), user="outsider")
+    assert status == 403
+    # and Airflow's own API agrees with the plugin about who may read the run
+    assert server.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}", user="outsider")[0] == 403
+    assert server.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}", user="mlviewer")[0] == 200
+    # no credentials: 401 for an API client, the login page for a browser
+    assert server.get(_report_path(run_id))[0] == 401
+    status, headers, _ = server.get(_report_path(run_id), headers={"Accept": "text/html"})
+    assert status in (302, 307) and "/auth/login" in headers["location"]
+    # only the report's own files, only of runs that exist
+    assert server.get(_report_path(run_id, "metrics.json"), user="admin")[0] == 404
+    assert server.get(_report_path("manual__no_such_run"), user="admin")[0] == 404
+
+
+def test_tensorboard_is_started_on_demand_through_the_engine(ui_run, docker_client):
+    server, run_id = ui_run["server"], ui_run["summary"]["run_id"]
+    base = f"/tfpipe/runs/{DAG_ID}/{quote(run_id, safe='')}/tensorboard/"
+    assert server.get(base, user="outsider")[0] == 403
+    status, headers, body = server.get(base, user="mlviewer")
+    assert status == 200, body[:1000]
+    assert headers["content-type"].startswith("text/html") and b"TensorBoard" in body
+    status, _, body = server.get(base + "data/runs", user="mlviewer")
+    assert status == 200
+    assert json.loads(body), "TensorBoard found the run's event files"
+    status, _, body = server.get(base + "data/plugins_listing", user="mlviewer")
+    assert status == 200 and json.loads(body)["scalars"]["enabled"] is True
+    # one container for the run, with no network: the engine API is the only way in
+    from tfpipe.plugins.engine import TENSORBOARD_ROLE
+
+    found = docker_client.api.containers(filters={"label": [f"tfpipe.role={TENSORBOARD_ROLE}",
+                                                            f"tfpipe.tensorboard={DAG_ID}/{run_id}"]})
+    assert len(found) == 1
+    assert docker_client.api.inspect_container(found[0]["Id"])["HostConfig"]["NetworkMode"] == "none"
+
+
+def test_the_run_note_summarises_the_run(ui_run):
+    server, summary = ui_run["server"], ui_run["summary"]
+    status, _, body = server.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(summary['run_id'], safe='')}", user="admin")
+    assert status == 200
+    note = json.loads(body)["note"]
+    accuracy = summary["metrics"]["accuracy"]
+    assert note.startswith(f"tfpipe: blessed, accuracy {accuracy:.4f} >= threshold 0.5000 (no baseline); "), note
+    assert f"model {DAG_ID} v1" in note and "train 1 try" in note and "\n" not in note
+
+
+def test_training_metrics_reach_statsd_under_tfpipe(ui_run):
+    gauges = {}
+    for line in ui_run["statsd"]:
+        name, _, rest = line.partition(":")
+        if rest.endswith("|g"):
+            gauges[name] = float(rest[:-2])
+    prefix = f"airflow.tfpipe.{DAG_ID}"  # Airflow puts [metrics] statsd_prefix ("airflow") before every name
+    summary = ui_run["summary"]
+    assert gauges[f"{prefix}.train.epochs"] == 2
+    assert gauges[f"{prefix}.train.final_loss"] > 0
+    assert gauges[f"{prefix}.evaluate.accuracy"] == pytest.approx(summary["metrics"]["accuracy"], abs=1e-6)
+    assert gauges[f"{prefix}.evaluate.blessed"] == 1
+    assert gauges[f"{prefix}.export.version"] == 1
+    assert gauges[f"{prefix}.prep.examples"] == 1797
