@@ -13,17 +13,15 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("airflow.providers.cncf.kubernetes", reason="the 'kubernetes' extra is not installed")
+from airflow.providers.common.compat.sdk import AirflowFailException, DownstreamTasksSkipped
+from kubernetes.client import ApiClient
+from kubernetes.client import models as k8s
 
-from airflow.providers.common.compat.sdk import AirflowFailException, DownstreamTasksSkipped  # noqa: E402
-from kubernetes.client import ApiClient  # noqa: E402
-from kubernetes.client import models as k8s  # noqa: E402
-
-from tfpipe import contract  # noqa: E402
-from tfpipe.config import PipelineConfig  # noqa: E402
-from tfpipe.dag_factory import training_pipeline  # noqa: E402
-from tfpipe.exceptions import StageFailedError, StageRejectedError, TfpipeConfigError  # noqa: E402
-from tfpipe.operators.kubernetes import POD_OPERATORS, TfpipeStagePodOperator, pod_exit  # noqa: E402
+from tfpipe import contract
+from tfpipe.config import PipelineConfig
+from tfpipe.dag_factory import training_pipeline
+from tfpipe.exceptions import StageFailedError, StageRejectedError, TfpipeConfigError
+from tfpipe.operators.kubernetes import POD_OPERATORS, TfpipeStagePodOperator, pod_exit
 
 RUN_ID = "manual__2026-11-30T05:00:00+00:00"
 SETTINGS = {
