@@ -251,6 +251,18 @@ def _recorded_image(host_run_dir: str, stage: str) -> str | None:
         return None
 
 
+def _task_image(task: Any) -> str:
+    """The task's image: its own, else the Airflow Variable tfpipe_image (as the task reads it)."""
+    from tfpipe.exceptions import ImageNotSetError
+    from tfpipe.settings import resolve_image
+
+    try:
+        with _quiet_stdout():
+            return resolve_image(task.image, task=task.task_id, allow_floating_tag=True)
+    except ImageNotSetError as err:
+        raise SystemExit(f"tfpipe: {err}") from err
+
+
 def _image_present(image: str, docker: list[str]) -> bool:
     return subprocess.run([*docker, "image", "inspect", image], capture_output=True).returncode == 0
 
@@ -282,7 +294,7 @@ def shell(args: argparse.Namespace) -> int:
         conf = dict(dag_run.conf or {}) if dag_run is not None else None
         params = _run_params(dag, task, conf)
     host_run_dir = debug.host_run_dir(task.volumes, dag.dag_id, run_id)
-    image = task.image
+    image = _task_image(task)
     recorded = _recorded_image(host_run_dir, task.stage)
     if recorded and recorded != image:
         if _image_present(recorded, debug.docker_base(task.docker_url)):
@@ -331,7 +343,7 @@ def tensorboard(args: argparse.Namespace) -> int:
     if Path(task.volumes.work).is_dir() and not Path(event_dir).is_dir():
         raise SystemExit(f"tfpipe: no TensorBoard event files for run {run_id!r} of {dag.dag_id}: {event_dir} "
                          "does not exist (has its train task run?)")
-    cmd = debug.tensorboard_args(image=task.image, event_dir=event_dir, dag_id=dag.dag_id, run_id=run_id,
+    cmd = debug.tensorboard_args(image=_task_image(task), event_dir=event_dir, dag_id=dag.dag_id, run_id=run_id,
                                  port=args.port, user=task.user, docker_url=task.docker_url,
                                  name=f"tfpipe-tensorboard-{args.port}", detach=args.detach)
     url = debug.tensorboard_url(dag.dag_id, run_id, base=f"http://localhost:{args.port}")
