@@ -239,7 +239,9 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         return f"exited:{state.get('ExitCode')}" if status in ("exited", "dead") else status
 
     def is_job_active(self, status: str) -> bool:
-        return status == "running"
+        # A paused container still holds the run's checkpoint directory: wait for it, never start a
+        # second writer beside it.
+        return status in ("running", "paused")
 
     def is_job_succeeded(self, status: str) -> bool:
         return status == "exited:0"

@@ -30,10 +30,24 @@ HOW_TO_SET_IMAGE = (
 )
 
 
+def _in_a_task() -> bool:
+    try:
+        from airflow.sdk.execution_time import task_runner
+    except ImportError:  # Airflow without the task SDK: the metadata DB is the only source
+        return False
+    return getattr(task_runner, "SUPERVISOR_COMMS", None) is not None
+
+
 def _read_variable(name: str) -> str | None:
     from airflow.providers.common.compat.sdk import Variable
 
     value = Variable.get(name, default=None)
+    if value is None and not _in_a_task():
+        # Outside a task (``tfpipe shell``, a test) the SDK sees only the environment and secrets
+        # backends; a Variable set with ``airflow variables set`` lives in the metadata DB.
+        from airflow.models.variable import Variable as DbVariable
+
+        value = DbVariable.get(name, default_var=None)
     return value.strip() if isinstance(value, str) and value.strip() else None
 
 
