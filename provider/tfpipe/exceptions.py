@@ -47,3 +47,7 @@ class StageRejectedError(AirflowFailException):
 
 class DockerEngineUnreachableError(AirflowException):
     """The Docker engine at ``docker_url`` did not answer."""
+
+
+class DockerEngineRefusedError(AirflowFailException):
+    """The Docker engine refused the worker's TLS credentials; retrying cannot fix that."""
