@@ -15,7 +15,8 @@ What a deployment test can use:
   REST calls the tests share.
 
 The tests need root (a second dockerd) and the Debian packages ``deploy/stack.py`` installs; without
-root they skip, saying so.
+root they skip, saying so. ``TFPIPE_STACK_TEST_REUSE=1`` (with the ``TFPIPE_STACK_*`` settings of a
+running stack) makes them use a stack that is already up instead, and leave it up.
 """
 
 from __future__ import annotations
@@ -145,9 +146,18 @@ class AirflowRest:
         path = f"dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}"
         data = self.get(path, params={"full_content": "true"}, headers={"Accept": "application/json"})
         content = data.get("content") if isinstance(data, dict) else data
-        if isinstance(content, list):
-            return "\n".join(str(e.get("event", e)) if isinstance(e, dict) else str(e) for e in content)
-        return str(content)
+        if not isinstance(content, list):
+            return str(content)
+        lines = []
+        for entry in content:
+            if not isinstance(entry, dict):
+                lines.append(str(entry))
+                continue
+            lines.append(str(entry.get("event", "")))
+            # A task's exception is structured, not part of the event text.
+            for err in entry.get("error_detail") or []:
+                lines.append(f"{err.get('exc_type')}: {err.get('exc_value')}")
+        return "\n".join(lines)
 
 
 def _stack_env() -> dict[str, str]:
@@ -178,6 +188,13 @@ def stack():
     """``make up``'s stack for this session (see the module docstring); ``make down`` at the end."""
     if os.geteuid() != 0:
         pytest.skip("the deployment tests start a second dockerd and PostgreSQL as its user: they need root")
+    if os.environ.get("TFPIPE_STACK_TEST_REUSE"):
+        # Developing a test: use the stack already up at TFPIPE_STACK_DIR (settings from the environment).
+        handle = stack_module.Stack(dict(os.environ))
+        handle.env = dict(os.environ)
+        handle.rest = AirflowRest(handle.api_url, stack_module.ADMIN_USER, handle.admin_password())
+        yield handle
+        return
     env = {**os.environ, **_stack_env()}
     t0 = time.monotonic()
     up = stack_cli(env, "up", "--fresh")
