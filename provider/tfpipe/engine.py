@@ -148,8 +148,9 @@ def engine_error_message(docker_url: str, err: BaseException) -> tuple[str, bool
         hint = ""
         overriding = [name for name in CA_BUNDLE_ENV if os.environ.get(name)]
         if "verify failed" in lowered and overriding:
-            hint = (f" Note: {' and '.join(overriding)} is set on this worker, and requests (under docker-py) "
-                    "uses it instead of tls_ca_cert: unset it in the workers' environment.")
+            verb = "is" if len(overriding) == 1 else "are"
+            hint = (f" Note: {' and '.join(overriding)} {verb} set on this worker, and requests (under docker-py) "
+                    "uses that instead of tls_ca_cert: unset it in the workers' environment.")
         return (
             f"the Docker engine at {docker_url} refused the TLS connection ({text}). Fix: give the workers a "
             "client certificate and key signed by the CA the engine trusts (its dockerd --tlscacert), and the "

@@ -43,6 +43,21 @@ def _interval(ti: dict) -> tuple[datetime, datetime]:
             datetime.fromisoformat(ti["end_date"].replace("Z", "+00:00")))
 
 
+def test_up_prints_the_ui_url_and_admin_credentials_and_the_image_travels_by_digest(stack, rest):
+    """make up prints where the UI is and how to log in; the GPU host got the image from the registry by digest."""
+    assert f"UI and REST API: {stack.api_url}" in stack.up_output, stack.up_output
+    assert f"admin user:      admin   password: {stack.admin_password()}" in stack.up_output
+    assert rest.get("monitor/health")["scheduler"]["status"] == "healthy"
+    ref = stack.image_ref()
+    assert ref.startswith(f"{stack.registry}/tfpipe/trainer@sha256:"), ref
+    digests = json.loads(stack.engine_docker("image", "inspect", "--format", "{{json .RepoDigests}}", ref).stdout)
+    assert ref in digests
+    # The first engine keeps no trace of the registry name (the push tag was removed again).
+    first = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
+                           text=True, check=True).stdout
+    assert f"{stack.registry}/" not in first
+
+
 CRON = "tfpipe_stack_cron"
 ON_DATA = "tfpipe_digits_on_data"
 

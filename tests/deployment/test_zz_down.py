@@ -47,3 +47,5 @@ def test_make_down_leaves_nothing_behind(stack):
     for part in ("api", "pg", "redis", "registry", "engine"):
         assert not _open(stack.port(part)), f"port of {part} ({stack.port(part)}) still open"
     assert stack.names() == []
+    # The first engine's bridge is untouched (a second engine with --bridge=none would delete it).
+    assert subprocess.run(["ip", "link", "show", "docker0"], capture_output=True).returncode == 0

@@ -96,5 +96,6 @@ def test_engine_errors_say_what_to_fix_and_whether_to_retry(error, retryable, sa
 
 def test_a_ca_bundle_variable_that_overrides_the_engine_ca_is_named(monkeypatch):
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
     message, _ = engine_error_message(URL, OSError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed"))
     assert "REQUESTS_CA_BUNDLE is set on this worker" in message and "unset it" in message
