@@ -39,6 +39,7 @@ help:
 	@echo "make bench                       side-by-side speed ratios (not a test)"
 	@echo "make tensorboard RUN=<id>|latest  serve a run's TensorBoard on localhost:PORT (default 6006)"
 	@echo "make shell TASK=<task> RUN=<id>   a shell in a container set up as that task's (ARGS=--print ...)"
+	@echo "make up / status / down           a real deployment here: scheduler, Celery, PostgreSQL, Redis, TLS engine"
 
 docker:
 	@scripts/ensure-docker.sh
@@ -107,3 +108,18 @@ shell: venv image airflow-db image-variable
 
 clean:
 	rm -rf $(AIRFLOW_HOME) $(TFPIPE_HOME)/work $(TFPIPE_HOME)/models $(CACHE)/last-run.log
+
+# A real deployment on this machine (deploy/stack.py): PostgreSQL, Redis, the api-server, scheduler,
+# dag-processor, triggerer, two Celery workers, a registry and a TLS "GPU host" engine, all on
+# loopback. Ports and the state dir come from TFPIPE_STACK_* (see deploy/stack.py).
+.PHONY: up down status
+STACK_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+
+up: venv image data
+	@$(PY) deploy/stack.py up $(UP_ARGS)
+
+down:
+	@$(STACK_PY) deploy/stack.py down
+
+status:
+	@$(STACK_PY) deploy/stack.py status

@@ -58,3 +58,7 @@ class ImageNotSetError(AirflowFailException):
 
 class ImageNotFoundError(AirflowFailException):
     """The Docker engine has no such trainer image and cannot pull it; the message says how to fix it."""
+
+
+class DockerEngineRefusedError(AirflowFailException):
+    """The Docker engine refused the worker's TLS credentials; retrying cannot fix that."""

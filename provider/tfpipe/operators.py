@@ -32,8 +32,10 @@ from airflow.providers.docker.operators.docker import DockerOperator, fetch_logs
 from tfpipe import contract
 from tfpipe.config import ResourcesConfig, VolumesConfig, check_image_ref
 from tfpipe.debug import RunReportLink, TensorBoardLink
+from tfpipe.engine import EngineSettings, diagnose, engine_error_message
 from tfpipe.settings import HOW_TO_SET_IMAGE, resolve_image
 from tfpipe.exceptions import (
+    DockerEngineRefusedError,
     DockerEngineUnreachableError,
     GpuUnavailableError,
     ImageNotFoundError,
@@ -186,6 +188,10 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
                 gpus = GpuRequest.parse(params["gpus"], field_name="params.gpus")
         except (TfpipeConfigError, contract.ContractError) as err:
             raise AirflowFailException(f"{self.task_id}: invalid run parameters: {err}") from err
+        try:
+            EngineSettings.from_airflow_config().apply_to(self)
+        except TfpipeConfigError as err:
+            raise AirflowFailException(f"{self.task_id}: {err}") from err
 
         from airflow.providers.common.compat.sdk import mask_secret
 
@@ -417,10 +423,14 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
             cli = self.cli
             cli.ping()
         except Exception as err:  # docker-py raises several types; all mean "not reachable"
-            raise DockerEngineUnreachableError(
-                f"cannot reach the Docker engine at {self.docker_url}: {err}. Fix: start dockerd on that host "
-                "or point docker_url at a running engine."
-            ) from err
+            from airflow.providers.docker.hooks.docker import DockerHook
+
+            tls = DockerHook.construct_tls_config(
+                ca_cert=self.tls_ca_cert, client_cert=self.tls_client_cert, client_key=self.tls_client_key,
+                verify=self.tls_verify, assert_hostname=self.tls_hostname, ssl_version=self.tls_ssl_version)
+            message, retryable = engine_error_message(self.docker_url, diagnose(self.docker_url, tls) or err)
+            raise (DockerEngineUnreachableError if retryable else DockerEngineRefusedError)(
+                f"{self.stage}: {message}") from err
         if gpus:
             from docker.utils import version_lt
 

@@ -42,7 +42,8 @@ from airflow.providers.common.compat.sdk import AirflowFailException, AirflowSki
 from tfpipe import contract
 from tfpipe.settings import resolve_image
 from tfpipe.config import check_host_path, check_image_ref, check_name, check_relative_path
-from tfpipe.exceptions import DockerEngineUnreachableError, TfpipeConfigError
+from tfpipe.engine import DEFAULT_DOCKER_URL, EngineSettings, diagnose, engine_error_message
+from tfpipe.exceptions import DockerEngineRefusedError, DockerEngineUnreachableError, TfpipeConfigError
 from tfpipe.hooks.gcs import (
     GcsAccessError,
     GcsTransferError,
@@ -123,12 +124,18 @@ def _docker_cli(docker_url: str) -> Any:
     from airflow.providers.docker.hooks.docker import DockerHook
 
     try:
-        cli = DockerHook(docker_conn_id=None, base_url=docker_url, version="auto").api_client
+        engine = EngineSettings.from_airflow_config()
+    except TfpipeConfigError as err:
+        raise AirflowFailException(str(err)) from err
+    tls = None
+    if docker_url == DEFAULT_DOCKER_URL:  # the deployment's engine, as the stage operators use
+        docker_url, tls = engine.docker_url, engine.tls_config()
+    try:
+        cli = DockerHook(docker_conn_id=None, base_url=docker_url, version="auto", tls=tls).api_client
         cli.ping()
     except Exception as err:  # docker-py and the hook raise several types; all mean "not reachable"
-        raise DockerEngineUnreachableError(
-            f"cannot reach the Docker engine at {docker_url}: {err}. Fix: start dockerd on that host or "
-            "point docker_url at a running engine.") from err
+        message, retryable = engine_error_message(docker_url, diagnose(docker_url, tls) or err)
+        raise (DockerEngineUnreachableError if retryable else DockerEngineRefusedError)(message) from err
     return cli
 
 
