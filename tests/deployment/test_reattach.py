@@ -155,6 +155,8 @@ def _restart_engine(stack, *, live_restore: bool) -> None:
     args = [a for a in stack.settings["engine_args"].split() if a != "--live-restore"]
     stack.settings["engine_args"] = " ".join(args + (["--live-restore"] if live_restore else []))
     stack.stop("engine", signal.SIGKILL)
+    # a killed dockerd leaves its pid file behind, and refuses to start while it is there
+    (stack.gpuhost / "dockerd.pid").unlink(missing_ok=True)
     stack.start_engine()
 
 
