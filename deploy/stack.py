@@ -157,9 +157,6 @@ class Stack:
             "TFPIPE_RETRY_DELAY": os.environ.get("TFPIPE_RETRY_DELAY", "5"),
             "PATH": f"{self.venv_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         }
-        image = self.image_ref()
-        if image:
-            env["TFPIPE_IMAGE"] = image
         bundles = [{"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
                     "kwargs": {"path": str(REPO / "dags")}}]
         if self.settings["extra_dags"]:
@@ -413,6 +410,10 @@ class Stack:
         if result.returncode:
             raise StackError(f"airflow db migrate failed; log: {self.logs / 'migrate.log'}\n{result.stderr[-3000:]}")
         self.airflow("pools", "set", "gpu", "1", "GPUs of the GPU host: one training at a time")
+        # The DAG files name no image: every task reads this Variable when it runs (tfpipe/settings.py).
+        image = self.image_ref()
+        if image:
+            self.airflow("variables", "set", "tfpipe_image", image)
 
     def start_airflow(self) -> None:
         af = str(self.venv_bin / "airflow")

@@ -23,13 +23,15 @@ from tfpipe.specs import TF_DEFAULT_ENV, config_template, resolve_stage_config, 
 
 DAG_ID = "bench_plain_docker_digits"
 HOME = os.environ.get("TFPIPE_HOME", "/nonexistent")
-IMAGE = os.environ.get("TFPIPE_IMAGE") or "tfpipe/trainer:0.1.0"
+# The deployment's image, as tfpipe's tasks read it: the Airflow Variable tfpipe_image, rendered
+# (DockerOperator's image and environment are templated) when each task runs.
+IMAGE = "{{ var.value.tfpipe_image }}"
 #: the conf deployment_overhead_ratio triggers tfpipe_digits with
 CONF = json.loads(os.environ.get("TFPIPE_BENCH_CONF", '{"epochs": 2, "batch_size": 100}'))
 PLACEHOLDER = "RUNIDPLACEHOLDER"
 
 cfg = PipelineConfig.from_dict(dict(
-    dag_id=DAG_ID, image={"ref": IMAGE},
+    dag_id=DAG_ID, image={"ref": None},
     volumes={"data": f"{HOME}/data", "work": f"{HOME}/work", "models": f"{HOME}/models"},
     data={"path": "digits/digits.csv", "format": "csv", "label": "label", "eval_fraction": 0.2},
     training={"model": "mlp", "epochs": 15, "batch_size": 32, "learning_rate": 0.002, "checkpoint_every_steps": 20},

@@ -3,14 +3,22 @@
 Construction only stores and validates arguments (no I/O: DAG files parse fast and offline).
 ``execute()`` then, against the Docker engine at ``docker_url``:
 
-1. resolves the stage config for this try (Params/``dag_run.conf`` overrides, run identity);
-2. removes any leftover container of an earlier try of the same task (a worker killed with
+1. resolves the image (``image.ref``, else the Airflow Variable ``tfpipe_image``: :mod:`tfpipe.settings`)
+   and the stage config for this try (Params/``dag_run.conf`` overrides, run identity);
+2. **re-attaches** to the container of an earlier try of the same task when it still runs (its id
+   is kept in ``task_state_store`` by Airflow 3.3's ``ResumableJobMixin``): a worker that died
+   does not cost the training it was watching. Otherwise:
+3. removes any leftover container of an earlier try of the same task (a worker killed with
    SIGKILL never ran ``on_kill``), so two containers never write one checkpoint directory;
-3. prepares the directories the stage writes, from a short root container on the engine
+4. prepares the directories the stage writes, from a short root container on the engine
    (the worker may not see the engine's disks);
-4. runs the stage container (deterministic name, ``tfpipe.*`` labels, non-root user, GPUs);
-5. maps the exit code through the contract (:class:`tfpipe.contract.ExitCode`) and returns
-   the stage's JSON result through XCom.
+5. starts the stage container (deterministic name, ``tfpipe.*`` labels, non-root user, GPUs)
+   and records its id;
+6. follows its output, waits for its exit, maps the exit code through the contract
+   (:class:`tfpipe.contract.ExitCode`) and returns the stage's JSON result through XCom.
+
+On Airflow < 3.3 the ``common.compat`` stand-in of the mixin has no ``task_state_store``: every
+try starts a new container (step 3 on), resuming from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -18,18 +26,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from airflow.providers.common.compat.sdk import AirflowFailException, DownstreamTasksSkipped
-from airflow.providers.docker.exceptions import DockerContainerFailedException
-from airflow.providers.docker.operators.docker import DockerOperator
+from airflow.providers.common.compat.sdk import AirflowFailException, DownstreamTasksSkipped, ResumableJobMixin
+from airflow.providers.docker.operators.docker import DockerOperator, fetch_logs
 
 from tfpipe import contract
 from tfpipe.config import ResourcesConfig, VolumesConfig, check_image_ref
 from tfpipe.debug import RunReportLink, TensorBoardLink
 from tfpipe.engine import EngineSettings, diagnose, engine_error_message
+from tfpipe.settings import HOW_TO_SET_IMAGE, resolve_image
 from tfpipe.exceptions import (
     DockerEngineRefusedError,
     DockerEngineUnreachableError,
     GpuUnavailableError,
+    ImageNotFoundError,
     StageFailedError,
     StageRejectedError,
     TfpipeConfigError,
@@ -56,10 +65,11 @@ def _tail(lines: list[str] | None) -> str:
     return "\n".join(lines)
 
 
-class TfpipeStageOperator(DockerOperator):
+class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
     """Run one tfpipe stage (``python3 -m trainer <stage>``) in the trainer image.
 
-    :param image: the trainer image, pinned by version tag or digest.
+    :param image: the trainer image, pinned by version tag or digest; ``None`` = the Airflow
+        Variable ``tfpipe_image``, read when the task runs.
     :param stage_config: the stage config template (see :func:`tfpipe.specs.config_template`);
         run identity and container paths are added for each try.
     :param volumes: host directories on the Docker engine's host: ``data`` (read-only),
@@ -80,17 +90,21 @@ class TfpipeStageOperator(DockerOperator):
     :param private_environment: secrets for the container; never rendered or logged.
     :param docker_url: the Docker engine, local or remote.
     :param prepare_volumes: create and chown the directories the stage writes before it runs.
-    :param kwargs: passed to ``BaseOperator`` (``task_id``, ``retries``, ``pool``, ...).
+    :param kwargs: passed to ``BaseOperator`` (``task_id``, ``retries``, ``pool``, ...), and
+        ``durable=False`` to start a new container on every try instead of re-attaching.
     """
 
     stage: ClassVar[str] = ""
+    #: task_state_store key of the stage container's id. Renaming it breaks re-attaching for tries
+    #: already in flight when a new version is deployed.
+    external_id_key = "tfpipe_container_id"
     template_fields = tuple(f for f in DockerOperator.template_fields if f not in ("container_name", "mounts"))
     ui_color = "#fbe9d0"
 
     def __init__(
         self,
         *,
-        image: str,
+        image: str | None,
         stage_config: Mapping[str, Any],
         volumes: VolumesConfig | Mapping[str, str],
         gpus: Any = None,
@@ -109,7 +123,8 @@ class TfpipeStageOperator(DockerOperator):
     ) -> None:
         if not self.stage:
             raise TypeError("use one of PrepOperator, TrainOperator, EvaluateOperator, ExportOperator")
-        check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
+        if image is not None:
+            check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
         volumes = VolumesConfig.from_dict(volumes, where="volumes")
         resources = ResourcesConfig(gpus=gpus, gpu_fallback=gpu_fallback, user=user, shm_size=shm_size or "64m",
                                     mem_limit=mem_limit, network_mode=network_mode)
@@ -126,6 +141,7 @@ class TfpipeStageOperator(DockerOperator):
         self.gpu_stage = self.stage in resources.gpu_stages if gpu_stage is None else bool(gpu_stage)
         self.stage_config = dict(stage_config)
         self.prepare_volumes = prepare_volumes
+        self.allow_floating_tag = allow_floating_tag
         mounts = [
             MountSpec(volumes.data, contract.CONTAINER_DATA, True),
             MountSpec(volumes.work, contract.CONTAINER_WORK, False),
@@ -160,6 +176,7 @@ class TfpipeStageOperator(DockerOperator):
         params = dict(context.get("params") or {})
         map_index = getattr(ti, "map_index", -1)
         map_index = -1 if map_index is None else map_index
+        self.image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
         try:
             config = resolve_stage_config(
                 {**self.stage_config, "stage": self.stage},
@@ -184,19 +201,104 @@ class TfpipeStageOperator(DockerOperator):
         self.labels = container_labels(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
                                        try_number=ti.try_number, stage=self.stage, map_index=map_index)
         self.environment = {**self.environment, contract.CONFIG_ENV: contract.dumps(config)}
-        self.log.info("tfpipe %s: run dir %s, container %s", self.stage, config["paths"]["run_dir"],
-                      self.container_name)
-
+        self._config = config
+        self._run_dir = config["paths"]["run_dir"]
+        self._gpus = gpus
+        self._map_index = map_index
+        self._result: dict[str, Any] | None = None
+        self.log.info("tfpipe %s: run dir %s, container %s", self.stage, self._run_dir, self.container_name)
         self._check_engine(gpus)
-        self._remove_leftovers(ti.dag_id, ti.run_id, ti.task_id, map_index)
+        return self.execute_resumable(context)
+
+    # -- ResumableJobMixin: the "job" is the stage container, its external id the container id --------
+
+    def submit_job(self, context: Any) -> str:
+        """Start a new stage container (after removing any of an earlier try); return its id."""
+        ti = context["ti"]
+        self._remove_leftovers(ti.dag_id, ti.run_id, ti.task_id, self._map_index)
         if self.prepare_volumes:
-            self._prepare_dirs(writable_dirs(self.stage, config, config["paths"]["run_dir"]))
+            self._prepare_dirs(writable_dirs(self.stage, self._config, self._run_dir))
+        self._ensure_image()
+        gpus = self._gpus
         self.device_requests = gpus.to_docker() if gpus else None
         if gpus:
             self.log.info("requesting %s for %s", gpus.describe(), self.stage)
+        self.container = self._start_with_gpu_fallback(gpus)
+        self._fresh = True
+        return self.container["Id"]
 
-        lines = self._run_with_gpu_fallback(context, gpus)
-        result = contract.parse_result_line(lines or [])
+    def get_job_status(self, external_id: Any, context: Any) -> str:
+        """``running``, ``exited:<code>``, another Docker state, or ``gone`` (removed, another engine)."""
+        from docker.errors import NotFound
+
+        try:
+            info = self.cli.inspect_container(str(external_id))
+        except NotFound:
+            return "gone"
+        ti = context["ti"]
+        labels = (info.get("Config") or {}).get("Labels") or {}
+        mine = {"tfpipe.dag_id": ti.dag_id, "tfpipe.run_id": ti.run_id, "tfpipe.task_id": ti.task_id}
+        if any(labels.get(k) != v for k, v in mine.items()):
+            return "gone"  # not this task's container: never attach to someone else's work
+        state = info.get("State") or {}
+        status = str(state.get("Status") or "unknown")
+        return f"exited:{state.get('ExitCode')}" if status in ("exited", "dead") else status
+
+    def is_job_active(self, status: str) -> bool:
+        # A paused container still holds the run's checkpoint directory: wait for it, never start a
+        # second writer beside it.
+        return status in ("running", "paused")
+
+    def is_job_succeeded(self, status: str) -> bool:
+        return status == "exited:0"
+
+    def poll_until_complete(self, external_id: Any, context: Any) -> dict[str, Any]:
+        """Follow the container's output until it exits, map its exit code, return its result.
+
+        A container started by this try is followed from its first line; one re-attached to is
+        followed from now (its earlier output is in the earlier try's log).
+        """
+        cid = str(external_id)
+        fresh = getattr(self, "_fresh", False)
+        self.container = {"Id": cid}
+        if not fresh:
+            ti = context["ti"]
+            self._remove_leftovers(ti.dag_id, ti.run_id, ti.task_id, self._map_index, keep=cid)
+            self.log.info("re-attached to the running %s container %s of an earlier try: following its output "
+                          "from here, no second container is started", self.stage, cid[:12])
+        stream = self.cli.logs(cid, stdout=True, stderr=True, stream=True, follow=True,
+                               **({} if fresh else {"tail": 0}))
+        lines = fetch_logs(stream, self.log)
+        # The stream also ends when the engine goes away: an exception here leaves the container
+        # in place, so that the next try can re-attach to it if it survived.
+        code = self.cli.wait(cid).get("StatusCode")
+        state = self._container_state()
+        if not fresh or contract.parse_result_line(lines) is None:
+            lines = lines + self._tail_lines(cid, exclude=lines)
+        try:
+            if code != 0:
+                self._raise_for_exit(code, bool(state.get("OOMKilled")), lines, context)
+            self._result = self._result_from(lines)
+            return self._result
+        finally:
+            self._remove_container()
+
+    def get_job_result(self, external_id: Any, context: Any) -> dict[str, Any]:
+        """The result of this try's container, or of an earlier try's that exited 0 unwatched."""
+        if self._result is not None:
+            return self._result
+        cid = str(external_id)
+        self.container = {"Id": cid}
+        self.log.info("the %s container %s of an earlier try already exited 0: taking its result", self.stage,
+                      cid[:12])
+        try:
+            self._result = self._result_from(self._tail_lines(cid))
+            return self._result
+        finally:
+            self._remove_container()
+
+    def _result_from(self, lines: list[str]) -> dict[str, Any]:
+        result = contract.parse_result_line(lines)
         if result is None:
             raise StageFailedError(
                 f"{self.stage}: the container exited 0 but printed no result line "
@@ -205,12 +307,73 @@ class TfpipeStageOperator(DockerOperator):
             )
         return result
 
-    def _run_with_gpu_fallback(self, context: Any, gpus: GpuRequest | None) -> list[str] | None:
+    def _tail_lines(self, cid: str, exclude: list[str] | None = None) -> list[str]:
+        """The container's last output lines (for the result line and error messages)."""
+        raw = self.cli.logs(cid, stdout=True, stderr=True, tail=_LOG_TAIL).decode("utf-8", "replace")
+        lines = [line.rstrip() for line in raw.splitlines()]
+        seen = set(exclude or [])
+        return [line for line in lines if line not in seen]
+
+    # -- starting a container ----------------------------------------------------------------
+
+    def _ensure_image(self) -> None:
+        """Make sure the engine has the image: pull it when missing, or say how to provide it."""
+        from docker.errors import APIError
+
+        if self.cli.images(name=self.image):
+            return
+        self.log.info("pulling %s on the engine at %s", self.image, self.docker_url)
+        try:
+            for _ in self.cli.pull(self.image, stream=True, decode=True):
+                pass
+        except APIError as err:
+            raise ImageNotFoundError(
+                f"{self.stage}: the Docker engine at {self.docker_url} has no image {self.image} and cannot pull "
+                f"it ({err.explanation or err}). Fix: build it (`make image`) or push it to a registry that "
+                f"engine can reach, and point the pipeline at it: {HOW_TO_SET_IMAGE}."
+            ) from err
+        if not self.cli.images(name=self.image):
+            raise ImageNotFoundError(
+                f"{self.stage}: pulling {self.image} on the engine at {self.docker_url} left no such image. "
+                f"Fix: {HOW_TO_SET_IMAGE}."
+            )
+
+    def _create_and_start(self) -> dict[str, Any]:
+        """Create and start the stage container with this operator's settings (as DockerOperator would)."""
+        from docker.types import LogConfig
+
+        container = self.cli.create_container(
+            command=self.format_command(self.command),
+            name=self.container_name,
+            environment={**self.environment, **self._private_environment},
+            host_config=self.cli.create_host_config(
+                auto_remove=False,
+                mounts=self.mounts,
+                network_mode=self.network_mode,
+                shm_size=self.shm_size,
+                cpu_shares=round(self.cpus * 1024),
+                mem_limit=self.mem_limit,
+                privileged=False,
+                device_requests=self.device_requests,
+                log_config=LogConfig(config={}),
+            ),
+            image=self.image,
+            user=self.user,
+            working_dir=self.working_dir,
+            tty=False,
+            labels=self.labels,
+        )
+        self.container = container
+        self.cli.start(container["Id"])
+        return container
+
+    def _start_with_gpu_fallback(self, gpus: GpuRequest | None) -> dict[str, Any]:
         from docker.errors import APIError
 
         try:
-            return self._run_and_map_exit(context)
+            return self._create_and_start()
         except APIError as err:
+            self._remove_container()
             if _NO_BIND_SOURCE in str(err):
                 raise AirflowFailException(
                     f"{self.stage}: a volume directory does not exist on the Docker engine's host ({err.explanation}). "
@@ -219,30 +382,17 @@ class TfpipeStageOperator(DockerOperator):
                 ) from err
             if not gpus or _NO_GPU_DRIVER not in str(err):
                 raise
-            self._remove_container()
             if self.gpu_fallback == "cpu":
                 self.log.warning("no NVIDIA runtime on the engine at %s; gpu_fallback='cpu': running %s on the CPU",
                                  self.docker_url, self.stage)
                 self.device_requests = None
-                return self._run_and_map_exit(context)
+                return self._create_and_start()
             raise GpuUnavailableError(
                 f"{self.stage}: {gpus.describe()} requested, but the Docker engine at {self.docker_url} cannot "
                 f"provide GPUs ({_NO_GPU_DRIVER!r}). Fix: install the NVIDIA Container Toolkit on the engine's "
                 "host and restart dockerd (`nvidia-ctk runtime configure --runtime=docker`), or set "
                 "gpu_fallback='cpu' (or gpus=None) to train on the CPU."
             ) from err
-
-    def _run_and_map_exit(self, context: Any) -> list[str] | None:
-        try:
-            return super().execute(context)
-        except DockerContainerFailedException as err:
-            state = self._container_state()
-            code = state.get("ExitCode")
-            logs = [str(x) for x in (err.logs or [])]
-            self._raise_for_exit(code, bool(state.get("OOMKilled")), logs, context)
-            raise
-        finally:
-            self._remove_container()
 
     def _raise_for_exit(self, code: int | None, oom_killed: bool, logs: list[str], context: Any) -> None:
         what = contract.ExitCode.describe(code)
@@ -290,13 +440,19 @@ class TfpipeStageOperator(DockerOperator):
                     f"speaks {cli.api_version}. Fix: upgrade Docker to 19.03 or newer."
                 )
 
-    def _remove_leftovers(self, dag_id: str, run_id: str, task_id: str, map_index: int) -> None:
-        """Stop and remove containers left by earlier tries of this task (found by labels and name)."""
+    def _remove_leftovers(self, dag_id: str, run_id: str, task_id: str, map_index: int,
+                          keep: str | None = None) -> None:
+        """Stop and remove containers left by earlier tries of this task (found by labels and name).
+
+        ``keep``: the id of the container this try re-attached to; every other one goes (a shell
+        opened on the task, a container a lost try created but never recorded).
+        """
         filters = {"label": [f"tfpipe.dag_id={dag_id}", f"tfpipe.run_id={run_id}", f"tfpipe.task_id={task_id}",
                              f"tfpipe.map_index={map_index}"]}
         found = {c["Id"]: c for c in self.cli.containers(all=True, filters=filters)}
         for c in self.cli.containers(all=True, filters={"name": f"^/{self.container_name}$"}):
             found.setdefault(c["Id"], c)
+        found.pop(keep or "", None)
         for cid, c in found.items():
             labels = c.get("Labels") or {}
             self.log.warning(

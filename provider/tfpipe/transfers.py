@@ -40,6 +40,7 @@ from typing import Any
 from airflow.providers.common.compat.sdk import AirflowFailException, AirflowSkipException, BaseOperator
 
 from tfpipe import contract
+from tfpipe.settings import resolve_image
 from tfpipe.config import check_host_path, check_image_ref, check_name, check_relative_path
 from tfpipe.engine import DEFAULT_DOCKER_URL, EngineSettings, diagnose, engine_error_message
 from tfpipe.exceptions import DockerEngineRefusedError, DockerEngineUnreachableError, TfpipeConfigError
@@ -714,12 +715,14 @@ class GcsStageInOperator(BaseOperator):
     template_fields = ("source_uri",)
     ui_color = "#d6eaff"
 
-    def __init__(self, *, data_volume: str, data_path: str, image: str, source_uri: str | None = None,
+    def __init__(self, *, data_volume: str, data_path: str, image: str | None, source_uri: str | None = None,
                  uri_param: str | None = "data_uri", gcp_conn_id: str = "google_cloud_default",
                  docker_url: str = "unix://var/run/docker.sock", user: str = "1000:1000", max_workers: int = 8,
                  allow_floating_tag: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
+        if image is not None:  # None: the Airflow Variable tfpipe_image, read in execute()
+            check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
+        self.allow_floating_tag = allow_floating_tag
         check_relative_path("data_path", data_path)
         _check_common(source_uri, "source_uri", max_workers)
         if not isinstance(user, str) or not re.fullmatch(r"\d+(:\d+)?", user):
@@ -744,7 +747,8 @@ class GcsStageInOperator(BaseOperator):
         cli = _docker_cli(self.docker_url)
         labels = _task_labels(context, "stage_in")
         remove_leftovers(cli, labels, "gcs-stage-in", self.log)
-        with VolumeHelper(cli, image=self.image, host_path=self.data_volume, mount_point=DATA_MOUNT, labels=labels,
+        image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
+        with VolumeHelper(cli, image=image, host_path=self.data_volume, mount_point=DATA_MOUNT, labels=labels,
                           role="gcs-stage-in", log=self.log) as helper:
             return stage_in(hook, helper, uri, self.data_path, user=self.user, max_workers=self.max_workers,
                             log=self.log)
@@ -777,13 +781,15 @@ class GcsPublishOperator(BaseOperator):
     template_fields = ("destination_uri", "version")
     ui_color = "#d6eaff"
 
-    def __init__(self, *, models_volume: str, model_name: str, image: str, destination_uri: str | None = None,
+    def __init__(self, *, models_volume: str, model_name: str, image: str | None, destination_uri: str | None = None,
                  uri_param: str | None = "publish_uri", export_task_id: str = "export",
                  version: int | str | None = None, gcp_conn_id: str = "google_cloud_default",
                  docker_url: str = "unix://var/run/docker.sock", max_workers: int = 8,
                  allow_floating_tag: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
+        if image is not None:  # None: the Airflow Variable tfpipe_image, read in execute()
+            check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
+        self.allow_floating_tag = allow_floating_tag
         check_name("model_name", model_name)
         _check_common(destination_uri, "destination_uri", max_workers)
         self.models_volume = check_host_path("models_volume", models_volume)
@@ -826,7 +832,8 @@ class GcsPublishOperator(BaseOperator):
         remove_leftovers(cli, labels, "gcs-publish", self.log)
         container_dir = f"{contract.CONTAINER_MODELS}/{self.model_name}/{version}"
         with tempfile.TemporaryDirectory(prefix="tfpipe-publish-") as tmp:
-            with VolumeHelper(cli, image=self.image, host_path=self.models_volume,
+            image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
+            with VolumeHelper(cli, image=image, host_path=self.models_volume,
                               mount_point=contract.CONTAINER_MODELS, read_only=True, labels=labels,
                               role="gcs-publish", log=self.log) as helper:
                 stream = helper.get_archive(container_dir)

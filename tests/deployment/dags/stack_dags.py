@@ -20,7 +20,7 @@ from tfpipe.specs import config_template
 
 HOME = os.environ.get("TFPIPE_HOME", "/nonexistent")
 STACK_DIR = os.environ.get("TFPIPE_STACK_DIR", "/nonexistent")
-IMAGE = os.environ.get("TFPIPE_IMAGE") or "tfpipe/trainer:0.1.0"
+IMAGE = None  # the deployment's image: the Airflow Variable tfpipe_image, which make up sets
 VOLUMES = {"data": f"{HOME}/data", "work": f"{HOME}/work", "models": f"{HOME}/models"}
 TINY = {"model": "mlp", "epochs": 1, "batch_size": 128, "checkpoint_every_steps": 5}
 
