@@ -1005,6 +1005,10 @@ def deployment_overhead(ctx: Context) -> dict[str, Any]:
             return took
 
         rest.wait_for_dag("bench_plain_docker_digits")
+        # Untimed warm-up of each side: the first run after `up` also makes the prep cache (which the
+        # other side would then hit) and pays the workers' first imports.
+        one("tfpipe_digits", conf, False)
+        one("bench_plain_docker_digits", {}, False)
         a, b, notes = interleave(ctx, "deployment_overhead_ratio",
                                  lambda i: one("tfpipe_digits", conf, True),
                                  lambda i: one("bench_plain_docker_digits", {}, False))
@@ -1015,7 +1019,7 @@ def deployment_overhead(ctx: Context) -> dict[str, Any]:
             "A = REST trigger to success of tfpipe_digits (stage_in, prep, train, evaluate, export, publish; conf "
             f"{json.dumps(conf)}); B = the same four containers as plain DockerOperators, same engine (TLS), "
             "same stack (CeleryExecutor, 2 workers). scheduler_latency_s: median upstream end -> queued per task; "
-            "executor_pickup_s: median queued -> running."]
+            "executor_pickup_s: median queued -> running. One untimed warm-up run of each side first."]
         return result
     finally:
         run_logged([sys.executable, str(REPO / "deploy" / "stack.py"), "down"], logfile, timeout=300, env=env)

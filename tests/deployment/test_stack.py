@@ -192,12 +192,22 @@ def test_two_runs_at_once_on_two_workers_share_one_gpu_slot(stack, rest):
     for run_id in runs:
         assert rest.wait_for_run(dag_id, run_id, timeout=480)["state"] == "success"
     tis = {r: {t["task_id"]: t for t in rest.task_instances(dag_id, r)} for r in runs}
-    # Both preps ran at the same time, each on its own worker (Celery's log names every task it ran).
-    prep_a, prep_b = (_interval(tis[r]["prep"]) for r in runs)
-    assert prep_a[0] < prep_b[1] and prep_b[0] < prep_a[1], (prep_a, prep_b)
+    # The runs overlapped, and tasks of both ran at the same moment on different workers (Celery's
+    # log names every task a worker ran; with one slot per worker, overlapping tasks need two).
     logs = {n: (stack.logs / f"worker{n}.log").read_text(errors="replace") for n in (1, 2)}
-    ran_prep = [{n for n, text in logs.items() if f"run_id={r}/task_id=prep/" in text} for r in runs]
-    assert ran_prep[0] and ran_prep[1] and ran_prep[0] != ran_prep[1], ran_prep
+
+    def worker_of(run_id: str, task_id: str) -> set[int]:
+        return {n for n, text in logs.items() if f"run_id={run_id}/task_id={task_id}/" in text}
+
+    side_by_side = [
+        (ta, tb) for ta, a in tis[runs[0]].items() for tb, b in tis[runs[1]].items()
+        if a["try_number"] and b["try_number"] and a["start_date"] and b["start_date"]
+        and _interval(a)[0] < _interval(b)[1] and _interval(b)[0] < _interval(a)[1]
+    ]
+    assert side_by_side, "no task of one run ran while a task of the other did"
+    ta, tb = side_by_side[0]
+    workers = (worker_of(runs[0], ta), worker_of(runs[1], tb))
+    assert all(len(w) == 1 for w in workers) and workers[0] != workers[1], (side_by_side, workers)
     # The gpu pool's one slot kept the two trainings apart.
     train_a, train_b = (_interval(tis[r]["train"]) for r in runs)
     assert train_a[1] <= train_b[0] or train_b[1] <= train_a[0], (train_a, train_b)

@@ -34,7 +34,7 @@ def _cfg(dag_id: str, **kw) -> PipelineConfig:
 
 
 cron = training_pipeline(_cfg("tfpipe_stack_cron", schedule="* * * * *"))
-parallel = training_pipeline(_cfg("tfpipe_stack_parallel", schedule=None), max_active_runs=2)
+parallel = training_pipeline(_cfg("tfpipe_stack_parallel", schedule=None, gpu_pool="gpu"), max_active_runs=2)
 
 bad_cfg = _cfg("tfpipe_stack_bad_tls", schedule=None)
 bad_tls = DAG("tfpipe_stack_bad_tls", schedule=None, tags=["stack-test"])
