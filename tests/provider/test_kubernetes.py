@@ -28,6 +28,7 @@ SETTINGS = {
     "dag_id": "k8s_test",
     "backend": "kubernetes",
     "image": {"ref": "registry.example:5000/tfpipe/trainer:0.1.0"},
+    "gpu_pool": "gpu",  # not the default (no pool): checks that a chosen pool reaches the pod task
     "volumes": {"data": "/srv/t/data", "work": "/srv/t/work", "models": "/srv/t/models"},
     "kubernetes": {"namespace": "ml", "claims": {"work": "tfpipe-work", "models": "tfpipe-models"},
                    "secret_env": {"WANDB_API_KEY": "wandb:api-key"}},
