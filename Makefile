@@ -23,8 +23,13 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 # The image reference is content-derived; read it after `image` ran.
 IMAGE_REF = $$(cat $(CACHE)/trainer-image)
+# DAGs that name no image read the Airflow Variable tfpipe_image when a task runs (tfpipe/settings.py):
+# point this project's Airflow at the image just built (only when it changed: the CLI takes seconds).
+SET_IMAGE_VARIABLE = ref=$(IMAGE_REF); if [ "$$(cat $(AIRFLOW_HOME)/.tfpipe_image 2>/dev/null)" != "$$ref" ]; then \
+	airflow variables set tfpipe_image "$$ref" >/dev/null && echo "$$ref" >$(AIRFLOW_HOME)/.tfpipe_image \
+	&& echo "[image] Airflow Variable tfpipe_image = $$ref"; fi
 
-.PHONY: help demo run test test-host test-trainer lint image docker venv airflow-db data bench clean
+.PHONY: help demo run test test-host test-trainer lint image image-variable docker venv airflow-db data bench clean
 
 help:
 	@echo "make demo                        run the example pipeline tfpipe_digits end to end"
@@ -36,6 +41,7 @@ help:
 	@echo "make bench                       side-by-side speed ratios (not a test)"
 	@echo "make tensorboard RUN=<id>|latest  serve a run's TensorBoard on localhost:PORT (default 6006)"
 	@echo "make shell TASK=<task> RUN=<id>   a shell in a container set up as that task's (ARGS=--print ...)"
+	@echo "make up / status / down           a real deployment here: scheduler, Celery, PostgreSQL, Redis, TLS engine"
 
 docker:
 	@scripts/ensure-docker.sh
@@ -51,6 +57,10 @@ $(VENV)/.installed: requirements/host.lock pyproject.toml
 
 image: docker
 	@docker/build-image.sh >/dev/null
+	@if [ -f $(AIRFLOW_HOME)/.migrated ]; then $(SET_IMAGE_VARIABLE); fi
+
+image-variable: venv image airflow-db
+	@$(SET_IMAGE_VARIABLE)
 
 airflow-db: $(AIRFLOW_HOME)/.migrated
 $(AIRFLOW_HOME)/.migrated: $(VENV)/.installed
@@ -66,9 +76,9 @@ $(TFPIPE_HOME)/data/digits/digits.csv: $(VENV)/.installed scripts/make_digits.py
 demo: DAG = tfpipe_digits
 demo: run
 
-run: venv image airflow-db data
+run: venv image airflow-db image-variable data
 	@echo '[run] $(DAG) with conf $(CONF) on image '"$(IMAGE_REF)"
-	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m tfpipe.cli run $(DAG) --conf '$(CONF)' 2> >(tee $(CACHE)/last-run.log >&2) \
+	@$(PY) -m tfpipe.cli run $(DAG) --conf '$(CONF)' 2> >(tee $(CACHE)/last-run.log >&2) \
 	  || (echo "[run] $(DAG) did not succeed; full log: $(CACHE)/last-run.log" >&2; exit 1)
 
 test: venv image airflow-db data lint test-trainer test-host test-compat-oldest
@@ -83,7 +93,7 @@ test-trainer: image
 	@echo "[test] trainer tests inside the TF 2.9 image"
 	@tests/trainer/run-in-image.sh $(PYTEST_ARGS)
 
-test-host: venv image airflow-db data
+test-host: venv image airflow-db image-variable data
 	@scripts/ensure-chromium.sh
 	@echo "[test] host tests: provider, DAGs, Airflow runs with real containers"
 	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m pytest -q $(PYTEST_ARGS)
@@ -111,11 +121,26 @@ TASK ?= train
 PORT ?= 6006
 ARGS ?=
 
-tensorboard: venv image airflow-db
-	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m tfpipe.cli tensorboard $(DAG) '$(RUN)' --port $(PORT) $(ARGS)
+tensorboard: venv image airflow-db image-variable
+	@$(PY) -m tfpipe.cli tensorboard $(DAG) '$(RUN)' --port $(PORT) $(ARGS)
 
-shell: venv image airflow-db
-	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m tfpipe.cli shell $(DAG) $(TASK) --run '$(RUN)' $(ARGS)
+shell: venv image airflow-db image-variable
+	@$(PY) -m tfpipe.cli shell $(DAG) $(TASK) --run '$(RUN)' $(ARGS)
 
 clean:
 	rm -rf $(AIRFLOW_HOME) $(TFPIPE_HOME)/work $(TFPIPE_HOME)/models $(CACHE)/last-run.log
+
+# A real deployment on this machine (deploy/stack.py): PostgreSQL, Redis, the api-server, scheduler,
+# dag-processor, triggerer, two Celery workers, a registry and a TLS "GPU host" engine, all on
+# loopback. Ports and the state dir come from TFPIPE_STACK_* (see deploy/stack.py).
+.PHONY: up down status
+STACK_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+
+up: venv image data
+	@$(PY) deploy/stack.py up $(UP_ARGS)
+
+down:
+	@$(STACK_PY) deploy/stack.py down
+
+status:
+	@$(STACK_PY) deploy/stack.py status

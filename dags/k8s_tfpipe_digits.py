@@ -4,8 +4,9 @@
 extra: ``pip install './[kubernetes]'``): GPUs as ``nvidia.com/gpu`` limits on the train and
 evaluate pods, work and models on PersistentVolumeClaims, the raw data on a read-only hostPath,
 non-root pods on GPU nodes. It needs a cluster with NVIDIA's device plugin, the claims below and
-the trainer image in a registry the nodes can pull from; none of that exists where this project
-is tested, so this DAG is parsed and its pods are built in the tests, never run (see the README).
+the trainer image in a registry the nodes can pull from (named by the Airflow Variable
+``tfpipe_image``); none of that exists where this project is tested, so this DAG is parsed and its
+pods are built in the tests, never run (see the README).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ dag = training_pipeline(
         schedule=None,
         tags=("tfpipe", "kubernetes"),
         backend="kubernetes",
-        image={"ref": os.environ.get("TFPIPE_K8S_IMAGE") or "registry.example:5000/tfpipe/trainer:0.1.0"},
+        # the deployment's image (the Airflow Variable tfpipe_image, read when a pod is built); on a
+        # cluster it must name a registry the nodes pull from. TFPIPE_K8S_IMAGE pins one here instead.
+        image={"ref": os.environ.get("TFPIPE_K8S_IMAGE")},
         volumes={"data": "/srv/tfpipe/data", "work": "/srv/tfpipe/work", "models": "/srv/tfpipe/models"},
         kubernetes={"namespace": "ml-training", "claims": {"work": "tfpipe-work", "models": "tfpipe-models"}},
         data={"path": "digits/digits.csv"},

@@ -5,11 +5,10 @@ Trigger it from the UI to change epochs, batch size, learning rate, model, GPUs 
 run parameters ``data_uri`` (``gs://...``, staged into the data path before prep) and
 ``publish_uri`` (``gs://...``, where a blessed model is published) add Google Cloud Storage.
 
-Paths are directories on the Docker engine's host, taken from the environment so the same file
-works on a laptop (``make demo`` sets them) and in a deployment:
-
-- ``TFPIPE_IMAGE``: the trainer image (``make image`` builds it, tagged by content);
-- ``TFPIPE_HOME``: parent of ``data/``, ``work/`` and ``models/`` (default ``<repo>/.demo``).
+The trainer image is the deployment's: each task reads the Airflow Variable ``tfpipe_image`` when
+it runs (``make image`` sets it here; elsewhere ``airflow variables set tfpipe_image REF``), so this
+file deploys as it is. Paths are directories on the Docker engine's host: ``TFPIPE_HOME`` is the
+parent of ``data/``, ``work/`` and ``models/`` (default ``<repo>/.demo``).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ dag = training_pipeline(
         dag_id="tfpipe_digits",
         description="Nightly retraining of the UCI digits classifier",
         schedule="0 3 * * *",
-        image={"ref": os.environ.get("TFPIPE_IMAGE") or "tfpipe/trainer:0.1.0"},
+        image={"ref": None},  # the deployment's image: the Airflow Variable tfpipe_image, read at run time
         volumes={"data": f"{HOME}/data", "work": f"{HOME}/work", "models": f"{HOME}/models"},
         # 1,797 UCI handwritten digits, 8x8 pixels as 64 CSV columns plus the label
         data={"path": "digits/digits.csv", "format": "csv", "label": "label", "eval_fraction": 0.2},

@@ -67,9 +67,13 @@ def tfpipe_home(tmp_path: Path) -> Path:
 
 
 def dag_command(dag_id: str, conf: dict | None, *, home: Path, image: str, extra_env: dict | None = None,
-                dags_folder: Path | None = None, rerun: str | None = None) -> tuple[list[str], dict]:
+                dags_folder: Path | None = None, rerun: str | None = None,
+                rerun_tasks: list[str] | None = None) -> tuple[list[str], dict]:
     """The `tfpipe run` command line and environment for one DAG run (or re-run)."""
-    env = {**os.environ, "TFPIPE_HOME": str(home), "TFPIPE_IMAGE": image, "TFPIPE_RETRY_DELAY": "1",
+    # DAG files that name no image read the Airflow Variable tfpipe_image; Airflow also takes a
+    # Variable from AIRFLOW_VAR_<NAME>, which keeps each test independent of the DB's Variables.
+    env = {**os.environ, "TFPIPE_HOME": str(home), "TFPIPE_IMAGE": image, "AIRFLOW_VAR_TFPIPE_IMAGE": image,
+           "TFPIPE_RETRY_DELAY": "1",
            "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     cmd = [sys.executable, "-m", "tfpipe.cli", "run", dag_id, "--conf", json.dumps(conf or {})]
     if dags_folder:  # dag.test() syncs the configured bundle, so point Airflow at it too
@@ -77,6 +81,8 @@ def dag_command(dag_id: str, conf: dict | None, *, home: Path, image: str, extra
         env["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags_folder)
     if rerun:
         cmd += ["--rerun", rerun]
+    for task_id in rerun_tasks or []:
+        cmd += ["--task", task_id]
     return cmd, env
 
 

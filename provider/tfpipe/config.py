@@ -81,7 +81,8 @@ def check_image_ref(field_name: str, ref: Any, *, allow_floating_tag: bool = Fal
     ``allow_floating_tag=True``.
     """
     if not isinstance(ref, str) or not ref.strip() or any(c.isspace() for c in ref):
-        raise config_error(field_name, f"must be an image reference string, got {ref!r}", "e.g. 'tfpipe/trainer:0.1.0'")
+        raise config_error(field_name, f"must be an image reference string, got {ref!r}",
+                           "e.g. 'registry.example/tfpipe/trainer:3f2a9c1b7e4d'")
     if "@sha256:" in ref:
         digest = ref.split("@sha256:", 1)[1]
         if not re.fullmatch(r"[0-9a-f]{64}", digest):
@@ -347,16 +348,19 @@ def json_ready(value: Any) -> Any:
 class ImageConfig(_Section):
     """The trainer image.
 
-    :param ref: image reference, pinned by version tag or digest.
+    :param ref: image reference, pinned by version tag or digest; ``None`` (the default) = the
+        deployment's image, read from the Airflow Variable ``tfpipe_image`` when a task runs
+        (see :mod:`tfpipe.settings`).
     :param allow_floating_tag: accept ``latest`` or an untagged reference (not reproducible).
     """
 
     section: ClassVar[str] = "image"
-    ref: str = ""
+    ref: str | None = None
     allow_floating_tag: bool = False
 
     def __post_init__(self) -> None:
-        check_image_ref("image.ref", self.ref, allow_floating_tag=self.allow_floating_tag)
+        if self.ref is not None:
+            check_image_ref("image.ref", self.ref, allow_floating_tag=self.allow_floating_tag)
 
 
 @dataclass(frozen=True)
@@ -834,7 +838,9 @@ class PipelineConfig:
     :param model_asset: URI of the Asset that export emits; ``None`` = ``tfpipe://<model_name>``.
     :param retries: retries of the training task (the other stages get one).
     :param retry_delay_seconds: first retry delay; doubles with each try.
-    :param gpu_pool: Airflow pool of the training tasks.
+    :param gpu_pool: Airflow pool of the training task, e.g. ``"gpu"`` to let one training job at a
+        time use the GPUs; ``None`` (the default) = Airflow's default pool. A task in a pool that
+        does not exist is never scheduled, so create it first: ``airflow pools set gpu 1 "GPU slots"``.
     :param docker_url: the Docker engine (may be remote).
     :param start_date: first schedulable date.
     :param tags: DAG tags.
@@ -864,7 +870,7 @@ class PipelineConfig:
     model_asset: str | None = None
     retries: int = 3
     retry_delay_seconds: float = 30.0
-    gpu_pool: str = "gpu"
+    gpu_pool: str | None = None
     docker_url: str = "unix://var/run/docker.sock"
     start_date: datetime = datetime(2026, 1, 1, tzinfo=timezone.utc)
     tags: tuple = ("tfpipe",)
@@ -904,7 +910,8 @@ class PipelineConfig:
             raise config_error("retries", f"must be a whole number in 0..20, got {self.retries!r}", "e.g. 3")
         if not _is_number(self.retry_delay_seconds) or self.retry_delay_seconds < 0:
             raise config_error("retry_delay_seconds", f"must be >= 0, got {self.retry_delay_seconds!r}", "e.g. 30")
-        check_name("gpu_pool", self.gpu_pool)
+        if self.gpu_pool is not None:
+            check_name("gpu_pool", self.gpu_pool)
         if not isinstance(self.docker_url, str) or "://" not in self.docker_url:
             raise config_error("docker_url", f"must be a URL like 'unix://var/run/docker.sock' or 'tcp://host:2376', "
                         f"got {self.docker_url!r}", "set the engine's URL")

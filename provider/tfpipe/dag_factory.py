@@ -8,7 +8,7 @@ Usage in a DAG file::
 
     from tfpipe import PipelineConfig, training_pipeline
 
-    dag = training_pipeline(PipelineConfig(dag_id="churn", image={"ref": "tfpipe/trainer:0.1.0"}, ...))
+    dag = training_pipeline(PipelineConfig(dag_id="churn", volumes=..., data=...))  # image: Variable tfpipe_image
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def _doc_md(cfg: PipelineConfig) -> str:
 
 {cfg.description}
 
-**prep -> train -> evaluate -> export**, each stage a container of `{cfg.image.ref}`.
+**prep -> train -> evaluate -> export**, each stage a container of {_image_doc(cfg)}.
 
 | volume | host path | in the container |
 | --- | --- | --- |
@@ -106,6 +106,7 @@ Training checkpoints live under the run (never the try): a retried or cleared `t
 from its newest checkpoint; a new run starts fresh unless `warm_start` is set. Evaluation
 blesses a candidate with {cfg.evaluation.metric} >= {cfg.evaluation.threshold} and no worse than the
 current model by more than {cfg.evaluation.tolerance}; otherwise export is skipped.
+{_pool_doc(cfg)}
 
 Trigger parameters (the run's `conf` overrides them; empty keeps the configured value):
 
@@ -118,6 +119,22 @@ Seeing and reproducing a run: `train`, `evaluate` and `export` link to the **Run
 **TensorBoard** (serve it with `tfpipe tensorboard {cfg.dag_id} <run_id>`); `tfpipe shell
 {cfg.dag_id} <task> --run <run_id>` opens a shell in a container set up as that task's.
 """
+
+
+def _image_doc(cfg: PipelineConfig) -> str:
+    if cfg.image.ref:
+        return f"`{cfg.image.ref}`"
+    from tfpipe.settings import IMAGE_VARIABLE
+
+    return (f"the image named by the Airflow Variable `{IMAGE_VARIABLE}` (read when each task runs; "
+            f"`airflow variables set {IMAGE_VARIABLE} REF`)")
+
+
+def _pool_doc(cfg: PipelineConfig) -> str:
+    if not cfg.gpu_pool:
+        return "`train` runs in Airflow's default pool."
+    return (f"`train` runs in the pool `{cfg.gpu_pool}`, which must exist or it is never scheduled: "
+            f"`airflow pools set {cfg.gpu_pool} 1 \"GPU training slots\"`.")
 
 
 def _params_table(cfg: PipelineConfig) -> str:
@@ -161,7 +178,8 @@ def operator_from_spec(spec: StageSpec, cfg: PipelineConfig) -> Any:
         from tfpipe.operators.kubernetes import POD_OPERATORS  # the optional extra, only when chosen
 
         return POD_OPERATORS[spec.stage](kubernetes=cfg.kubernetes, **common)
-    return OPERATORS[spec.stage](docker_url=cfg.docker_url, **common)
+    return OPERATORS[spec.stage](docker_url=cfg.docker_url, allow_floating_tag=cfg.image.allow_floating_tag,
+                                 **common)
 
 
 def training_pipeline(cfg: PipelineConfig, **dag_kwargs: Any) -> DAG:

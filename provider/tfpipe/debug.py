@@ -32,7 +32,7 @@ JUPYTER_CONTAINER_PORT = 8888
 #: ``tfpipe.role`` label values of the containers started here.
 SHELL_ROLE = "shell"
 TENSORBOARD_ROLE = "tensorboard"
-DEFAULT_DOCKER_URL = "unix://var/run/docker.sock"
+from tfpipe.engine import DEFAULT_DOCKER_URL  # noqa: E402  (one home for the default)
 
 
 # --- what a task's container is ----------------------------------------------------------------

@@ -55,3 +55,18 @@ class StageInError(AirflowFailException):
 
 class PublishConflictError(AirflowFailException):
     """The version is already published with other content (published versions are immutable)."""
+
+
+class ImageNotSetError(AirflowFailException):
+    """No trainer image is configured: neither ``image.ref`` nor the Airflow Variable ``tfpipe_image``.
+
+    Retrying cannot fix it, so the task fails without using its retries; the message says how to set it.
+    """
+
+
+class ImageNotFoundError(AirflowFailException):
+    """The Docker engine has no such trainer image and cannot pull it; the message says how to fix it."""
+
+
+class DockerEngineRefusedError(AirflowFailException):
+    """The Docker engine refused the worker's TLS credentials; retrying cannot fix that."""

@@ -79,7 +79,8 @@ class StageSpec:
 
     :param stage: ``prep``, ``train``, ``evaluate`` or ``export``.
     :param task_id: the Airflow task id.
-    :param image: the trainer image, pinned.
+    :param image: the trainer image, pinned; ``None`` = the Airflow Variable ``tfpipe_image``, read
+        when the task runs (:func:`tfpipe.settings.resolve_image`).
     :param command: the container command (the config travels in :data:`contract.CONFIG_ENV`).
     :param config: the stage config template (no run identity yet).
     :param mounts: data (read-only), work and models.
@@ -105,7 +106,7 @@ class StageSpec:
 
     stage: str
     task_id: str
-    image: str
+    image: str | None
     command: tuple[str, ...]
     config: Mapping[str, Any]
     mounts: tuple[MountSpec, ...]
@@ -231,7 +232,7 @@ def stage_spec(
     stage: str,
     *,
     task_id: str,
-    image: str,
+    image: str | None,
     stage_config: Mapping[str, Any],
     volumes: VolumesConfig | Mapping[str, str],
     gpus: Any = None,
@@ -255,7 +256,8 @@ def stage_spec(
     For operators used on their own (``TrainOperator(image=..., stage_config=..., volumes=...)``);
     :func:`plan_pipeline` builds the specs of a whole pipeline.
     """
-    check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
+    if image is not None:  # None: the Airflow Variable tfpipe_image, read when the task runs
+        check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
     volumes = VolumesConfig.from_dict(volumes, where="volumes")
     resources = ResourcesConfig(gpus=gpus, gpu_fallback=gpu_fallback, user=user, shm_size=shm_size or "64m",
                                 mem_limit=mem_limit, network_mode=network_mode,

@@ -66,20 +66,39 @@ def _checkpointed_mid_training(home: Path, dag_id: str, min_epochs: int = 2):
 
 
 class _TrainingContainerSampler(threading.Thread):
-    """Samples how many training containers of a DAG run at once."""
+    """Samples how many training containers of a DAG run at once, and which ever existed."""
 
     def __init__(self, client, dag_id: str):
         super().__init__(daemon=True)
         self.client, self.dag_id = client, dag_id
         self.max_running = 0
+        self.ids: set[str] = set()
         self.stop = threading.Event()
 
     def run(self):
         while not self.stop.is_set():
-            running = self.client.containers.list(
-                filters={"label": [f"tfpipe.dag_id={self.dag_id}", "tfpipe.stage=train"], "status": "running"})
-            self.max_running = max(self.max_running, len([c for c in running if "tfpipe.role" not in c.labels]))
+            # the low-level list: no per-container inspect that races with a removal
+            found = [c for c in self.client.api.containers(
+                all=True, filters={"label": [f"tfpipe.dag_id={self.dag_id}", "tfpipe.stage=train"]})
+                if "tfpipe.role" not in (c.get("Labels") or {})]
+            self.ids.update(c["Id"] for c in found)
+            self.max_running = max(self.max_running, len([c for c in found if c["State"] in ("running", "paused")]))
             time.sleep(0.1)
+
+
+def _task_history(dag_id: str, run_id: str) -> dict[str, list[tuple[int, str]]]:
+    """``{task_id: [(try_number, state), ...]}`` of the run's earlier tries (Airflow's TI history)."""
+    from airflow.models.taskinstancehistory import TaskInstanceHistory
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    history: dict[str, list[tuple[int, str]]] = {}
+    with create_session() as session:
+        rows = session.scalars(select(TaskInstanceHistory).where(
+            TaskInstanceHistory.dag_id == dag_id, TaskInstanceHistory.run_id == run_id))
+        for row in rows:
+            history.setdefault(row.task_id, []).append((row.try_number, str(getattr(row.state, "value", row.state))))
+    return {k: sorted(v) for k, v in history.items()}
 
 
 def _attempts(home: Path, model_dir: str) -> list[dict]:
@@ -129,35 +148,76 @@ def test_container_killed_mid_training_resumes_on_retry(tfpipe_home, trainer_ima
     assert summary["metrics"]["accuracy"] == pytest.approx(reference["metrics"]["accuracy"], abs=0.02)
 
 
-def test_worker_killed_orphan_removed_then_resumed(tfpipe_home, trainer_image, docker_client, tmp_path):
+def test_worker_killed_then_cleared_reattaches_to_the_running_container(
+        tfpipe_home, trainer_image, docker_client, tmp_path):
+    """The worker dies mid-training; the re-run's train try re-attaches to the container that still runs."""
     dags = tmp_path / "dags"
-    write_dag(dags, "resume_worker", training=TRAINING, retries=2)
-    cmd, env = dag_command("resume_worker", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    write_dag(dags, "reattach_worker", training=TRAINING, retries=2)
+    cmd, env = dag_command("reattach_worker", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    orphan = _wait_for(lambda: _training_container(docker_client, "resume_worker"), 240, "the training container")
-    _wait_for(lambda: _checkpointed_mid_training(tfpipe_home, "resume_worker"), 240, "a checkpoint mid-training")
-    os.killpg(proc.pid, signal.SIGKILL)  # the worker dies; on_kill never runs
-    proc.communicate(timeout=60)
-    orphan.reload()
-    assert orphan.status == "running", "the orphaned training container outlives its worker"
-
-    run_id = orphan.labels["tfpipe.run_id"]
-    sampler = _TrainingContainerSampler(docker_client, "resume_worker")
+    sampler = _TrainingContainerSampler(docker_client, "reattach_worker")
     sampler.start()
     try:
-        summary, log = run_dag("resume_worker", None, home=tfpipe_home, image=trainer_image, dags_folder=dags,
-                               rerun=run_id)
+        orphan = _wait_for(lambda: _training_container(docker_client, "reattach_worker"), 240,
+                           "the training container")
+        _wait_for(lambda: _checkpointed_mid_training(tfpipe_home, "reattach_worker"), 240, "a checkpoint mid-training")
+        os.killpg(proc.pid, signal.SIGKILL)  # the worker dies; on_kill never runs
+        proc.communicate(timeout=60)
+        orphan.reload()
+        assert orphan.status == "running", "the orphaned training container outlives its worker"
+        run_id = orphan.labels["tfpipe.run_id"]
+        # Frozen until the re-run has re-attached, so that on a slow machine training cannot end
+        # before the new try looks (a paused container is as alive as a running one).
+        orphan.pause()
+        # the UI's Clear of train (and downstream), in one process: same run, next try number
+        cmd, env = dag_command("reattach_worker", None, home=tfpipe_home, image=trainer_image, dags_folder=dags,
+                               rerun=run_id, rerun_tasks=["train"])
+        rerun = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        err_lines: list[str] = []
+        attached = threading.Event()
+
+        def read_stderr():
+            for line in rerun.stderr:
+                err_lines.append(line)
+                if f"re-attached to the running train container {orphan.id[:12]}" in line:
+                    attached.set()
+
+        reader = threading.Thread(target=read_stderr, daemon=True)
+        reader.start()
+        try:
+            deadline = time.time() + 600
+            while not attached.wait(1) and rerun.poll() is None and time.time() < deadline:
+                pass
+            assert attached.is_set(), "".join(err_lines)[-6000:]
+        finally:
+            orphan.unpause()
+        out = rerun.stdout.read()
+        rerun.wait(timeout=600)
+        reader.join(timeout=30)
+        log = out + "".join(err_lines)
+        summary = parse_summary(out, "".join(err_lines), rerun.returncode)
     finally:
         sampler.stop.set()
         sampler.join()
     assert summary["state"] == "success", log[-6000:]
     assert summary["run_id"] == run_id
-    assert "removing leftover container" in log
-    assert "resumed from epoch" in log
-    assert sampler.max_running == 1, "two training containers ran at once on one checkpoint directory"
+    assert f"re-attached to the running train container {orphan.id[:12]}" in log, log[-6000:]
+    assert "removing leftover container" not in log
+    assert sampler.ids == {orphan.id}, "a second training container was created"
+    assert sampler.max_running == 1
+    # the run kept its history: train's first try is recorded, the re-attaching try is the second
+    assert summary["tasks"]["train"]["try_number"] == 2
+    assert summary["tasks"]["prep"]["try_number"] == 1, "clearing train must not rerun prep"
+    assert _task_history("reattach_worker", run_id)["train"] == [(1, "failed")]
+    # one attempt trained every step exactly once: the trainer never restarted
+    (attempt,) = _attempts(tfpipe_home, summary["model_dir"])
+    assert attempt["status"] == "completed" and attempt["resumed_from"] is None, attempt
+    assert attempt["start_step"] == 0 and attempt["end_step"] == attempt["target_steps"]
+    assert _epochs_in_history(tfpipe_home, "reattach_worker") == list(range(1, EPOCHS + 1))
+    assert "resumed from epoch" not in log
     with pytest.raises(docker.errors.NotFound):
-        orphan.reload()  # removed
+        orphan.reload()  # removed once its result was read
 
 
 def test_task_killed_by_airflow_stops_its_container_which_checkpoints_then_is_removed(
@@ -225,6 +285,10 @@ def test_cleared_after_retries_ran_out_resumes_and_skips_corrupt_checkpoint(
                            rerun=failed["run_id"])
     assert summary["state"] == "success", log[-6000:]
     assert summary["run_id"] == failed["run_id"]
+    # the container of the failed try is gone from the engine's view as running: a new one resumes
+    assert "re-attached" not in log and "Prior job in terminal state" in log
+    assert summary["tasks"]["train"]["try_number"] == 2
+    assert _task_history("resume_clear", failed["run_id"])["train"] == [(1, "failed")]
     assert "cannot be restored" in log and "resumed from epoch" in log
     first, second = _attempts(tfpipe_home, summary["model_dir"])
     assert second["resumed_from"]["checkpoint"] != first["last_checkpoint"]

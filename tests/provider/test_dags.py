@@ -117,10 +117,20 @@ def test_digits_dag_shape(dagbag):
     assert dag.max_active_runs == 1 and dag.catchup is False
     assert _scheduled(dag).summary == "0 3 * * *"
     train = dag.get_task("train")
-    assert train.retries == 3 and train.pool == "gpu" and train.retry_exponential_backoff
+    # no pool configured: Airflow's default pool, which always exists (a missing pool waits forever)
+    assert train.retries == 3 and train.pool == "default_pool" and train.retry_exponential_backoff
     assert dag.get_task("prep").retries == 1
     assert dag.doc_md and all(t.doc_md for t in dag.tasks)
     assert [o.uri for o in dag.get_task("export").outlets] == ["tfpipe://models/digits"]
+
+
+def test_example_dags_name_no_image_and_read_the_variable(dagbag):
+    """A dags/ folder deploys as it is: no image baked in at parse time, none nothing builds."""
+    for dag_id in ("tfpipe_digits", "tfpipe_digits_manual", "tfpipe_digits_on_data"):
+        dag = dagbag.get_dag(dag_id)
+        images = {t.task_id: getattr(t, "image", "n/a") for t in dag.tasks}
+        assert set(images.values()) == {None}, images
+        assert "Airflow Variable `tfpipe_image`" in dag.doc_md
 
 
 def test_trigger_form_params(dagbag):

@@ -28,6 +28,7 @@ SETTINGS = {
     "dag_id": "k8s_test",
     "backend": "kubernetes",
     "image": {"ref": "registry.example:5000/tfpipe/trainer:0.1.0"},
+    "gpu_pool": "gpu",  # not the default (no pool): checks that a chosen pool reaches the pod task
     "volumes": {"data": "/srv/t/data", "work": "/srv/t/work", "models": "/srv/t/models"},
     "kubernetes": {"namespace": "ml", "claims": {"work": "tfpipe-work", "models": "tfpipe-models"},
                    "secret_env": {"WANDB_API_KEY": "wandb:api-key"}},
@@ -207,10 +208,13 @@ def test_a_pod_that_never_ran_is_left_to_kubernetes_pod_operator():
     task.raise_for_pod_exit(pending, [], _context(dag, task))  # nothing to map: KPO's own error stands
 
 
-def test_the_example_dag_is_a_kubernetes_pipeline():
+def test_the_example_dag_is_a_kubernetes_pipeline(monkeypatch):
     from tests.conftest import REPO
     from tfpipe.compat import DagBag
 
+    # the DAG names no image: its pods run the deployment's (the Airflow Variable tfpipe_image)
+    monkeypatch.delenv("TFPIPE_K8S_IMAGE", raising=False)
+    monkeypatch.setenv("AIRFLOW_VAR_TFPIPE_IMAGE", "registry.example:5000/tfpipe/trainer:3f2a9c1b7e4d")
     bag = DagBag(dag_folder=str(REPO / "dags" / "k8s_tfpipe_digits.py"))
     assert bag.import_errors == {}
     dag = bag.get_dag("k8s_tfpipe_digits")
@@ -218,3 +222,5 @@ def test_the_example_dag_is_a_kubernetes_pipeline():
     pod = _pod(dag, "train")
     assert pod["metadata"]["namespace"] == "ml-training"
     assert _stage_container(pod)["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert _stage_container(pod)["image"] == "registry.example:5000/tfpipe/trainer:3f2a9c1b7e4d"
+    assert pod["spec"]["initContainers"][0]["image"] == _stage_container(pod)["image"]

@@ -42,6 +42,18 @@ def quiet_stdout():
         os.close(saved)
 
 
+def task_image(task: Any) -> str:
+    """The task's image: its own, else the Airflow Variable tfpipe_image (as the task reads it)."""
+    from tfpipe.exceptions import ImageNotSetError
+    from tfpipe.settings import resolve_image
+
+    try:
+        with quiet_stdout():
+            return resolve_image(task.image, task=task.task_id, allow_floating_tag=True)
+    except ImageNotSetError as err:
+        raise SystemExit(f"tfpipe: {err}") from err
+
+
 def note(message: str) -> None:
     print(f"tfpipe: {message}", file=sys.stderr, flush=True)
 

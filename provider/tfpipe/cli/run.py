@@ -74,35 +74,12 @@ def summarize(dag: Any, dag_run: Any) -> dict[str, Any]:
     }
 
 
-def _reenter(dag_id: str, run_id: str) -> dict[str, Any]:
-    """Prepare an existing run for re-running, as the UI's "Clear" on a run does.
-
-    Tasks still marked running or queued belong to a worker that died (a SIGKILLed ``tfpipe run``,
-    a lost machine): they are failed first, as the scheduler does once their heartbeat times out.
-    Returns the ``dag.test`` arguments that find this same run again (its run id derives from
-    them); ``dag.test`` then clears the run and runs it again, each task with a new try number.
-    """
-    from airflow.models.dagrun import DagRun
-    from airflow.utils.session import create_session
-    from airflow.utils.state import TaskInstanceState
-
-    with create_session() as session:
-        runs = DagRun.find(dag_id=dag_id, run_id=run_id, session=session)
-        if not runs:
-            raise SystemExit(f"tfpipe: no run {run_id!r} of DAG {dag_id!r} to re-run")
-        dag_run = runs[0]
-        for ti in dag_run.get_task_instances(session=session):
-            if ti.state in (TaskInstanceState.RUNNING, TaskInstanceState.QUEUED,
-                            TaskInstanceState.RESTARTING, TaskInstanceState.SCHEDULED):
-                print(f"tfpipe: {ti.task_id} try {ti.try_number} was left {ti.state} by a dead worker: "
-                      "marking it failed before the re-run", file=sys.stderr)
-                ti.set_state(TaskInstanceState.FAILED, session=session)
-        return {"logical_date": dag_run.logical_date, "run_after": dag_run.run_after,
-                "run_conf": dag_run.conf or None}
-
-
-def run(dag_id: str, conf: dict[str, Any] | None, dags_folder: str, rerun: str | None = None) -> dict[str, Any]:
+def run(dag_id: str, conf: dict[str, Any] | None, dags_folder: str, rerun: str | None = None,
+        tasks: list[str] | None = None, only_failed: bool = False) -> dict[str, Any]:
     """Run one DAG run of ``dag_id`` with ``conf`` (or re-run run ``rerun``) and return its summary.
+
+    A re-run is the UI's Clear (:mod:`tfpipe.rerun`): the same run, its history kept, new try
+    numbers for the cleared ``tasks`` (default all) and their downstream tasks.
 
     Airflow's logs (task logs included) go to stderr, so stdout carries only the summary line.
     """
@@ -110,14 +87,15 @@ def run(dag_id: str, conf: dict[str, Any] | None, dags_folder: str, rerun: str |
         dag = load_dag(dag_id, dags_folder, for_test=True)
         ensure_pools(dag)
         if rerun:
-            dag_run = dag.test(**_reenter(dag_id, rerun))
-            if dag_run.run_id != rerun:
-                raise SystemExit(f"tfpipe: re-running {rerun!r} created another run {dag_run.run_id!r}")
+            from tfpipe.rerun import clear_run, drive_run
+
+            cleared = clear_run(dag_id, rerun, task_ids=tasks, only_failed=only_failed)
+            print("tfpipe: cleared " + (", ".join(f"{t} (after try {n})" for t, n in cleared) or "nothing"),
+                  file=sys.stderr)
+            dag_run = drive_run(dag, rerun)
         else:
             dag_run = dag.test(run_conf=conf or None)
         return summarize(dag, dag_run)
-
-
 
 
 def add_parser(sub: Any) -> None:
@@ -127,7 +105,11 @@ def add_parser(sub: Any) -> None:
     run_p.add_argument("--conf", default="{}", help="run parameters as a JSON object")
     run_p.add_argument("--dags-folder", default=os.environ.get("AIRFLOW__CORE__DAGS_FOLDER", str(Path("dags"))))
     run_p.add_argument("--rerun", metavar="RUN_ID",
-                       help="clear an existing run and run it again (training resumes from its checkpoints)")
+                       help="clear an existing run as the UI's Clear does and run it again: same run, history "
+                       "kept, new try numbers (training re-attaches to its container or resumes from checkpoints)")
+    run_p.add_argument("--task", dest="tasks", action="append", metavar="TASK_ID",
+                       help="with --rerun: clear only this task and its downstream tasks (repeatable)")
+    run_p.add_argument("--only-failed", action="store_true", help="with --rerun: clear only failed tasks")
     run_p.set_defaults(handler=command)
 
 
@@ -139,10 +121,13 @@ def command(args: argparse.Namespace) -> int:
         args.parser.error(f"--conf is not valid JSON ({err}); pass an object such as '{{\"epochs\": 5}}'")
     if not isinstance(conf, dict):
         args.parser.error("--conf must be a JSON object such as '{\"epochs\": 5}'")
+    if (args.tasks or args.only_failed) and not args.rerun:
+        args.parser.error("--task and --only-failed choose what --rerun RUN_ID clears; add --rerun")
     from airflow.providers.common.compat.sdk import ParamValidationError
 
     try:
-        summary = run(args.dag_id, conf, args.dags_folder, rerun=args.rerun)
+        summary = run(args.dag_id, conf, args.dags_folder, rerun=args.rerun, tasks=args.tasks,
+                      only_failed=args.only_failed)
     except ParamValidationError as err:  # rejected before a run starts, as the trigger form does
         print(f"tfpipe: {args.dag_id} rejected the run parameters: {err}. Fix: pass values its Params "
               "accept (the trigger form shows them).", file=sys.stderr)

@@ -17,6 +17,7 @@ from typing import Any
 
 from tfpipe import contract
 from tfpipe.cli.common import (
+    task_image,
     launch,
     load_dag,
     note,
@@ -69,7 +70,7 @@ def shell(args: argparse.Namespace) -> int:
         conf = dict(dag_run.conf or {}) if dag_run is not None else None
         params = run_params(dag, task, conf)
     host_run_dir = links.host_run_dir(task.volumes, dag.dag_id, run_id)
-    image = task.image
+    image = task_image(task)
     recorded = _recorded_image(host_run_dir, task.stage)
     if recorded and recorded != image:
         if _image_present(recorded, debug.docker_base(task.docker_url)):

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tfpipe.cli.common import launch, load_dag, note, quiet_stdout, resolve_run, stage_tasks
+from tfpipe.cli.common import launch, load_dag, note, quiet_stdout, resolve_run, stage_tasks, task_image
 
 
 def tensorboard(args: argparse.Namespace) -> int:
@@ -28,7 +28,7 @@ def tensorboard(args: argparse.Namespace) -> int:
     if Path(task.volumes.work).is_dir() and not Path(event_dir).is_dir():
         raise SystemExit(f"tfpipe: no TensorBoard event files for run {run_id!r} of {dag.dag_id}: {event_dir} "
                          "does not exist (has its train task run?)")
-    cmd = debug.tensorboard_args(image=task.image, event_dir=event_dir, dag_id=dag.dag_id, run_id=run_id,
+    cmd = debug.tensorboard_args(image=task_image(task), event_dir=event_dir, dag_id=dag.dag_id, run_id=run_id,
                                  port=args.port, user=task.user, docker_url=task.docker_url,
                                  name=f"tfpipe-tensorboard-{args.port}", detach=args.detach)
     url = links.tensorboard_url(dag.dag_id, run_id, base=f"http://localhost:{args.port}")

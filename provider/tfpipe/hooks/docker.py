@@ -31,11 +31,16 @@ from typing import IO, Any
 
 from airflow.providers.docker.hooks.docker import DockerHook
 
-from tfpipe.exceptions import DockerEngineUnreachableError, GpuUnavailableError, StageFailedError
+from tfpipe.engine import DEFAULT_DOCKER_URL, EngineSettings, diagnose, engine_error_message
+from tfpipe.exceptions import (
+    DockerEngineRefusedError,
+    DockerEngineUnreachableError,
+    GpuUnavailableError,
+    StageFailedError,
+)
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_DOCKER_URL = "unix://var/run/docker.sock"
 #: Where a helper program's payload and result live inside its container.
 HELPER_IN = "/tmp/tfpipe-helper-in.json"
 HELPER_OUT = "/tmp/tfpipe-helper-out.json"
@@ -74,18 +79,39 @@ class TfpipeDockerHook(DockerHook):
                  version: str | None = "auto", **kwargs: Any) -> None:
         super().__init__(docker_conn_id=docker_conn_id, base_url=docker_url, version=version, **kwargs)
         self.docker_url = docker_url
+        self._tls_config = kwargs.get("tls")
+
+    @classmethod
+    def for_deployment(cls, docker_url: str = DEFAULT_DOCKER_URL) -> TfpipeDockerHook:
+        """A hook on ``docker_url``; the local default means the deployment's engine and TLS files
+        (``[tfpipe]`` settings, :class:`tfpipe.engine.EngineSettings`), as the stage operators use.
+
+        Bad ``[tfpipe]`` settings raise :class:`~tfpipe.exceptions.TfpipeConfigError`.
+        """
+        tls = None
+        if docker_url == DEFAULT_DOCKER_URL:
+            engine = EngineSettings.from_airflow_config()
+            docker_url, tls = engine.docker_url, engine.tls_config()
+        return cls(docker_url=docker_url, tls=tls)
 
     # -- the engine ------------------------------------------------------------------------------
 
-    def ping_or_raise(self) -> Any:
-        """The engine's API client once it answered; :class:`DockerEngineUnreachableError` if not."""
+    def ping_or_raise(self, what: str = "") -> Any:
+        """The engine's API client once it answered.
+
+        If it did not: :class:`DockerEngineUnreachableError` (retryable: the engine may be
+        restarting) or :class:`DockerEngineRefusedError` (TLS refused: no retry helps), with the
+        real cause, which ``DockerHook`` only logs (:func:`tfpipe.engine.diagnose`). ``what``
+        prefixes the message (the stage).
+        """
         try:
             cli = self.api_client
             cli.ping()
         except Exception as err:  # docker-py and the hook raise several types; all mean "not reachable"
-            raise DockerEngineUnreachableError(
-                f"cannot reach the Docker engine at {self.docker_url}: {err}. Fix: start dockerd on that host "
-                "or point docker_url at a running engine.") from err
+            message, retryable = engine_error_message(self.docker_url,
+                                                      diagnose(self.docker_url, self._tls_config) or err)
+            error = DockerEngineUnreachableError if retryable else DockerEngineRefusedError
+            raise error(f"{what}: {message}" if what else message) from err
         return cli
 
     def require_api(self, minimum: str, what: str) -> None:
@@ -101,9 +127,10 @@ class TfpipeDockerHook(DockerHook):
     # -- containers ------------------------------------------------------------------------------
 
     def remove_labelled(self, labels: Mapping[str, str], *, role: str | None = None, name: str | None = None,
-                        log: logging.Logger | None = None) -> int:
+                        keep: str | None = None, log: logging.Logger | None = None) -> int:
         """Stop and remove every container carrying all ``labels`` (and ``tfpipe.role=role``), plus
-        the one named ``name``; return how many. Containers of other runs or tasks are left alone."""
+        the one named ``name``, except the one with id ``keep`` (a re-attached try's own); return
+        how many. Containers of other runs or tasks are left alone."""
         cli = self.api_client
         filters = {"label": [f"{k}={v}" for k, v in labels.items()]
                    + ([f"{ROLE_LABEL}={role}"] if role else [])}
@@ -111,6 +138,7 @@ class TfpipeDockerHook(DockerHook):
         if name:
             for c in cli.containers(all=True, filters={"name": f"^/{name}$"}):
                 found.setdefault(c["Id"], c)
+        found.pop(keep or "", None)
         for cid, c in found.items():
             tags = c.get("Labels") or {}
             (log or LOG).warning(

@@ -4,16 +4,24 @@
 Construction only stores the spec and hands Docker's arguments to ``DockerOperator`` (no I/O:
 DAG files parse fast and offline). ``execute()`` then, against the Docker engine at ``docker_url``:
 
-1. resolves this try (:func:`tfpipe.specs.resolve_try`: config with the run's overrides and
-   identity, GPUs, container name and labels);
-2. has the engine's :class:`~tfpipe.hooks.docker.TfpipeDockerHook` check the engine, remove any
-   leftover container of an earlier try of the same task (a worker killed with SIGKILL never ran
-   ``on_kill``: two containers must never write one checkpoint directory) and prepare the
-   directories the stage writes, from a short root container (the worker may not see the
-   engine's disks);
-3. runs the stage container (deterministic name, ``tfpipe.*`` labels, non-root user, GPUs);
-4. maps the exit code through the contract (:mod:`tfpipe.operators.exits`) and returns the
-   stage's JSON result through XCom.
+1. resolves the image (the spec's, else the Airflow Variable ``tfpipe_image``: :mod:`tfpipe.settings`)
+   and this try (:func:`tfpipe.specs.resolve_try`: config with the run's overrides and identity,
+   GPUs, container name and labels), and has the engine's
+   :class:`~tfpipe.hooks.docker.TfpipeDockerHook` check the engine;
+2. **re-attaches** to the container of an earlier try of the same task when it still runs (its id
+   is kept in ``task_state_store`` by Airflow 3.3's ``ResumableJobMixin``): a worker that died
+   does not cost the training it was watching. Otherwise:
+3. removes any leftover container of an earlier try of the same task (a worker killed with
+   SIGKILL never ran ``on_kill``: two containers must never write one checkpoint directory) and
+   prepares the directories the stage writes, from a short root container (the worker may not
+   see the engine's disks);
+4. starts the stage container (deterministic name, ``tfpipe.*`` labels, non-root user, GPUs)
+   and records its id;
+5. follows its output, waits for its exit, maps the exit code through the contract
+   (:mod:`tfpipe.operators.exits`) and returns the stage's JSON result through XCom.
+
+On Airflow < 3.3 the ``common.compat`` stand-in of the mixin has no ``task_state_store``: every
+try starts a new container (step 3 on), resuming from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -21,20 +29,21 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any, ClassVar
 
-from airflow.providers.common.compat.sdk import AirflowFailException
-from airflow.providers.docker.exceptions import DockerContainerFailedException
-from airflow.providers.docker.operators.docker import DockerOperator
+from airflow.providers.common.compat.sdk import AirflowFailException, ResumableJobMixin
+from airflow.providers.docker.operators.docker import DockerOperator, fetch_logs
 
 from tfpipe import contract
 from tfpipe.config import GpuRequest
-from tfpipe.exceptions import GpuUnavailableError, StageFailedError, TfpipeConfigError
+from tfpipe.engine import EngineSettings
+from tfpipe.exceptions import GpuUnavailableError, ImageNotFoundError, StageFailedError, TfpipeConfigError
 from tfpipe.hooks.docker import TfpipeDockerHook
 from tfpipe.lineage import capture
 from tfpipe.links import RunReportLink, TensorBoardLink
 from tfpipe.metrics import emit_stage_metrics
-from tfpipe.operators.exits import raise_for_exit
+from tfpipe.operators.exits import _LOG_TAIL, raise_for_exit
 from tfpipe.plugins.paths import LOCATION_XCOM_KEY, location_record
 from tfpipe.run_params import reject_unknown_conf
+from tfpipe.settings import HOW_TO_SET_IMAGE, resolve_image
 from tfpipe.specs import (
     MountSpec,
     StageSpec,
@@ -109,7 +118,7 @@ class _RedactingLog:
         return getattr(self._log, name)
 
 
-class TfpipeStageOperator(DockerOperator):
+class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
     """Run one tfpipe stage (``python3 -m trainer <stage>``) in the trainer image.
 
     Built from a :class:`~tfpipe.specs.StageSpec` (:func:`tfpipe.dag_factory.training_pipeline`
@@ -119,7 +128,8 @@ class TfpipeStageOperator(DockerOperator):
     :param spec: the stage's spec; when given, the spec arguments below must be left out.
     :param docker_url: the Docker engine, local or remote.
     :param prepare_volumes: create and chown the directories the stage writes before it runs.
-    :param image: the trainer image, pinned by version tag or digest.
+    :param image: the trainer image, pinned by version tag or digest; ``None`` = the Airflow
+        Variable ``tfpipe_image``, read when the task runs.
     :param stage_config: the stage config template (see :func:`tfpipe.specs.config_template`);
         run identity and container paths are added for each try.
     :param volumes: host directories on the Docker engine's host: ``data`` (read-only),
@@ -131,17 +141,21 @@ class TfpipeStageOperator(DockerOperator):
         but the engine has no NVIDIA runtime.
     :param gpu_stage: whether a run's ``gpus`` Param applies to this task (default: train and
         evaluate); prep and export read and write files and need no GPU.
-    :param allow_floating_tag: accept an unpinned image such as ``:latest``.
+    :param allow_floating_tag: accept an unpinned image such as ``:latest`` (also the Variable's).
     :param user: ``uid:gid`` the stage runs as; non-root so files on mounts belong to the user.
     :param shm_size: ``/dev/shm`` size, e.g. ``"1g"`` (tf.data needs more than Docker's 64 MB).
     :param mem_limit: memory limit, e.g. ``"8g"``; an out-of-memory kill is reported as such.
     :param network_mode: Docker network; ``"none"`` cuts the stage off the network.
     :param environment: extra environment variables (templated).
     :param private_environment: secrets for the container; never rendered or logged.
-    :param kwargs: passed to ``BaseOperator`` (``task_id``, ``retries``, ``pool``, ...).
+    :param kwargs: passed to ``BaseOperator`` (``task_id``, ``retries``, ``pool``, ...), and
+        ``durable=False`` to start a new container on every try instead of re-attaching.
     """
 
     stage: ClassVar[str] = ""
+    #: task_state_store key of the stage container's id. Renaming it breaks re-attaching for tries
+    #: already in flight when a new version is deployed.
+    external_id_key = "tfpipe_container_id"
     template_fields = tuple(f for f in DockerOperator.template_fields if f not in ("container_name", "mounts"))
     ui_color = "#fbe9d0"
 
@@ -173,7 +187,7 @@ class TfpipeStageOperator(DockerOperator):
             raise TypeError("use one of PrepOperator, TrainOperator, EvaluateOperator, ExportOperator")
         if spec is None:
             spec = stage_spec(
-                self.stage, task_id=kwargs.get("task_id", self.stage), image=image or "", stage_config=stage_config,
+                self.stage, task_id=kwargs.get("task_id", self.stage), image=image, stage_config=stage_config,
                 volumes=volumes, gpus=gpus, gpu_fallback=gpu_fallback, gpu_param=gpu_stage,
                 allow_floating_tag=allow_floating_tag, user=user, shm_size=shm_size, mem_limit=mem_limit,
                 network_mode=network_mode, environment=environment, private_environment=private_environment,
@@ -186,6 +200,7 @@ class TfpipeStageOperator(DockerOperator):
         self.spec = spec
         self.volumes = spec.volumes
         self.prepare_volumes = prepare_volumes
+        self.allow_floating_tag = allow_floating_tag
         self.nano_cpus = None if spec.cpus is None else int(round(spec.cpus * 1e9))
         super().__init__(
             image=spec.image,
@@ -233,10 +248,15 @@ class TfpipeStageOperator(DockerOperator):
 
     def execute(self, context: Any) -> dict[str, Any] | None:
         reject_unknown_conf(context, self.task_id)
+        self.image = resolve_image(self.spec.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
         try:
-            plan = resolve_try(self.spec, context["ti"], context.get("params"))
+            plan = resolve_try(self.spec, context["ti"], context.get("params"), image=self.image)
         except (TfpipeConfigError, contract.ContractError) as err:
             raise AirflowFailException(f"{self.task_id}: invalid run parameters: {err}") from err
+        try:
+            EngineSettings.from_airflow_config().apply_to(self)  # before the hook is first built
+        except TfpipeConfigError as err:
+            raise AirflowFailException(f"{self.task_id}: {err}") from err
 
         from airflow.providers.common.compat.sdk import mask_secret
 
@@ -244,64 +264,190 @@ class TfpipeStageOperator(DockerOperator):
             mask_secret(value)  # redacted should a stage ever print it
         self.container_name = plan.name
         self.labels = dict(plan.labels)
+        self._plan = plan
+        self._result: dict[str, Any] | None = None
+        self._fresh = False
         self.log.info("tfpipe %s: run dir %s, container %s", self.stage, plan.run_dir, self.container_name)
         # Where the run's files are, for the api-server's report and TensorBoard (tfpipe.plugins);
         # pushed first so a failed try still leads there.
         context["ti"].xcom_push(key=LOCATION_XCOM_KEY, value=location_record(
             stage=self.stage, docker_url=self.docker_url, image=self.image, volumes=self.volumes))
 
-        self.hook.ping_or_raise()
-        plan.config["run"].update(self._image_identity())
-        self.environment = {**self.environment, contract.CONFIG_ENV: contract.dumps(plan.config)}
+        self.hook.ping_or_raise(what=self.stage)
         if plan.gpus:
             self.hook.require_api("1.40", f"{self.stage}: GPU device requests")
+        result = self.execute_resumable(context)
+        emit_stage_metrics(self.dag_id, self.stage, result)
+        self.lineage_inputs = capture(self, context, result, _LINEAGE_STAGES)
+        return result
+
+    # -- ResumableJobMixin: the "job" is the stage container, its external id the container id --------
+
+    def submit_job(self, context: Any) -> str:
+        """Start a new stage container (after removing any of an earlier try); return its id."""
+        plan = self._plan
         self._remove_leftovers_of(plan)
         if self.prepare_volumes:
             self._prepare_dirs(plan.writable_dirs)
+        self._ensure_image()
+        # Provenance for metadata.json: the image's ID and repo digest as this engine knows them.
+        plan.config["run"].update(image_identity(self.image, self.cli.inspect_image(self.image)))
+        self.environment = {**self.environment, contract.CONFIG_ENV: contract.dumps(plan.config)}
         self.device_requests = device_requests(plan.gpus)
         if plan.gpus:
             self.log.info("requesting %s for %s", plan.gpus.describe(), self.stage)
+        self.container = self._start_with_gpu_fallback(plan.gpus)
+        self._fresh = True
+        return self.container["Id"]
 
-        lines = [self._redact(str(line)) for line in self._run_with_gpu_fallback(context, plan.gpus) or []]
-        result = contract.parse_result_line(lines or [])
+    def get_job_status(self, external_id: Any, context: Any) -> str:
+        """``running``, ``exited:<code>``, another Docker state, or ``gone`` (removed, another engine)."""
+        from docker.errors import NotFound
+
+        try:
+            info = self.cli.inspect_container(str(external_id))
+        except NotFound:
+            return "gone"
+        ti = context["ti"]
+        labels = (info.get("Config") or {}).get("Labels") or {}
+        mine = {"tfpipe.dag_id": ti.dag_id, "tfpipe.run_id": ti.run_id, "tfpipe.task_id": ti.task_id}
+        if any(labels.get(k) != v for k, v in mine.items()):
+            return "gone"  # not this task's container: never attach to someone else's work
+        state = info.get("State") or {}
+        status = str(state.get("Status") or "unknown")
+        return f"exited:{state.get('ExitCode')}" if status in ("exited", "dead") else status
+
+    def is_job_active(self, status: str) -> bool:
+        # A paused container still holds the run's checkpoint directory: wait for it, never start a
+        # second writer beside it.
+        return status in ("running", "paused")
+
+    def is_job_succeeded(self, status: str) -> bool:
+        return status == "exited:0"
+
+    def poll_until_complete(self, external_id: Any, context: Any) -> dict[str, Any]:
+        """Follow the container's output until it exits, map its exit code, return its result.
+
+        A container started by this try is followed from its first line; one re-attached to is
+        followed from now (its earlier output is in the earlier try's log).
+        """
+        cid = str(external_id)
+        fresh = getattr(self, "_fresh", False)
+        self.container = {"Id": cid}
+        if not fresh:
+            self._remove_leftovers_of(self._plan, keep=cid)
+            self.log.info("re-attached to the running %s container %s of an earlier try: following its output "
+                          "from here, no second container is started", self.stage, cid[:12])
+        stream = self.cli.logs(cid, stdout=True, stderr=True, stream=True, follow=True,
+                               **({} if fresh else {"tail": 0}))
+        lines = [self._redact(str(line)) for line in fetch_logs(stream, self.log)]
+        # The stream also ends when the engine goes away: an exception here leaves the container
+        # in place, so that the next try can re-attach to it if it survived.
+        code = self.cli.wait(cid).get("StatusCode")
+        state = self._container_state()
+        if not fresh or contract.parse_result_line(lines) is None:
+            lines = lines + self._tail_lines(cid, exclude=lines)
+        try:
+            if code != 0:
+                self._raise_for_exit(code, bool(state.get("OOMKilled")), lines, context)
+            self._result = self._result_from(lines)
+            return self._result
+        finally:
+            self._remove_container()
+
+    def get_job_result(self, external_id: Any, context: Any) -> dict[str, Any]:
+        """The result of this try's container, or of an earlier try's that exited 0 unwatched."""
+        if getattr(self, "_result", None) is not None:
+            return self._result
+        cid = str(external_id)
+        self.container = {"Id": cid}
+        self.log.info("the %s container %s of an earlier try already exited 0: taking its result", self.stage,
+                      cid[:12])
+        try:
+            self._result = self._result_from(self._tail_lines(cid))
+            return self._result
+        finally:
+            self._remove_container()
+
+    def _result_from(self, lines: list[str]) -> dict[str, Any]:
+        result = contract.parse_result_line(lines)
         if result is None:
             raise StageFailedError(
                 f"{self.stage}: the container exited 0 but printed no result line "
                 f"({contract.RESULT_PREFIX.strip()} ...); is the image a tfpipe trainer image?",
                 exit_code=0, logs=lines,
             )
-        emit_stage_metrics(self.dag_id, self.stage, result)
-        self.lineage_inputs = capture(self, context, result, _LINEAGE_STAGES)
         return result
 
-    def _image_identity(self) -> dict[str, Any]:
-        """The image's ID and repo digest, as the engine knows them (pulled first if missing,
-        as DockerOperator would), for the provenance the trainer writes into metadata.json."""
-        from docker.errors import ImageNotFound
+    def _tail_lines(self, cid: str, exclude: list[str] | None = None) -> list[str]:
+        """The container's last output lines (for the result line and error messages)."""
+        raw = self.cli.logs(cid, stdout=True, stderr=True, tail=_LOG_TAIL).decode("utf-8", "replace")
+        lines = [self._redact(line.rstrip()) for line in raw.splitlines()]
+        seen = set(exclude or [])
+        return [line for line in lines if line not in seen]
 
+    # -- starting a container ----------------------------------------------------------------
+
+    def _ensure_image(self) -> None:
+        """Make sure the engine has the image: pull it when missing, or say how to provide it."""
+        from docker.errors import APIError
+
+        if self.cli.images(name=self.image):
+            return
+        self.log.info("pulling %s on the engine at %s", self.image, self.docker_url)
         try:
-            inspected = self.cli.inspect_image(self.image)
-        except ImageNotFound:
-            self.log.info("pulling %s", self.image)
-            self.cli.pull(self.image)
-            inspected = self.cli.inspect_image(self.image)
-        return image_identity(self.image, inspected)
+            for _ in self.cli.pull(self.image, stream=True, decode=True):
+                pass
+        except APIError as err:
+            raise ImageNotFoundError(
+                f"{self.stage}: the Docker engine at {self.docker_url} has no image {self.image} and cannot pull "
+                f"it ({err.explanation or err}). Fix: build it (`make image`) or push it to a registry that "
+                f"engine can reach, and point the pipeline at it: {HOW_TO_SET_IMAGE}."
+            ) from err
+        if not self.cli.images(name=self.image):
+            raise ImageNotFoundError(
+                f"{self.stage}: pulling {self.image} on the engine at {self.docker_url} left no such image. "
+                f"Fix: {HOW_TO_SET_IMAGE}."
+            )
 
-    def _run_image_with_mounts(self, target_mounts: Any, add_tmp_variable: bool) -> list[str] | str | None:
-        # DockerOperator's ``cpus`` only sets relative CPU shares; a hard limit is HostConfig's
-        # NanoCpus, which it never sets: add it to every host config this run creates.
-        if self.nano_cpus:
-            cli, nano_cpus = self.cli, self.nano_cpus
-            create = type(cli).create_host_config.__get__(cli)
-            cli.create_host_config = lambda *args, **kw: create(*args, nano_cpus=nano_cpus, **kw)
-        return super()._run_image_with_mounts(target_mounts, add_tmp_variable)
+    def _create_and_start(self) -> dict[str, Any]:
+        """Create and start the stage container with this operator's settings (as DockerOperator would)."""
+        from docker.types import LogConfig
 
-    def _run_with_gpu_fallback(self, context: Any, gpus: GpuRequest | None) -> list[str] | None:
+        container = self.cli.create_container(
+            command=self.format_command(self.command),
+            name=self.container_name,
+            environment={**self.environment, **self._private_environment},
+            host_config=self.cli.create_host_config(
+                auto_remove=False,
+                mounts=self.mounts,
+                network_mode=self.network_mode,
+                shm_size=self.shm_size,
+                cpu_shares=round(self.cpus * 1024),
+                # a hard limit (DockerOperator's ``cpus`` alone only sets relative shares)
+                nano_cpus=self.nano_cpus,
+                mem_limit=self.mem_limit,
+                privileged=False,
+                device_requests=self.device_requests,
+                log_config=LogConfig(config={}),
+            ),
+            image=self.image,
+            user=self.user,
+            working_dir=self.working_dir,
+            tty=False,
+            labels=self.labels,
+        )
+        self.container = container
+        self.cli.start(container["Id"])
+        return container
+
+    def _start_with_gpu_fallback(self, gpus: GpuRequest | None) -> dict[str, Any]:
         from docker.errors import APIError
 
         try:
-            return self._run_and_map_exit(context)
+            return self._create_and_start()
         except APIError as err:
+            self._remove_container()
             if _NO_BIND_SOURCE in str(err):
                 raise AirflowFailException(
                     f"{self.stage}: a volume directory does not exist on the Docker engine's host ({err.explanation}). "
@@ -310,30 +456,17 @@ class TfpipeStageOperator(DockerOperator):
                 ) from err
             if not gpus or _NO_GPU_DRIVER not in str(err):
                 raise
-            self._remove_container()
             if self.spec.gpu_fallback == "cpu":
                 self.log.warning("no NVIDIA runtime on the engine at %s; gpu_fallback='cpu': running %s on the CPU",
                                  self.docker_url, self.stage)
                 self.device_requests = None
-                return self._run_and_map_exit(context)
+                return self._create_and_start()
             raise GpuUnavailableError(
                 f"{self.stage}: {gpus.describe()} requested, but the Docker engine at {self.docker_url} cannot "
                 f"provide GPUs ({_NO_GPU_DRIVER!r}). Fix: install the NVIDIA Container Toolkit on the engine's "
                 "host and restart dockerd (`nvidia-ctk runtime configure --runtime=docker`), or set "
                 "gpu_fallback='cpu' (or gpus=None) to train on the CPU."
             ) from err
-
-    def _run_and_map_exit(self, context: Any) -> list[str] | None:
-        try:
-            return super().execute(context)
-        except DockerContainerFailedException as err:
-            state = self._container_state()
-            code = state.get("ExitCode")
-            logs = [self._redact(str(x)) for x in (err.logs or [])]
-            self._raise_for_exit(code, bool(state.get("OOMKilled")), logs, context)
-            raise
-        finally:
-            self._remove_container()
 
     def _raise_for_exit(self, code: int | None, oom_killed: bool, logs: list[str], context: Any) -> None:
         if code == contract.ExitCode.NOT_BLESSED and self.stage == "evaluate":
@@ -346,15 +479,25 @@ class TfpipeStageOperator(DockerOperator):
 
     # -- engine housekeeping (the hook does it) ------------------------------------------------
 
-    def _remove_leftovers_of(self, plan: TryPlan) -> None:
+    def _remove_leftovers_of(self, plan: TryPlan, keep: str | None = None) -> None:
+        """Stop and remove containers left by earlier tries of this task (found by labels and name).
+
+        ``keep``: the id of the container this try re-attached to; every other one goes (a shell
+        opened on the task, a container a lost try created but never recorded).
+        """
         identity = {k: v for k, v in plan.labels.items() if not k.endswith(("try_number", "stage"))}
-        self.hook.remove_labelled(identity, name=plan.name, log=self.log)
+        self.hook.remove_labelled(identity, name=plan.name, keep=keep, log=self.log)
 
-    def _remove_leftovers(self, dag_id: str, run_id: str, task_id: str, map_index: int) -> None:
-        """Stop and remove containers left by earlier tries of this task (found by labels and name)."""
-        from tfpipe.specs import TryIdentity
+    def _remove_leftovers(self, dag_id: str, run_id: str, task_id: str, map_index: int,
+                          keep: str | None = None) -> None:
+        """:meth:`_remove_leftovers_of` for a try identified by hand (shell tooling, tests)."""
+        from tfpipe.specs import container_labels, container_name
 
-        self._remove_leftovers_of(resolve_try(self.spec, TryIdentity(dag_id, run_id, task_id, 1, map_index)))
+        labels = container_labels(dag_id=dag_id, run_id=run_id, task_id=task_id, try_number=1, stage=self.stage,
+                                  map_index=map_index)
+        identity = {k: v for k, v in labels.items() if not k.endswith(("try_number", "stage"))}
+        self.hook.remove_labelled(identity, name=container_name(dag_id, run_id, task_id, map_index), keep=keep,
+                                  log=self.log)
 
     def _prepare_dirs(self, dirs: tuple[str, ...]) -> None:
         """Create ``dirs`` on the engine's host and hand them to the stage's user, from a root container."""

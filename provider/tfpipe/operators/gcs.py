@@ -29,6 +29,7 @@ from tfpipe.exceptions import TfpipeConfigError
 from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook, list_objects
 from tfpipe.lineage import capture
 from tfpipe.run_params import reject_unknown_conf
+from tfpipe.settings import resolve_image
 from tfpipe.specs import container_labels
 
 #: Where the stage-in helper mounts the data volume.
@@ -51,6 +52,18 @@ def _resolve_uri(context: Mapping[str, Any], param: str | None, default: str | N
         raise AirflowFailException(f"{task_id}: {err}") from None
 
 
+def _engine(docker_url: str, task_id: str) -> Any:
+    """The engine's hook (the deployment's engine and TLS files when ``docker_url`` is the default), pinged."""
+    from tfpipe.hooks.docker import TfpipeDockerHook
+
+    try:
+        engine = TfpipeDockerHook.for_deployment(docker_url)
+    except TfpipeConfigError as err:
+        raise AirflowFailException(f"{task_id}: {err}") from err
+    engine.ping_or_raise(what=task_id)
+    return engine
+
+
 def _task_labels(context: Mapping[str, Any], stage: str) -> dict[str, str]:
     ti = context["ti"]
     map_index = getattr(ti, "map_index", -1)
@@ -70,7 +83,8 @@ class GcsStageInOperator(BaseOperator):
     :param data_volume: the data volume: a directory on the Docker engine's host.
     :param data_path: the file or directory relative to ``data_volume`` (``data.path``). A URI that
         names one object becomes this file; a folder URI is laid out below this directory.
-    :param image: the trainer image (the helper containers run it; it is not pulled here).
+    :param image: the trainer image (the helper containers run it; it is not pulled here); ``None`` =
+        the Airflow Variable ``tfpipe_image``, read when the task runs.
     :param source_uri: ``gs://bucket/prefix`` used when the run does not set the Param (templated).
     :param uri_param: name of the run Param that chooses the URI (``"data_uri"``); ``None`` ignores Params.
     :param gcp_conn_id: Airflow connection with the Google credentials (missing: Application Default
@@ -85,12 +99,14 @@ class GcsStageInOperator(BaseOperator):
     template_fields = ("source_uri",)
     ui_color = "#d6eaff"
 
-    def __init__(self, *, data_volume: str, data_path: str, image: str, source_uri: str | None = None,
+    def __init__(self, *, data_volume: str, data_path: str, image: str | None, source_uri: str | None = None,
                  uri_param: str | None = "data_uri", gcp_conn_id: str = "google_cloud_default",
                  docker_url: str = "unix://var/run/docker.sock", user: str = "1000:1000", max_workers: int = 8,
                  allow_floating_tag: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
+        if image is not None:  # None: the Airflow Variable tfpipe_image, read in execute()
+            check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
+        self.allow_floating_tag = allow_floating_tag
         check_relative_path("data_path", data_path)
         _check_common(source_uri, "source_uri", max_workers)
         if not isinstance(user, str) or not re.fullmatch(r"\d+(:\d+)?", user):
@@ -113,15 +129,14 @@ class GcsStageInOperator(BaseOperator):
                                        "source_uri is set; prep reads the data volume as it is")
         # imported here, not at the top: a DAG file that only builds this task never needs them
         from tfpipe.gcs.sync import stage_in
-        from tfpipe.hooks.docker import TfpipeDockerHook
 
+        image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
         hook = TfpipeGcsHook(self.gcp_conn_id)
         hook.get_conn()  # credentials first: a bad key fails before any container starts
-        engine = TfpipeDockerHook(docker_url=self.docker_url)
-        engine.ping_or_raise()
+        engine = _engine(self.docker_url, self.task_id)
         labels = _task_labels(context, "stage_in")
         engine.remove_labelled(labels, role="gcs-stage-in", log=self.log)
-        with engine.volume(image=self.image, host_path=self.data_volume, mount_point=DATA_MOUNT, labels=labels,
+        with engine.volume(image=image, host_path=self.data_volume, mount_point=DATA_MOUNT, labels=labels,
                            role="gcs-stage-in", log=self.log) as helper:
             result = stage_in(hook, helper, uri, self.data_path, user=self.user, max_workers=self.max_workers,
                               log=self.log)
@@ -150,7 +165,8 @@ class GcsPublishOperator(BaseOperator):
 
     :param models_volume: the models volume: a directory on the Docker engine's host.
     :param model_name: the exported model's name (``export.model_name``).
-    :param image: the trainer image (the helper container runs it).
+    :param image: the trainer image (the helper container runs it); ``None`` = the Airflow Variable
+        ``tfpipe_image``, read when the task runs.
     :param destination_uri: ``gs://bucket/prefix`` used when the run does not set the Param (templated).
     :param uri_param: name of the run Param that chooses the URI (``"publish_uri"``); ``None`` ignores Params.
     :param export_task_id: the export task whose result (XCom) names the version.
@@ -165,13 +181,16 @@ class GcsPublishOperator(BaseOperator):
     template_fields = ("destination_uri", "version")
     ui_color = "#d6eaff"
 
-    def __init__(self, *, models_volume: str, model_name: str, image: str, destination_uri: str | None = None,
+    def __init__(self, *, models_volume: str, model_name: str, image: str | None,
+                 destination_uri: str | None = None,
                  uri_param: str | None = "publish_uri", export_task_id: str = "export",
                  version: int | str | None = None, gcp_conn_id: str = "google_cloud_default",
                  docker_url: str = "unix://var/run/docker.sock", max_workers: int = 8,
                  allow_floating_tag: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
+        if image is not None:  # None: the Airflow Variable tfpipe_image, read in execute()
+            check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
+        self.allow_floating_tag = allow_floating_tag
         check_name("model_name", model_name)
         _check_common(destination_uri, "destination_uri", max_workers)
         self.models_volume = check_host_path("models_volume", models_volume)
@@ -207,20 +226,19 @@ class GcsPublishOperator(BaseOperator):
                                        "destination_uri is set; the model stays in the models volume only")
         from tfpipe.gcs import megabytes
         from tfpipe.gcs.publish import extract_version, local_files, publish_version, version_uri
-        from tfpipe.hooks.docker import TfpipeDockerHook
 
+        image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
         version = self._version(context)
         dest = version_uri(base, self.model_name, version)
         hook = TfpipeGcsHook(self.gcp_conn_id)
         hook.get_conn()
         list_objects(hook, dest, prefix=dest.folder, action="checking")  # a missing bucket fails here
-        engine = TfpipeDockerHook(docker_url=self.docker_url)
-        engine.ping_or_raise()
+        engine = _engine(self.docker_url, self.task_id)
         labels = _task_labels(context, "publish")
         engine.remove_labelled(labels, role="gcs-publish", log=self.log)
         container_dir = f"{contract.CONTAINER_MODELS}/{self.model_name}/{version}"
         with tempfile.TemporaryDirectory(prefix="tfpipe-publish-") as tmp:
-            with engine.volume(image=self.image, host_path=self.models_volume,
+            with engine.volume(image=image, host_path=self.models_volume,
                                mount_point=contract.CONTAINER_MODELS, read_only=True, labels=labels,
                                role="gcs-publish", log=self.log) as helper:
                 stream = helper.get_archive(container_dir)

@@ -41,6 +41,7 @@ from tfpipe.exceptions import TfpipeConfigError
 from tfpipe.links import RunReportLink, TensorBoardLink
 from tfpipe.operators.exits import raise_for_exit
 from tfpipe.run_params import reject_unknown_conf
+from tfpipe.settings import resolve_image
 from tfpipe.specs import StageSpec, TryPlan, prepare_dirs_command, resolve_try
 
 #: The resource name of NVIDIA's device plugin.
@@ -145,7 +146,7 @@ def prepare_container(spec: StageSpec, plan: TryPlan, volume_mounts: list[Any]) 
     from kubernetes.client import models as k8s
 
     return k8s.V1Container(
-        name="prepare-volumes", image=spec.image, command=prepare_dirs_command(plan.writable_dirs, spec.user),
+        name="prepare-volumes", image=plan.config["run"]["image"], command=prepare_dirs_command(plan.writable_dirs, spec.user),
         volume_mounts=[m for m in volume_mounts if not m.read_only and m.name != "shm"],
         security_context=k8s.V1SecurityContext(
             run_as_user=0, run_as_non_root=False, allow_privilege_escalation=False, privileged=False,
@@ -225,8 +226,10 @@ class TfpipeStagePodOperator(KubernetesPodOperator):
     def prepare_try(self, context: Any) -> TryPlan:
         """Set the pod's per-try parts from :func:`~tfpipe.specs.resolve_try`: config, GPUs,
         name, labels and the init container. :meth:`execute` calls it before building the pod."""
+        # A spec without an image takes the deployment's (the Airflow Variable tfpipe_image).
+        self.image = resolve_image(self.spec.image, task=self.task_id)
         try:
-            plan = resolve_try(self.spec, context["ti"], context.get("params"))
+            plan = resolve_try(self.spec, context["ti"], context.get("params"), image=self.image)
             self.container_resources = container_resources(self.spec, plan.gpus)
         except (TfpipeConfigError, contract.ContractError) as err:
             raise AirflowFailException(f"{self.task_id}: invalid run parameters: {err}") from err

@@ -1,0 +1,104 @@
+"""Re-running an existing DAG run in one process, the way the UI's "Clear" does.
+
+``tfpipe run DAG --rerun RUN_ID`` keeps the run: its id, conf, logical date, its task history and
+try numbers. It clears the chosen task instances with Airflow's own ``clear_task_instances`` (the
+function behind the REST API's ``POST /api/v2/dags/{dag_id}/clearTaskInstances`` and the UI's Clear
+button): each cleared try is recorded in the task instance history and the next try gets the next
+try number. Then the cleared run is driven to its end in this process by ``dag.test()``'s loop.
+
+``dag.test()`` alone cannot do this: it deletes a run with the same logical date and creates a new
+one, so the run's history, its try numbers and its ``task_state_store`` (which holds the id of a
+training container a retry can re-attach to) would be lost. Here ``dag.test()`` is handed the
+cleared run instead of making one.
+
+In a deployment with a scheduler, use the REST API's clear (or the UI) instead; the scheduler then
+runs the cleared tasks on the workers.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+#: Task states that mean "a worker was running this": after the worker died they stay so until the
+#: scheduler's heartbeat timeout fails them; in one process there is no scheduler to do it.
+_LEFT_BY_A_DEAD_WORKER = ("running", "queued", "restarting", "scheduled")
+
+
+def clear_run(dag_id: str, run_id: str, *, task_ids: Sequence[str] | None = None,
+              only_failed: bool = False) -> list[tuple[str, int]]:
+    """Clear ``run_id`` of ``dag_id`` as the UI's Clear does; return the cleared ``(task_id, try_number)``.
+
+    :param task_ids: clear these tasks and everything downstream of them; ``None`` = every task.
+    :param only_failed: clear only failed (and upstream-failed) task instances.
+    """
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import clear_task_instances
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState, TaskInstanceState
+    from sqlalchemy import select
+
+    with create_session() as session:
+        dag_run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+        if dag_run is None:
+            raise SystemExit(f"tfpipe: no run {run_id!r} of DAG {dag_id!r} to re-run")
+        tis = list(dag_run.get_task_instances(session=session))
+        for ti in tis:
+            if str(getattr(ti.state, "value", ti.state)) in _LEFT_BY_A_DEAD_WORKER:
+                print(f"tfpipe: {ti.task_id} try {ti.try_number} was left {ti.state} by a dead worker: "
+                      "marking it failed before the re-run", file=sys.stderr)
+                ti.set_state(TaskInstanceState.FAILED, session=session)
+        session.flush()
+        if task_ids:
+            dag = dag_run.dag or _serialized_dag(dag_id, session)
+            unknown = sorted(set(task_ids) - set(dag.task_ids))
+            if unknown:
+                raise SystemExit(f"tfpipe: {dag_id} has no task {', '.join(unknown)} (tasks: {', '.join(dag.task_ids)})")
+            wanted = set(task_ids)
+            for task_id in task_ids:
+                wanted |= dag.get_task(task_id).get_flat_relative_ids(upstream=False)
+            tis = [ti for ti in tis if ti.task_id in wanted]
+        if only_failed:
+            failed = (TaskInstanceState.FAILED, TaskInstanceState.UPSTREAM_FAILED)
+            tis = [ti for ti in tis if ti.state in failed]
+        cleared = [(ti.task_id, int(ti.try_number or 0)) for ti in tis]
+        clear_task_instances(tis, session, DagRunState.QUEUED)
+    return cleared
+
+
+def _serialized_dag(dag_id: str, session: Any) -> Any:
+    from airflow.models.dagbag import DBDagBag
+
+    return DBDagBag().get_latest_version_of_dag(dag_id, session=session)
+
+
+def drive_run(dag: Any, run_id: str) -> Any:
+    """Run the tasks of an existing (cleared) run of ``dag`` to the run's end, in this process.
+
+    ``dag.test()`` does the running (its dependency loop, the in-process task runner); only its
+    "find or create the run" step is replaced by handing it this run, set running as the scheduler
+    would, and its own clearing by date (which would also clear other runs without a logical date)
+    is left out: :func:`clear_run` cleared what the user asked for.
+    """
+    from unittest import mock
+
+    from airflow.models.dagrun import DagRun
+    from airflow.serialization.definitions.dag import SerializedDAG
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+    from sqlalchemy import select
+
+    def existing_run(*, dag: Any, session: Any, **_: Any) -> DagRun:
+        run = session.scalar(select(DagRun).where(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id))
+        run.dag = dag  # as create_dagrun does: update_state needs it
+        run.state = DagRunState.RUNNING
+        session.commit()
+        return run
+
+    with create_session() as session:
+        found = session.scalar(select(DagRun).where(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id))
+        logical_date, run_after = found.logical_date, found.run_after
+    with mock.patch("airflow.models.dagrun.get_or_create_dagrun", existing_run), \
+            mock.patch.object(SerializedDAG, "clear_dags", classmethod(lambda cls, *a, **k: 0)):
+        return dag.test(logical_date=logical_date, run_after=run_after)

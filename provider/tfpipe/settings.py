@@ -1,0 +1,73 @@
+"""Deployment settings that tfpipe reads from Airflow when a task runs, never when a DAG file parses.
+
+**The trainer image.** A pipeline may name its image (``image={"ref": ...}``); when it does not,
+every task reads the Airflow Variable ``tfpipe_image`` at execute time. So a ``dags/`` folder copied
+into any Airflow finds the image its deployment built, without environment variables set in every
+Airflow process:
+
+- ``make image`` (and so ``make demo``/``make test``) sets it in this project's Airflow;
+- elsewhere: ``airflow variables set tfpipe_image registry.example/tfpipe/trainer@sha256:...``, or
+  the environment variable ``AIRFLOW_VAR_TFPIPE_IMAGE`` (Airflow's own way to give a Variable), or
+  any secrets backend that serves Variables.
+
+Reading a Variable at parse time would query the metadata DB (or a secrets backend) on every parse
+of every DAG file; reading it in ``execute()`` costs one lookup per task try.
+"""
+
+from __future__ import annotations
+
+from tfpipe.config import check_image_ref
+from tfpipe.exceptions import ImageNotSetError, TfpipeConfigError
+
+#: The Airflow Variable holding the trainer image reference of a deployment.
+IMAGE_VARIABLE = "tfpipe_image"
+
+HOW_TO_SET_IMAGE = (
+    f"build the image (`make image` sets the Airflow Variable {IMAGE_VARIABLE!r} in this project's "
+    f"Airflow) or, in your deployment, `airflow variables set {IMAGE_VARIABLE} "
+    "REGISTRY/tfpipe/trainer@sha256:...` (or AIRFLOW_VAR_TFPIPE_IMAGE=... in the workers' environment), "
+    "or pin image={'ref': ...} in the PipelineConfig"
+)
+
+
+def _in_a_task() -> bool:
+    try:
+        from airflow.sdk.execution_time import task_runner
+    except ImportError:  # Airflow without the task SDK: the metadata DB is the only source
+        return False
+    return getattr(task_runner, "SUPERVISOR_COMMS", None) is not None
+
+
+def _read_variable(name: str) -> str | None:
+    from airflow.providers.common.compat.sdk import Variable
+
+    value = Variable.get(name, default=None)
+    if value is None and not _in_a_task():
+        # Outside a task (``tfpipe shell``, a test) the SDK sees only the environment and secrets
+        # backends; a Variable set with ``airflow variables set`` lives in the metadata DB.
+        from airflow.models.variable import Variable as DbVariable
+
+        value = DbVariable.get(name, default_var=None)
+    return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+def resolve_image(configured: str | None, *, task: str = "task", allow_floating_tag: bool = False) -> str:
+    """The image a task runs: ``configured`` when set, else the Airflow Variable ``tfpipe_image``.
+
+    Call it from ``execute()`` (or a CLI), never at parse time. Raises
+    :class:`~tfpipe.exceptions.ImageNotSetError` (no retry) when neither is set or the Variable
+    holds an unpinned reference.
+    """
+    if configured:
+        return configured
+    ref = _read_variable(IMAGE_VARIABLE)
+    if ref is None:
+        raise ImageNotSetError(
+            f"{task}: no trainer image: the pipeline names none (image.ref) and the Airflow Variable "
+            f"{IMAGE_VARIABLE!r} is not set. Fix: {HOW_TO_SET_IMAGE}."
+        )
+    try:
+        check_image_ref(f"Airflow Variable {IMAGE_VARIABLE}", ref, allow_floating_tag=allow_floating_tag)
+    except TfpipeConfigError as err:
+        raise ImageNotSetError(f"{task}: {err}") from err
+    return ref

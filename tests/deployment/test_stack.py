@@ -1,0 +1,240 @@
+"""The pipeline in a real deployment: ``make up``'s stack, driven through the REST API v2 and the UI.
+
+The scheduler, the Celery workers (whose mount namespace hides the GPU host's disks), PostgreSQL,
+Redis and the TLS engine are all real; every stage container runs on the TLS engine, from the
+image it pulled from the loopback registry by digest.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import time
+from datetime import datetime
+
+import pytest
+
+from tests.deployment.conftest import TERMINAL
+
+pytestmark = [pytest.mark.deployment]
+
+DIGITS = "tfpipe_digits"
+
+
+def _engine_events(stack, run_id: str, since: float) -> list[str]:
+    """Stage containers of ``run_id`` that the TLS engine started (task ids, in order)."""
+    out = stack.engine_docker("events", "--since", str(int(since)), "--until", str(int(time.time()) + 1),
+                              "--filter", "event=start", "--filter", f"label=tfpipe.run_id={run_id}",
+                              "--format", "{{json .Actor.Attributes}}").stdout
+    attrs = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return [a.get("tfpipe.task_id") for a in attrs if a.get("tfpipe.role") != "prepare-volumes"]
+
+
+def _first_engine_events(run_id: str, since: float) -> str:
+    return subprocess.run(["docker", "events", "--since", str(int(since)), "--until", str(int(time.time()) + 1),
+                           "--filter", f"label=tfpipe.run_id={run_id}"], capture_output=True, text=True).stdout
+
+
+def _interval(ti: dict) -> tuple[datetime, datetime]:
+    return (datetime.fromisoformat(ti["start_date"].replace("Z", "+00:00")),
+            datetime.fromisoformat(ti["end_date"].replace("Z", "+00:00")))
+
+
+def test_up_prints_the_ui_url_and_admin_credentials_and_the_image_travels_by_digest(stack, rest):
+    """make up prints where the UI is and how to log in; the GPU host got the image from the registry by digest."""
+    assert f"UI and REST API: {stack.api_url}" in stack.up_output, stack.up_output
+    assert f"admin user:      admin   password: {stack.admin_password()}" in stack.up_output
+    assert rest.get("monitor/health")["scheduler"]["status"] == "healthy"
+    ref = stack.image_ref()
+    assert ref.startswith(f"{stack.registry}/tfpipe/trainer@sha256:"), ref
+    digests = json.loads(stack.engine_docker("image", "inspect", "--format", "{{json .RepoDigests}}", ref).stdout)
+    assert ref in digests
+    # The first engine keeps no trace of the registry name (the push tag was removed again).
+    first = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
+                           text=True, check=True).stdout
+    assert f"{stack.registry}/" not in first
+
+
+CRON = "tfpipe_stack_cron"
+ON_DATA = "tfpipe_digits_on_data"
+
+
+@pytest.fixture(scope="module")
+def kickoff(stack, rest):
+    """Start the runs of tests 1, 3 and 4 together (each test then waits for its own), to keep the module short.
+
+    The UI test runs while they do; the two-runs test comes after them, on idle workers.
+    """
+    since = time.time() - 1
+    started = {"since": since, "rest_run": rest.trigger(DIGITS, conf={"epochs": 2, "batch_size": 100, "seed": 7})}
+    rest.unpause(CRON)
+    rest.unpause(ON_DATA)
+    data_uri = f"file://{stack.volumes}/data/digits"
+    assets = {a["uri"]: a for a in rest.get("assets", params={"limit": 100})["assets"]}
+    assert data_uri in assets, sorted(assets)
+    rest.request("POST", "assets/events", json={"asset_id": assets[data_uri]["id"], "extra": {"by": "stack test"}})
+    return started
+
+
+def _first_run(rest, dag_id: str, run_type: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = [r for r in rest.get(f"dags/{dag_id}/dagRuns", params={"order_by": "start_date"})["dag_runs"]
+                if r["run_type"] == run_type]
+        if runs:
+            return runs[0]
+        assert time.monotonic() < deadline, f"no {run_type} run of {dag_id} within {timeout:.0f} s"
+        time.sleep(2)
+
+
+def test_rest_trigger_with_conf_runs_on_the_tls_engine(stack, rest, kickoff):
+    """(1) A REST trigger with conf runs to success; the conf reaches training; containers ran on the TLS engine."""
+    since, run_id = kickoff["since"], kickoff["rest_run"]
+    run = rest.wait_for_run(DIGITS, run_id, timeout=480)
+    tis = {t["task_id"]: t for t in rest.task_instances(DIGITS, run_id)}
+    assert run["state"] == "success", {k: v["state"] for k, v in tis.items()}
+    train = rest.xcom(DIGITS, run_id, "train")
+    assert train["epochs"] == 2
+    train_count = rest.xcom(DIGITS, run_id, "prep")["examples"]["train"]
+    assert train["steps_per_epoch"] == math.ceil(train_count / 100)
+    # The run directory is on the GPU host's work volume ...
+    run_dir = stack.volumes / "work" / "runs" / DIGITS / run_id
+    assert run_dir.is_dir(), f"no run dir {run_dir} on the GPU host"
+    # ... every stage container was started by the TLS engine, none by the first engine.
+    started = _engine_events(stack, run_id, since)
+    assert {"prep", "train", "evaluate"} <= set(started), started
+    assert _first_engine_events(run_id, since) == ""
+    # ... and nothing of it is visible to a worker: its mount namespace shows an empty tmpfs there.
+    for n in (1, 2):
+        seen = subprocess.run(["nsenter", "-t", str(stack.pid(f"worker{n}")), "-m", "--", "ls", "-A",
+                               str(stack.gpuhost)], capture_output=True, text=True)
+        assert seen.returncode == 0 and seen.stdout.strip() == "", (n, seen.stdout, seen.stderr)
+
+
+def test_ui_trigger_form_changes_a_parameter(stack, rest, kickoff, tmp_path):
+    """(2) The UI's trigger form in headless Chromium starts a run with a changed parameter; the run uses it."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        pytest.skip("no chromium on PATH (scripts/ensure-chromium.sh installs Debian's as root)")
+    from playwright.sync_api import sync_playwright
+
+    dag_id = "tfpipe_digits_manual"
+    rest.unpause(dag_id)
+    before = {r["dag_run_id"] for r in rest.get(f"dags/{dag_id}/dagRuns")["dag_runs"]}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, headless=True,
+                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            page.goto(f"{stack.api_url}/", wait_until="networkidle")
+            page.fill("input[name=username]", "admin")
+            page.fill("input[name=password]", stack.admin_password())
+            page.keyboard.press("Enter")
+            page.wait_for_url(lambda url: "/auth/login" not in url, timeout=30000)
+            page.goto(f"{stack.api_url}/dags/{dag_id}", wait_until="networkidle")
+            page.get_by_role("button", name="Trigger").first.click()
+            epochs = page.locator("input[name=element_epochs]")
+            epochs.wait_for(timeout=30000)
+            epochs.fill("3")
+            page.get_by_role("dialog").get_by_role("button", name="Trigger").click()
+            deadline = time.monotonic() + 30
+            new: set[str] = set()
+            while time.monotonic() < deadline and not new:
+                new = {r["dag_run_id"] for r in rest.get(f"dags/{dag_id}/dagRuns")["dag_runs"]} - before
+                time.sleep(1)
+        except Exception:
+            page.screenshot(path=str(tmp_path / "ui.png"))
+            raise
+        finally:
+            browser.close()
+    assert len(new) == 1, f"the form created no run (screenshot in {tmp_path})"
+    run_id = new.pop()
+    run = rest.wait_for_run(dag_id, run_id, timeout=480)
+    assert run["conf"].get("epochs") == 3, run["conf"]
+    assert run["state"] == "success"
+    assert rest.xcom(dag_id, run_id, "train")["epochs"] == 3
+
+
+def test_cron_schedule_creates_a_run_that_succeeds(stack, rest, kickoff):
+    """(3) A one-minute cron DAG gets a run created by the scheduler, and it succeeds."""
+    try:
+        first = _first_run(rest, CRON, "scheduled", timeout=150)
+        run = rest.wait_for_run(CRON, first["dag_run_id"], timeout=480)
+        assert run["state"] == "success"
+        assert run["run_type"] == "scheduled"
+    finally:
+        # Paused, a DAG's running runs stall: end them, so they hold no worker slot later on.
+        rest.unpause(CRON, paused=True)
+        for other in rest.get(f"dags/{CRON}/dagRuns")["dag_runs"]:
+            if other["state"] not in TERMINAL:
+                rest.request("PATCH", f"dags/{CRON}/dagRuns/{other['dag_run_id']}", json={"state": "failed"})
+
+
+def test_asset_event_triggers_the_on_data_dag_which_emits_the_model_asset(stack, rest, kickoff):
+    """(4) An Asset event on the data asset (REST) triggers the on-data DAG; its export emits the model asset."""
+    run_id = _first_run(rest, ON_DATA, "asset_triggered", timeout=120)["dag_run_id"]
+    run = rest.wait_for_run(ON_DATA, run_id, timeout=480)
+    states = {t["task_id"]: t["state"] for t in rest.task_instances(ON_DATA, run_id)}
+    assert run["state"] == "success" and states["export"] == "success", states
+    model = {a["uri"]: a for a in rest.get("assets", params={"limit": 100})["assets"]}["tfpipe://models/digits"]
+    events = rest.get("assets/events", params={"asset_id": model["id"]})["asset_events"]
+    assert [e for e in events if e["source_run_id"] == run_id and e["source_task_id"] == "export"], events
+
+
+def test_two_runs_at_once_on_two_workers_share_one_gpu_slot(stack, rest):
+    """(7) Two runs at once on two workers: separate run dirs, distinct versions, train never overlaps (pool)."""
+    dag_id = "tfpipe_stack_parallel"
+    assert rest.get("pools/gpu")["slots"] == 1
+    runs = [rest.trigger(dag_id, conf={"seed": seed}) for seed in (1, 2)]
+    for run_id in runs:
+        assert rest.wait_for_run(dag_id, run_id, timeout=480)["state"] == "success"
+    tis = {r: {t["task_id"]: t for t in rest.task_instances(dag_id, r)} for r in runs}
+    # The runs overlapped, and tasks of both ran at the same moment on different workers (Celery's
+    # log names every task a worker ran; with one slot per worker, overlapping tasks need two).
+    logs = {n: (stack.logs / f"worker{n}.log").read_text(errors="replace") for n in (1, 2)}
+
+    def worker_of(run_id: str, task_id: str) -> set[int]:
+        return {n for n, text in logs.items() if f"run_id={run_id}/task_id={task_id}/" in text}
+
+    side_by_side = [
+        (ta, tb) for ta, a in tis[runs[0]].items() for tb, b in tis[runs[1]].items()
+        if a["try_number"] and b["try_number"] and a["start_date"] and b["start_date"]
+        and _interval(a)[0] < _interval(b)[1] and _interval(b)[0] < _interval(a)[1]
+    ]
+    assert side_by_side, "no task of one run ran while a task of the other did"
+    ta, tb = side_by_side[0]
+    workers = (worker_of(runs[0], ta), worker_of(runs[1], tb))
+    assert all(len(w) == 1 for w in workers) and workers[0] != workers[1], (side_by_side, workers)
+    # The gpu pool's one slot kept the two trainings apart.
+    train_a, train_b = (_interval(tis[r]["train"]) for r in runs)
+    assert train_a[1] <= train_b[0] or train_b[1] <= train_a[0], (train_a, train_b)
+    assert all(tis[r]["train"]["pool"] == "gpu" for r in runs)
+    exports = [rest.xcom(dag_id, r, "export") for r in runs]
+    assert exports[0]["version"] != exports[1]["version"], exports
+    ckpts = [rest.xcom(dag_id, r, "train")["checkpoint_dir"] for r in runs]
+    assert ckpts[0] != ckpts[1] and all(r in c for r, c in zip(runs, ckpts)), ckpts
+
+
+def test_tls_engine_without_a_valid_client_certificate_fails_clearly_once(stack, rest):
+    """(8) No client certificate, or one from a foreign CA: a clear error naming the engine and the fix, no retries."""
+    foreign = stack.dir / "foreign-client"
+    foreign.mkdir(exist_ok=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=not signed by the stack CA", "-keyout", str(foreign / "key.pem"),
+                    "-out", str(foreign / "cert.pem")], check=True, capture_output=True)
+    os.chmod(foreign / "key.pem", 0o644)
+    dag_id = "tfpipe_stack_bad_tls"
+    t0 = time.monotonic()
+    run_id = rest.trigger(dag_id)
+    run = rest.wait_for_run(dag_id, run_id, timeout=240)
+    assert run["state"] == "failed"
+    for ti in rest.task_instances(dag_id, run_id):
+        assert ti["state"] == "failed", ti
+        assert ti["try_number"] == 1, f"{ti['task_id']} was retried (try {ti['try_number']})"
+        text = rest.task_log(dag_id, run_id, ti["task_id"], 1)
+        assert stack.engine_url in text, text[-3000:]
+        assert "refused the TLS connection" in text and "Fix:" in text and "tls_client_cert" in text, text[-3000:]
+    assert time.monotonic() - t0 < 240
