@@ -18,7 +18,7 @@ import pytest
 
 from tfpipe.contract import safe_name
 
-pytestmark = [pytest.mark.deployment]
+pytestmark = [pytest.mark.integration, pytest.mark.deployment]
 
 DIGITS = "tfpipe_digits"
 #: long enough that training is still running when the workers are killed

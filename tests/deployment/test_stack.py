@@ -19,7 +19,7 @@ import pytest
 
 from tests.deployment.conftest import TERMINAL
 
-pytestmark = [pytest.mark.deployment]
+pytestmark = [pytest.mark.integration, pytest.mark.deployment]
 
 DIGITS = "tfpipe_digits"
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.deployment.conftest import stack_cli
 
-pytestmark = [pytest.mark.deployment]
+pytestmark = [pytest.mark.integration, pytest.mark.deployment]
 
 
 def _open(port: int) -> bool:
