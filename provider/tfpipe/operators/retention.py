@@ -26,6 +26,7 @@ from tfpipe.config import RetentionConfig, check_host_path, check_image_ref, che
 from tfpipe.exceptions import StageFailedError
 from tfpipe.hooks.docker import TfpipeDockerHook
 from tfpipe.run_params import reject_unknown_conf
+from tfpipe.settings import resolve_image
 from tfpipe.specs import container_labels
 
 #: The program the helper container runs, and the environment variable of its request.
@@ -76,7 +77,8 @@ class RetentionOperator(BaseOperator):
     """Remove old run directories (with their checkpoints and TensorBoard events) and unused data
     sets from the work volume, through a helper container of the trainer image.
 
-    :param image: the trainer image (it holds :mod:`trainer.retention`).
+    :param image: the trainer image (it holds :mod:`trainer.retention`); ``None`` = the Airflow
+        Variable ``tfpipe_image``, read when the task runs.
     :param work_volume: the work volume, a directory on the Docker engine's host.
     :param models_volume: the models volume (read-only here: kept versions pin their runs).
     :param model_name: the model's directory under ``models_volume``.
@@ -88,12 +90,14 @@ class RetentionOperator(BaseOperator):
 
     ui_color = "#e8e8e8"
 
-    def __init__(self, *, image: str, work_volume: str, models_volume: str, model_name: str,
+    def __init__(self, *, image: str | None, work_volume: str, models_volume: str, model_name: str,
                  retention: RetentionConfig | Mapping[str, Any] | None = None,
                  docker_url: str = "unix://var/run/docker.sock", allow_floating_tag: bool = False,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
+        if image is not None:  # None: the Airflow Variable tfpipe_image, read in execute()
+            check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
+        self.allow_floating_tag = allow_floating_tag
         check_name("model_name", model_name)
         self.image = image
         self.work_volume = check_host_path("work_volume", work_volume)
@@ -116,12 +120,13 @@ class RetentionOperator(BaseOperator):
         return self._run_helper(request, labels)
 
     def _run_helper(self, request: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
-        hook = TfpipeDockerHook(docker_url=self.docker_url)
-        cli = hook.ping_or_raise()
+        image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
+        hook = TfpipeDockerHook.for_deployment(self.docker_url)
+        cli = hook.ping_or_raise(what=self.task_id)
         hook.remove_labelled({k: v for k, v in labels.items() if k != "tfpipe.try_number"}, role=ROLE, log=self.log)
         # Root: run dirs and data sets belong to the stages' user, whichever uid that is.
         helper = cli.create_container(
-            image=self.image, command=list(RETENTION_COMMAND), user="0:0", entrypoint=[],
+            image=image, command=list(RETENTION_COMMAND), user="0:0", entrypoint=[],
             environment={REQUEST_ENV: json.dumps(request)}, labels={**labels, "tfpipe.role": ROLE},
             host_config=cli.create_host_config(
                 binds={self.work_volume: {"bind": contract.CONTAINER_WORK, "mode": "rw"},
