@@ -37,8 +37,12 @@ def _probe(image, home, docker_client, **resources):
     op.labels = {"tfpipe.test": "runtime"}
     op.command = ["python3", "-c", PROBE]
     op.entrypoint = None
+    op.mounts = []  # the probe reads no volume
     try:
-        lines = op._run_image_with_mounts([], add_tmp_variable=False)
+        # the operator's own container creation, as submit_job uses it
+        container = op._create_and_start()
+        op.cli.wait(container["Id"])
+        lines = op.cli.logs(container["Id"]).decode("utf-8", "replace").splitlines()
         inspected = docker_client.api.inspect_container(op.container_name)
     finally:
         docker_client.api.remove_container(op.container_name, force=True)
