@@ -63,14 +63,16 @@ class ContainerPlan:
 
 
 def task_plan(task: Any, *, dag_id: str, run_id: str, try_number: int, params: Mapping[str, Any] | None,
-              map_index: int = -1, image: str | None = None) -> ContainerPlan:
+              map_index: int = -1, image: str | None = None,
+              image_identity: Mapping[str, Any] | None = None) -> ContainerPlan:
     """The container a tfpipe stage task starts for one try, as its ``execute()`` builds it.
 
     Both resolve the try with :func:`tfpipe.specs.resolve_try` from the task's spec. ``params``
     are the run's params (the DAG's defaults updated with ``dag_run.conf``, as Airflow hands them
     to the task); ``image`` overrides the task's image (e.g. the image recorded in the run's
     ``config/<stage>.json`` when the DAG file now names another one). Private environment values
-    are left out (their names are in ``left_out``).
+    are left out (their names are in ``left_out``). ``image_identity`` is what the task adds to the
+    config's ``run`` section once the engine showed the image (:func:`tfpipe.specs.image_identity`).
     """
     from docker.utils import parse_bytes
 
@@ -80,6 +82,8 @@ def task_plan(task: Any, *, dag_id: str, run_id: str, try_number: int, params: M
     private = dict(spec.private_environment)
     environment = {k: str(v) for k, v in (task.environment or {}).items()
                    if k not in private and k != "AIRFLOW_TMP_DIR"}
+    if image_identity:
+        plan.config["run"].update(image_identity)
     environment[contract.CONFIG_ENV] = contract.dumps(plan.config)
     notes = []
     templated = sorted(k for k, v in environment.items() if "{{" in str(v) or "{%" in str(v))

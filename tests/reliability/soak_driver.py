@@ -2,7 +2,7 @@
 
     python tests/reliability/soak_driver.py DAG_ID RUNS HOME DAGS_FOLDER
 
-Each run is a full Airflow run through ``tfpipe.cli.run`` (``dag.test``: real task runner,
+Each run is a full Airflow run through ``tfpipe.cli.run.run`` (``dag.test``: real task runner,
 metadata DB, every stage a real container, the cleanup task included). Running them in one
 process saves the interpreter start, Airflow imports and DAG parsing of a fresh ``tfpipe run``
 per night (about 6 s each), which the 30-run soak test could not afford on two cores; nothing of
@@ -52,7 +52,8 @@ def versions(models: Path) -> list[int]:
 
 
 def main(dag_id: str, runs: int, home: Path, dags_folder: str) -> int:
-    from tfpipe import cli, contract
+    from tfpipe import contract
+    from tfpipe.cli.run import run as run_dag
 
     source = (home / "data" / "digits" / "digits.csv").read_text().splitlines()
     models = home / "models" / dag_id
@@ -60,7 +61,7 @@ def main(dag_id: str, runs: int, home: Path, dags_folder: str) -> int:
         write_data(home, night, source)
         before = versions(models)
         started = time.monotonic()
-        summary = cli.run(dag_id, None, dags_folder)
+        summary = run_dag(dag_id, None, dags_folder)
         run_dir = home / "work" / "runs" / contract.safe_name(dag_id) / contract.safe_name(summary["run_id"], 120)
         blessing_file = run_dir / "blessing.json"
         blessing = json.loads(blessing_file.read_text()) if blessing_file.exists() else None

@@ -42,8 +42,12 @@ def test_nan_loss_fails_clearly_and_keeps_earlier_versions(tfpipe_home, trainer_
     good, log = run_dag("nan_loss", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
     assert good["state"] == "success", log[-4000:]
     before = _versions(tfpipe_home, "nan_loss")
-    # a learning rate no trigger form allows (Params cap it at 10), set in the DAG's config
-    write_dag(dags, "nan_loss", training={"model": "mlp", "epochs": 3, "learning_rate": 1e12, "optimizer": "sgd"})
+    # learning rates above 10 are refused when the DAG is parsed, so divergence comes from a user
+    # model whose logits blow up after a few steps (as a bad custom layer would)
+    code = tfpipe_home / "data" / "code" / "exploding"
+    code.mkdir(parents=True)
+    (code / "__init__.py").write_text(EXPLODING_MODEL)
+    write_dag(dags, "nan_loss", training={"model": "exploding:build", "code_path": "code", "epochs": 3})
     bad, log = run_dag("nan_loss", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
     assert bad["state"] == "failed"
     assert bad["tasks"]["train"] == {"state": "failed", "try_number": 1}, "divergence must not be retried"
@@ -156,6 +160,24 @@ def test_least_privilege_and_no_network(tfpipe_home, trainer_image, docker_clien
     # files on the mounts belong to the stage user, not root
     run_dir = next((tfpipe_home / "work" / "runs" / "locked_down").iterdir())
     assert (run_dir / "attempts.json").stat().st_uid == 1000
+
+
+# A user model whose logits overflow to inf once training moves its scale: the loss turns NaN.
+EXPLODING_MODEL = """
+import tensorflow as tf
+
+class Explode(tf.keras.layers.Layer):
+    def build(self, shape):
+        self.scale = self.add_weight(name="scale", shape=(), initializer="ones")
+
+    def call(self, x):
+        return x * tf.exp(1e4 * (self.scale - 1.0)) * 1e30
+
+def build(input_spec, num_classes, stats):
+    inputs = tf.keras.Input(shape=input_spec["shape"], name="features")
+    x = tf.keras.layers.Rescaling(1.0 / 16)(inputs)
+    return tf.keras.Model(inputs, Explode()(tf.keras.layers.Dense(num_classes)(x)))
+"""
 
 
 # A user model that prints the secret it finds in its environment, as careless user code would.

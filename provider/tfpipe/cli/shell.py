@@ -43,6 +43,14 @@ def _image_present(image: str, docker: list[str]) -> bool:
     return subprocess.run([*docker, "image", "inspect", image], capture_output=True).returncode == 0
 
 
+def _image_identity(image: str, docker: list[str]) -> dict[str, Any] | None:
+    """The image ID and repo digest the task's config carries (as the operator reads them)."""
+    from tfpipe.specs import image_identity
+
+    proc = subprocess.run([*docker, "image", "inspect", image], capture_output=True, text=True)
+    return image_identity(image, json.loads(proc.stdout)[0]) if proc.returncode == 0 else None
+
+
 def _has_jupyter(image: str, docker: list[str]) -> bool:
     probe = [*docker, "run", "--rm", "--network", "none", "--entrypoint", "sh", image, "-c",
              "command -v jupyter >/dev/null 2>&1"]
@@ -80,7 +88,7 @@ def shell(args: argparse.Namespace) -> int:
             note(f"the run's {task.stage} ran on {recorded}, which the engine no longer has: using the DAG's "
                   f"{image} instead (the code may differ from the task's)")
     plan = debug.task_plan(task, dag_id=dag.dag_id, run_id=run_id, try_number=try_number, params=params,
-                           image=image)
+                           image=image, image_identity=_image_identity(image, debug.docker_base(task.docker_url)))
     note(f"{dag.dag_id} / {run_id} / {task.task_id} try {try_number}"
           f"{' (conf ' + json.dumps(conf, sort_keys=True) + ')' if conf else ''}; run dir {host_run_dir}")
     if plan.left_out:
