@@ -39,12 +39,14 @@ def _in_a_task() -> bool:
 
 
 def _read_variable(name: str) -> str | None:
-    from airflow.providers.common.compat.sdk import Variable
+    if _in_a_task():
+        from airflow.providers.common.compat.sdk import Variable
 
-    value = Variable.get(name, default=None)
-    if value is None and not _in_a_task():
-        # Outside a task (``tfpipe shell``, a test) the SDK sees only the environment and secrets
-        # backends; a Variable set with ``airflow variables set`` lives in the metadata DB.
+        value = Variable.get(name, default=None)
+    else:
+        # Outside a task (``tfpipe shell``, a test) the task SDK's Variable has no supervisor to
+        # ask (Airflow 3.0 raises, later versions see only the environment): read it the way
+        # Airflow's own models do, through the environment, the secrets backends and the metadata DB.
         from airflow.models.variable import Variable as DbVariable
 
         value = DbVariable.get(name, default_var=None)

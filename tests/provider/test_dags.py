@@ -66,7 +66,10 @@ if bag.import_errors:
     sys.exit(f"import errors: {bag.import_errors}")
 print("PARSED", len(bag.dags), flush=True)
 # the control: a lookup made now must reach the recording backend
-from airflow.sdk import BaseHook
+try:
+    from airflow.sdk import BaseHook
+except ImportError:  # Airflow 3.0
+    from airflow.hooks.base import BaseHook
 try:
     BaseHook.get_connection("control_lookup")
 except Exception as err:
