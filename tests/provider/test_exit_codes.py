@@ -77,8 +77,10 @@ def test_real_container_exits_map_through_the_operator(stage, script, mem_limit,
     op.container_name = f"tfpipe-exit-codes-{uuid.uuid4().hex[:10]}"
     op.labels = {"tfpipe.test": "exit-codes"}
     ti = _RecordingTI()
+    op._fresh = True  # started by this try: followed from its first line, as submit_job leaves it
     with pytest.raises(expected) as err:
-        op._run_and_map_exit({"ti": ti})
+        container = op._create_and_start()
+        op.poll_until_complete(container["Id"], {"ti": ti})
     assert isinstance(err.value, AirflowFailException) is (not retried and expected is not DownstreamTasksSkipped)
     assert docker_client.containers.list(all=True, filters={"name": op.container_name}) == [], "container left"
     if expected is DownstreamTasksSkipped:
