@@ -337,8 +337,12 @@ class Stack:
         self.spawn("registry", [exe, "serve", str(conf)], user=user)
         self.wait_for("registry", lambda: _http_status(f"http://{self.registry}/v2/") == 200, 30, "answer /v2/")
 
-    def start_engine(self) -> None:
-        """The stand-in GPU host: dockerd on its own roots and bridge, TLS with client certificates."""
+    def start_engine(self, *, live_restore: bool = False) -> None:
+        """The stand-in GPU host: dockerd on its own roots and bridge, TLS with client certificates.
+
+        ``live_restore``: the engine adopts the containers still running in their shims after it
+        crashed, instead of stopping them (dockerd's ``live-restore``).
+        """
         if not self.root:
             raise StackError("the stand-in GPU host (a second dockerd) needs root: run `sudo make up`")
         exe = _need("dockerd")
@@ -352,7 +356,7 @@ class Stack:
         for d in ("docker", "exec", "volumes/data", "volumes/work", "volumes/models"):
             (self.gpuhost / d).mkdir(parents=True, exist_ok=True)
         # Its own (empty) config file, so it never reads the first engine's /etc/docker/daemon.json.
-        (self.gpuhost / "daemon.json").write_text("{}\n")
+        (self.gpuhost / "daemon.json").write_text(json.dumps({"live-restore": True} if live_restore else {}) + "\n")
         tls = self.gpuhost / "tls"
         ns = f"tfpipe-gpuhost-{self.port('engine')}"
         argv = [exe, "--config-file", str(self.gpuhost / "daemon.json"),
@@ -367,6 +371,29 @@ class Stack:
                 *shlex.split(self.settings["engine_args"])]
         self.spawn("engine", argv)
         self.wait_for("engine", lambda: self.engine_docker("info", check=False).returncode == 0, 60, "answer `docker info`")
+
+    def restart_engine(self, *, live_restore: bool) -> None:
+        """Crash the GPU host's engine and start it again, as a host's dockerd crash and restart would.
+
+        SIGKILL reaches dockerd and the containerd it manages (one process group); the containers
+        run on in their shims, which containerd starts in process groups of their own. Started
+        again, containerd reconnects to the shims; dockerd then adopts the running containers with
+        ``live_restore``, and stops them without it.
+        """
+        self.stop("engine", signal.SIGKILL)
+        # The dead daemons' parents are gone, so PID 1 reaps them when it gets to it; until then
+        # their pid files name zombies, which a new dockerd takes for a running daemon ("pid file
+        # found") and for a running containerd (it waits for that one's socket and times out).
+        for pidfile in (self.gpuhost / "dockerd.pid", self.gpuhost / "exec" / "containerd" / "containerd.pid"):
+            with contextlib.suppress(OSError, ValueError):
+                pid = int(pidfile.read_text().strip())
+                deadline = time.monotonic() + 30
+                while _alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.2)  # containerd gets its parent-death signal a moment later
+                if _alive(pid):
+                    raise StackError(f"engine: process {pid} of {pidfile} survived SIGKILL of the engine")
+                pidfile.unlink()
+        self.start_engine(live_restore=live_restore)
 
     def engine_docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         """The docker CLI against the GPU host, over TLS as a worker would."""

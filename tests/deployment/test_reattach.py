@@ -149,3 +149,58 @@ def test_clear_of_train_on_a_finished_run_keeps_history_and_finishes_at_once(sta
     assert second["resumed_from"]["step"] == first["end_step"] == second["target_steps"]
     assert second["steps_run"] == 0
 
+
+
+def _crash_engine_mid_training(stack, rest, run_id: str, *, live_restore: bool) -> tuple[str, float]:
+    """Wait for a checkpoint mid-training, then crash and restart the TLS engine.
+
+    Returns the training container's id and when the engine came back (an engine keeps its event
+    log in memory, so only the restarted engine's events can be asked for).
+    """
+    rest.wait_for_task(DIGITS, run_id, "train", {"running"}, timeout=600)
+    _wait(lambda: (_attempts(stack, run_id) or [{}])[-1].get("last_checkpoint"), 600, "a checkpoint mid-training")
+    (container,) = [c for c in _train_containers(stack, run_id) if c["State"] == "running"]
+    stack.restart_engine(live_restore=live_restore)
+    return container["ID"], time.time() - 1
+
+
+def test_engine_crash_without_live_restore_the_retry_resumes_from_the_checkpoint(stack, rest):
+    """(9) The engine dies mid-training and comes back without live-restore: it stops the container,
+    the task fails once, and its retry resumes from the last checkpoint."""
+    run_id = rest.trigger(DIGITS, conf=CONF)
+    cid, restarted = _crash_engine_mid_training(stack, rest, run_id, live_restore=False)
+    run = rest.wait_for_run(DIGITS, run_id, timeout=900)
+    assert run["state"] == "success", {t["task_id"]: t["state"] for t in rest.task_instances(DIGITS, run_id)}
+    assert [t["state"] for t in _tries(rest, run_id, "train")] == ["failed", "success"]
+    log = rest.task_log(DIGITS, run_id, "train", 2)
+    assert "re-attached" not in log and "resumed from epoch" in log, log[-4000:]
+    created = _created_train_containers(stack, run_id, restarted)
+    assert len(created) == 1 and created[0] != cid, (cid, created)
+    first, second = _attempts(stack, run_id)
+    assert second["resumed_from"]["checkpoint"] == first["last_checkpoint"]
+    assert second["end_step"] == second["target_steps"]
+
+
+def test_engine_crash_with_live_restore_the_container_survives_and_the_retry_reattaches(stack, rest):
+    """(9) The same crash with live-restore: the container trains on, and the retry re-attaches to it."""
+    run_id = rest.trigger(DIGITS, conf=CONF)
+    try:
+        cid, restarted = _crash_engine_mid_training(stack, rest, run_id, live_restore=True)
+        # Frozen until the retry has re-attached, so that training cannot end first on a slow machine.
+        stack.engine_docker("pause", cid)
+        try:
+            _wait(lambda: "re-attached" in _log_of_try(rest, run_id, 2), 600, "the retry to re-attach")
+        finally:
+            stack.engine_docker("unpause", cid, check=False)
+        run = rest.wait_for_run(DIGITS, run_id, timeout=900)
+        assert run["state"] == "success", {t["task_id"]: t["state"] for t in rest.task_instances(DIGITS, run_id)}
+        assert [t["state"] for t in _tries(rest, run_id, "train")] == ["failed", "success"]
+        log = rest.task_log(DIGITS, run_id, "train", 2)
+        assert f"re-attached to the running train container {cid[:12]}" in log, log[-4000:]
+        assert _created_train_containers(stack, run_id, restarted) == []
+        (attempt,) = _attempts(stack, run_id)
+        assert attempt["status"] == "completed" and attempt["resumed_from"] is None, attempt
+        assert attempt["start_step"] == 0 and attempt["end_step"] == attempt["target_steps"]
+    finally:
+        # the rest of the session's tests expect the engine as `make up` starts it
+        stack.restart_engine(live_restore=False)

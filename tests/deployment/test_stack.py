@@ -114,6 +114,51 @@ def test_rest_trigger_with_conf_runs_on_the_tls_engine(stack, rest, kickoff):
         assert seen.returncode == 0 and seen.stdout.strip() == "", (n, seen.stdout, seen.stderr)
 
 
+def test_the_report_and_tensorboard_come_through_the_tls_engine(stack, rest, kickoff):
+    """(1b) The api-server's plugin reads the run's report, and starts its TensorBoard, on the TLS engine.
+
+    The api-server cannot see the GPU host's volumes either: it reaches them only through the engine,
+    presenting the deployment's [tfpipe] client certificate.
+    """
+    from urllib.parse import quote
+
+    run_id = kickoff["rest_run"]
+    assert rest.wait_for_run(DIGITS, run_id, timeout=480)["state"] == "success"
+    base = f"{rest.base}/tfpipe/runs/{DIGITS}/{quote(run_id, safe='')}"
+    resp = rest.session.get(f"{base}/report/", timeout=120)
+    assert resp.status_code == 200, resp.text[:2000]
+    assert run_id in resp.text and "data:image/png;base64," in resp.text
+    png = rest.session.get(f"{base}/report/loss.png", timeout=120)
+    assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
+    tb = rest.session.get(f"{base}/tensorboard/data/runs", timeout=400)
+    assert tb.status_code == 200 and tb.json(), tb.text[:2000]
+    from tfpipe.plugins.engine import TENSORBOARD_ROLE
+
+    on_engine = stack.engine_docker("ps", "-q", "--filter", f"label=tfpipe.role={TENSORBOARD_ROLE}").stdout.split()
+    on_first = subprocess.run(["docker", "ps", "-q", "--filter", f"label=tfpipe.role={TENSORBOARD_ROLE}",
+                               "--filter", f"label=tfpipe.tensorboard={DIGITS}/{run_id}"],
+                              capture_output=True, text=True, check=True).stdout.split()
+    assert on_engine and not on_first, (on_engine, on_first)
+
+
+def test_a_misspelt_run_parameter_fails_before_any_container_starts(stack, rest):
+    """(5) A REST trigger whose conf misspells a Param fails at once with a did-you-mean; nothing ran."""
+    since = time.time() - 1
+    run_id = rest.trigger(DIGITS, conf={"epoch": 3})
+    run = rest.wait_for_run(DIGITS, run_id, timeout=240)
+    assert run["state"] == "failed"
+    tis = {t["task_id"]: t for t in rest.task_instances(DIGITS, run_id)}
+    failed = [t for t in tis.values() if t["state"] == "failed"]
+    assert len(failed) == 1 and failed[0]["try_number"] == 1, {k: (v["state"], v["try_number"]) for k, v in tis.items()}
+    assert not [t for t in tis.values() if t["state"] == "success"], tis
+    text = rest.task_log(DIGITS, run_id, failed[0]["task_id"], 1)
+    assert "unknown run parameter 'epoch'; did you mean 'epochs'?" in text, text[-3000:]
+    assert "Nothing ran." in text
+    on_engine = stack.engine_docker("events", "--since", str(int(since)), "--until", str(int(time.time()) + 1),
+                                    "--filter", f"label=tfpipe.run_id={run_id}").stdout
+    assert on_engine == "" and _first_engine_events(run_id, since) == "", on_engine
+
+
 def test_ui_trigger_form_changes_a_parameter(stack, rest, kickoff, tmp_path):
     """(2) The UI's trigger form in headless Chromium starts a run with a changed parameter; the run uses it."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -99,3 +99,15 @@ def test_a_ca_bundle_variable_that_overrides_the_engine_ca_is_named(monkeypatch)
     monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
     message, _ = engine_error_message(URL, OSError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed"))
     assert "REQUESTS_CA_BUNDLE is set on this worker" in message and "unset it" in message
+
+
+def test_the_plugin_presents_the_deployment_certificate_only_to_the_deployment_engine(monkeypatch, tls_files):
+    """The api-server reads reports over TLS from the [tfpipe] engine, and from other engines without it."""
+    from tfpipe.plugins.engine import engine_tls
+
+    _set(monkeypatch, docker_url=URL, tls_ca_cert=tls_files["ca"], tls_client_cert=tls_files["cert"],
+         tls_client_key=tls_files["key"])
+    tls = engine_tls(URL)
+    assert tls is not None and tls.cert == (tls_files["cert"], tls_files["key"]) and tls.ca_cert == tls_files["ca"]
+    assert engine_tls("tcp://another-host:2376") is None
+    assert engine_tls(DEFAULT_DOCKER_URL) is None

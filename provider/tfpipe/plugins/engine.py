@@ -42,11 +42,24 @@ TENSORBOARD_START_TIMEOUT_S = 300
 _IDLE_ENV, _MAX_ENV = "TFPIPE_TENSORBOARD_IDLE_S", "TFPIPE_TENSORBOARD_MAX"
 
 
+def engine_tls(docker_url: str) -> Any:
+    """The TLS config for ``docker_url``: the deployment's ``[tfpipe]`` TLS files when it names that engine.
+
+    A run's location record names the engine by URL only (client keys never go into the metadata
+    DB), so the api-server presents the same ``[tfpipe]`` client certificate as the workers when the
+    URL is the deployment's engine; any other engine is reached without TLS, as the task was.
+    """
+    from tfpipe.engine import EngineSettings
+
+    engine = EngineSettings.from_airflow_config()
+    return engine.tls_config() if engine.uses_tls and engine.docker_url == docker_url else None
+
+
 def api_client(docker_url: str) -> Any:
-    """A docker-py ``APIClient`` of the engine that ran the stages."""
+    """A docker-py ``APIClient`` of the engine that ran the stages (over TLS where the deployment uses it)."""
     import docker
 
-    return docker.APIClient(base_url=docker_url, version="auto", timeout=120)
+    return docker.APIClient(base_url=docker_url, version="auto", timeout=120, tls=engine_tls(docker_url) or False)
 
 
 def read_run_file(location: Mapping[str, str], dag_id: str, run_id: str, name: str) -> bytes | None:
@@ -59,7 +72,7 @@ def read_run_file(location: Mapping[str, str], dag_id: str, run_id: str, name: s
         raise ValueError(f"name: {name!r} is not a report file. Fix: one of {', '.join(REPORT_FILES)}")
     from tfpipe.hooks.docker import TfpipeDockerHook
 
-    hook = TfpipeDockerHook(docker_url=location["docker_url"])
+    hook = TfpipeDockerHook(docker_url=location["docker_url"], tls=engine_tls(location["docker_url"]))
     try:
         with hook.volume(image=location["image"], host_path=location["work"], mount_point=contract.CONTAINER_WORK,
                          read_only=True, labels={"tfpipe.dag_id": dag_id, "tfpipe.run_id": run_id},
