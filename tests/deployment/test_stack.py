@@ -148,25 +148,30 @@ def test_a_misspelt_run_parameter_fails_before_any_container_starts(stack, rest)
     run = rest.wait_for_run(DIGITS, run_id, timeout=240)
     assert run["state"] == "failed"
     tis = {t["task_id"]: t for t in rest.task_instances(DIGITS, run_id)}
-    failed = [t for t in tis.values() if t["state"] == "failed"]
-    assert len(failed) == 1 and failed[0]["try_number"] == 1, {k: (v["state"], v["try_number"]) for k, v in tis.items()}
-    assert not [t for t in tis.values() if t["state"] == "success"], tis
-    text = rest.task_log(DIGITS, run_id, failed[0]["task_id"], 1)
-    assert "unknown run parameter 'epoch'; did you mean 'epochs'?" in text, text[-3000:]
-    assert "Nothing ran." in text
+    states = {k: (v["state"], v["try_number"]) for k, v in tis.items()}
+    # The first task and the cleanup teardown refuse the conf (once each, no retry); the rest never start.
+    failed = sorted(k for k, v in tis.items() if v["state"] == "failed")
+    assert failed == ["cleanup", "stage_in"] and all(tis[k]["try_number"] == 1 for k in failed), states
+    assert all(v["state"] == "upstream_failed" for k, v in tis.items() if k not in failed), states
+    for task_id in failed:
+        text = rest.task_log(DIGITS, run_id, task_id, 1)
+        assert "unknown run parameter 'epoch'; did you mean 'epochs'?" in text, text[-3000:]
+        assert "Nothing ran." in text
     on_engine = stack.engine_docker("events", "--since", str(int(since)), "--until", str(int(time.time()) + 1),
                                     "--filter", f"label=tfpipe.run_id={run_id}").stdout
     assert on_engine == "" and _first_engine_events(run_id, since) == "", on_engine
 
 
-def test_ui_trigger_form_changes_a_parameter(stack, rest, kickoff, tmp_path):
-    """(2) The UI's trigger form in headless Chromium starts a run with a changed parameter; the run uses it."""
+def _trigger_in_ui(stack, rest, dag_id: str, tmp_path, fill) -> str:
+    """Open ``dag_id``'s trigger form in headless Chromium, let ``fill(page)`` edit it, press Trigger.
+
+    Returns the id of the one run the form created (a screenshot lands in ``tmp_path`` on failure).
+    """
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if not chromium:
         pytest.skip("no chromium on PATH (scripts/ensure-chromium.sh installs Debian's as root)")
     from playwright.sync_api import sync_playwright
 
-    dag_id = "tfpipe_digits_manual"
     rest.unpause(dag_id)
     before = {r["dag_run_id"] for r in rest.get(f"dags/{dag_id}/dagRuns")["dag_runs"]}
     with sync_playwright() as pw:
@@ -181,9 +186,8 @@ def test_ui_trigger_form_changes_a_parameter(stack, rest, kickoff, tmp_path):
             page.wait_for_url(lambda url: "/auth/login" not in url, timeout=30000)
             page.goto(f"{stack.api_url}/dags/{dag_id}", wait_until="networkidle")
             page.get_by_role("button", name="Trigger").first.click()
-            epochs = page.locator("input[name=element_epochs]")
-            epochs.wait_for(timeout=30000)
-            epochs.fill("3")
+            page.locator("input[name=element_epochs]").wait_for(timeout=30000)
+            fill(page)
             page.get_by_role("dialog").get_by_role("button", name="Trigger").click()
             deadline = time.monotonic() + 30
             new: set[str] = set()
@@ -196,11 +200,38 @@ def test_ui_trigger_form_changes_a_parameter(stack, rest, kickoff, tmp_path):
         finally:
             browser.close()
     assert len(new) == 1, f"the form created no run (screenshot in {tmp_path})"
-    run_id = new.pop()
+    return new.pop()
+
+
+def test_ui_trigger_form_changes_a_parameter(stack, rest, kickoff, tmp_path):
+    """(2) The UI's trigger form in headless Chromium starts a run with a changed parameter; the run uses it."""
+    dag_id = "tfpipe_digits_manual"
+    run_id = _trigger_in_ui(stack, rest, dag_id, tmp_path, lambda page: page.fill("input[name=element_epochs]", "3"))
     run = rest.wait_for_run(dag_id, run_id, timeout=480)
     assert run["conf"].get("epochs") == 3, run["conf"]
     assert run["state"] == "success"
     assert rest.xcom(dag_id, run_id, "train")["epochs"] == 3
+
+
+def test_a_misspelt_parameter_in_the_ui_s_configuration_json_fails_the_same_way(stack, rest, tmp_path):
+    """(5, UI) The trigger form's Advanced Options JSON with a misspelt key: the same did-you-mean failure."""
+    dag_id = "tfpipe_digits_manual"
+
+    def misspell(page) -> None:
+        page.get_by_role("dialog").get_by_text("Advanced Options").click()
+        page.locator(".monaco-editor .view-lines").first.click()
+        page.keyboard.press("Control+A")
+        # Pasted, not typed: the JSON editor completes quotes and braces as one types.
+        page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=stack.api_url)
+        page.evaluate("text => navigator.clipboard.writeText(text)", '{"epoch": 3}')
+        page.keyboard.press("Control+V")
+
+    run_id = _trigger_in_ui(stack, rest, dag_id, tmp_path, misspell)
+    run = rest.wait_for_run(dag_id, run_id, timeout=240)
+    assert run["conf"] == {"epoch": 3} and run["state"] == "failed", run
+    text = rest.task_log(dag_id, run_id, "stage_in", 1)
+    assert "unknown run parameter 'epoch'; did you mean 'epochs'?" in text and "Nothing ran." in text, text[-3000:]
+    assert rest.task_instance(dag_id, run_id, "train")["state"] == "upstream_failed"
 
 
 def test_cron_schedule_creates_a_run_that_succeeds(stack, rest, kickoff):
