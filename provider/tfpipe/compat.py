@@ -115,3 +115,15 @@ def write_dags_for_test(bag: Any) -> None:
 
     DagBundlesManager().sync_bundles_to_db()  # the DAG rows refer to their bundle's row
     bag.sync_to_db(bundle_name="dags-folder", bundle_version=None)
+
+
+def is_param_rejection(err: BaseException) -> bool:
+    """Whether ``err`` is Airflow refusing a run's ``conf`` against the DAG's Params.
+
+    Most releases raise ``ParamValidationError``; 3.2 validates the serialized DAG's params while
+    creating the run and raises a plain ``ValueError("Invalid input for param ...")`` instead.
+    """
+    from airflow.providers.common.compat.sdk import ParamValidationError
+
+    return isinstance(err, ParamValidationError) or (
+        isinstance(err, ValueError) and str(err).startswith("Invalid input for param "))

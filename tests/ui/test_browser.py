@@ -12,38 +12,68 @@ from tests.ui.conftest import DAG_ID, PASSWORDS
 pytestmark = pytest.mark.integration
 
 
-def test_run_report_link_opens_the_report_with_its_plots(ui_run):
+def _browser_as_mlviewer(pw, server):
+    """Headless Chromium logged in as ``mlviewer`` through the simple auth manager's own form."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if not chromium:
         pytest.skip("no chromium on PATH (scripts/ensure-chromium.sh installs Debian's as root)")
+    browser = pw.chromium.launch(executable_path=chromium, args=[
+        "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    page.set_default_timeout(60_000)
+    page.goto(f"{server.url}/auth/login")
+    page.locator("input[name=username]").fill("mlviewer")
+    page.locator("input[name=password]").fill(PASSWORDS["mlviewer"])
+    page.locator("button[type=submit]").click()
+    page.wait_for_url(lambda url: "/auth/login" not in url)
+    return browser, page
+
+
+def _click_extra_link(page, server, run_id: str, task_id: str, name: str) -> None:
+    """Open the task instance's Details tab (where Airflow's UI lists extra links) and click ``name``."""
+    page.goto(f"{server.url}/dags/{DAG_ID}/runs/{quote(run_id, safe='')}/tasks/{task_id}/details")
+    link = page.get_by_role("link", name=name)
+    link.wait_for()
+    # a same-origin link opens in the same tab (Airflow's UI gives others target=_blank)
+    link.click()
+
+
+def test_run_report_link_opens_the_report_with_its_plots(ui_run):
     from playwright.sync_api import sync_playwright
 
     server, run_id = ui_run["server"], ui_run["summary"]["run_id"]
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        browser, page = _browser_as_mlviewer(pw, server)
         try:
-            context = browser.new_context(viewport={"width": 1400, "height": 1000})
-            page = context.new_page()
-            page.set_default_timeout(60_000)
-            # log in through the simple auth manager's own form
-            page.goto(f"{server.url}/auth/login")
-            page.locator("input[name=username]").fill("mlviewer")
-            page.locator("input[name=password]").fill(PASSWORDS["mlviewer"])
-            page.locator("button[type=submit]").click()
-            page.wait_for_url(lambda url: "/auth/login" not in url)
-            # the evaluate task instance of the run; Airflow's UI lists extra links on its Details tab
-            page.goto(f"{server.url}/dags/{DAG_ID}/runs/{quote(run_id, safe='')}/tasks/evaluate/details")
-            link = page.get_by_role("link", name="Run report")
-            link.wait_for()
-            # a same-origin link opens in the same tab (Airflow's UI gives others target=_blank)
-            link.click()
+            _click_extra_link(page, server, run_id, "evaluate", "Run report")
             page.wait_for_url("**/report/")
             page.wait_for_load_state("load")
-            report = page
-            assert f"/tfpipe/runs/{DAG_ID}/" in report.url and report.url.endswith("/report/")
-            assert run_id in report.content()
-            widths = report.evaluate("Array.from(document.images).map(i => i.complete ? i.naturalWidth : 0)")
+            assert f"/tfpipe/runs/{DAG_ID}/" in page.url and page.url.endswith("/report/")
+            assert run_id in page.content()
+            widths = page.evaluate("Array.from(document.images).map(i => i.complete ? i.naturalWidth : 0)")
             assert len(widths) >= 3 and all(w > 0 for w in widths), f"plots not rendered: {widths}"
+        finally:
+            browser.close()
+
+
+def test_tensorboard_link_opens_tensorboard_with_the_run_s_scalars(ui_run):
+    """The train task's "TensorBoard" link: TensorBoard's own app loads through the plugin and draws
+    the run's scalar charts (every asset and data request goes through the engine)."""
+    from playwright.sync_api import sync_playwright
+
+    server, run_id = ui_run["server"], ui_run["summary"]["run_id"]
+    with sync_playwright() as pw:
+        browser, page = _browser_as_mlviewer(pw, server)
+        failed: list[str] = []
+        page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+        try:
+            _click_extra_link(page, server, run_id, "train", "TensorBoard")
+            page.wait_for_url("**/tensorboard/**", timeout=120_000)
+            # TensorBoard's scalars dashboard names every tag it found in the run's event files
+            for tag in ("val_accuracy", "loss"):
+                page.get_by_text(tag, exact=True).first.wait_for(timeout=300_000)
+            charts = page.locator("canvas, svg").count()
+            assert charts > 0, "no chart drawn"
+            assert not [f for f in failed if "/tfpipe/" in f], failed
         finally:
             browser.close()

@@ -125,10 +125,14 @@ def command(args: argparse.Namespace) -> int:
         args.parser.error("--task and --only-failed choose what --rerun RUN_ID clears; add --rerun")
     from airflow.providers.common.compat.sdk import ParamValidationError
 
+    from tfpipe.compat import is_param_rejection
+
     try:
         summary = run(args.dag_id, conf, args.dags_folder, rerun=args.rerun, tasks=args.tasks,
                       only_failed=args.only_failed)
-    except ParamValidationError as err:  # rejected before a run starts, as the trigger form does
+    except (ParamValidationError, ValueError) as err:  # rejected before a run starts, as the trigger form does
+        if not is_param_rejection(err):
+            raise
         print(f"tfpipe: {args.dag_id} rejected the run parameters: {err}. Fix: pass values its Params "
               "accept (the trigger form shows them).", file=sys.stderr)
         return 2
