@@ -556,11 +556,25 @@ class Stack:
                       timeout=60 if name.startswith("worker") else 30)
             if not quiet:
                 log(f"stopped {name}")
+        self.unmount_leftovers()
         bridge = self.settings["bridge"]
         if self.root and subprocess.run(["ip", "link", "show", bridge], capture_output=True).returncode == 0:
             _run("ip", "link", "del", bridge, check=False)
         if not quiet:
             log("down: no process of the stack is left")
+
+    def unmount_leftovers(self) -> None:
+        """Unmount what a crashed engine left mounted under the state dir (a stopped one unmounts its own).
+
+        dockerd bind-mounts its data root onto itself; killed, it cannot undo that, and the engine
+        started after it mounts it once more, so one mount outlives the stack.
+        """
+        if not self.root:
+            return
+        root = str(self.dir.resolve())
+        points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+        for point in sorted((p for p in points if p == root or p.startswith(root + "/")), reverse=True):
+            _run("umount", "-l", point, check=False)
 
     def remove_engine_containers(self) -> None:
         """Every container on the GPU host belongs to the stack: remove them before the engine stops."""
