@@ -15,7 +15,8 @@ import posixpath
 import tarfile
 import tempfile
 import time
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Any
 
@@ -75,41 +76,18 @@ def stage_in(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, data_path: 
         log.info("removed %d file(s) whose objects were deleted from the bucket: %s", removed,
                  ", ".join(plan.delete[:5]) + (" ..." if len(plan.delete) > 5 else ""))
 
-    existing_dirs = set(listing.get("dirs") or [])
     staged, staged_bytes = len(plan.unchanged), sum(o.size for o in plan.unchanged)
     downloaded_bytes = 0
     if plan.download:
-        client = hook.get_conn()
-        bucket = client.bucket(uri.bucket)
         progress = Progress()
-        with tempfile.TemporaryDirectory(prefix="tfpipe-stage-in-") as tmp:
-            for batch in batches(plan.download):
-                files = _download(hook, bucket, uri, batch, tmp, max_workers)
-                tar_path = os.path.join(tmp, "batch.tar")
-                with tarfile.open(tar_path, "w", format=tarfile.PAX_FORMAT) as tar:
-                    for obj in batch:
-                        for parent in _parents(obj.rel):
-                            if parent not in existing_dirs:
-                                info = tarfile.TarInfo(parent)
-                                info.type, info.mode, info.uid, info.gid, info.mtime = (
-                                    tarfile.DIRTYPE, 0o755, uid, gid, time.time())
-                                tar.addfile(info)
-                                existing_dirs.add(parent)
-                        info = tar.gettarinfo(files[obj.rel], arcname=obj.rel)
-                        info.mode, info.uid, info.gid, info.uname, info.gname = 0o644, uid, gid, "", ""
-                        info.mtime = obj.updated
-                        with open(files[obj.rel], "rb") as handle:
-                            tar.addfile(info, handle)
-                        os.remove(files[obj.rel])
-                with open(tar_path, "rb") as handle:
-                    helper.put_archive(root, handle)
-                os.remove(tar_path)
-                batch_bytes = sum(o.size for o in batch)
-                staged += len(batch)
-                staged_bytes += batch_bytes
-                downloaded_bytes += batch_bytes
-                if progress.due(staged, total):
-                    log.info("staged %d/%d objects, %s", staged, total, megabytes(staged_bytes))
+        for batch in _transfer(hook, helper, uri, plan.download, root, set(listing.get("dirs") or []), uid, gid,
+                               max_workers):
+            batch_bytes = sum(o.size for o in batch)
+            staged += len(batch)
+            staged_bytes += batch_bytes
+            downloaded_bytes += batch_bytes
+            if progress.due(staged, total):
+                log.info("staged %d/%d objects, %s", staged, total, megabytes(staged_bytes))
 
     manifest = {"schema": MANIFEST_SCHEMA, "source": str(uri),
                 "objects": {rel: o.manifest_entry() for rel, o in sorted(layout.objects.items())}}
@@ -131,23 +109,90 @@ def _parents(rel: str) -> list[str]:
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def _download(hook: TfpipeGcsHook, bucket: Any, uri: GcsUri, batch: list[RemoteObject], tmp: str,
+def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, objects: list[RemoteObject], root: str,
+              existing_dirs: set[str], uid: int, gid: int, max_workers: int) -> Iterator[list[RemoteObject]]:
+    """Download ``objects`` batch by batch and hand each batch to the engine; yield each batch once staged.
+
+    Batch k goes into the volume (a tar stream through ``put_archive``) while batch k + 1 downloads,
+    so the engine's write hides behind the transfer; at most two batches are on the worker's disk.
+    """
+    with tempfile.TemporaryDirectory(prefix="tfpipe-stage-in-") as tmp, \
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfpipe-put-archive") as engine:
+        in_flight: tuple[Future, list[RemoteObject]] | None = None
+        offset = 0
+        for batch in batches(objects):
+            files = _download(hook, uri, batch, tmp, offset, max_workers)
+            offset += len(batch)
+            entries = list(_tar_entries(batch, files, existing_dirs, uid, gid))
+            if in_flight is not None:
+                yield _finish(*in_flight)
+            in_flight = (engine.submit(_put_batch, helper, root, entries), batch)
+        if in_flight is not None:
+            yield _finish(*in_flight)
+
+
+def _finish(put: Future, batch: list[RemoteObject]) -> list[RemoteObject]:
+    put.result()  # the engine's error, if any, is raised here
+    return batch
+
+
+def _download(hook: TfpipeGcsHook, uri: GcsUri, batch: list[RemoteObject], tmp: str, offset: int,
               max_workers: int) -> dict[str, str]:
-    """Download ``batch`` (the listed generations, CRC32C-checked) in parallel; return rel -> local path."""
+    """Download ``batch`` (the listed generations, CRC32C-checked) with the transfer manager; rel -> path.
 
-    def one(index: int, obj: RemoteObject) -> tuple[str, str]:
-        path = os.path.join(tmp, f"object-{index:06d}")
-        blob = bucket.blob(obj.name, generation=obj.generation or None)
-        with hook.errors(f"downloading gs://{uri.bucket}/{obj.name}", uri, missing="object"):
-            blob.download_to_filename(path, checksum="crc32c")
-        return obj.rel, path
+    Thread workers: the client, its credentials and the connection pool stay in this process (an
+    Airflow task forks no process pool), and they measured faster than process workers here.
+    """
+    from google.cloud.storage import transfer_manager
 
-    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(batch)))) as pool:
-        futures = [pool.submit(one, i, obj) for i, obj in enumerate(batch)]
-        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        for fut in pending:
-            fut.cancel()
-        for fut in done:
-            if fut.exception() is not None:
-                raise fut.exception()  # type: ignore[misc]
-        return dict(fut.result() for fut in futures)
+    bucket = hook.get_conn().bucket(uri.bucket)
+    paths = {obj.rel: os.path.join(tmp, f"object-{offset + i:06d}") for i, obj in enumerate(batch)}
+    pairs = [(bucket.blob(obj.name, generation=obj.generation or None), paths[obj.rel]) for obj in batch]
+    results = transfer_manager.download_many(pairs, download_kwargs={"checksum": "crc32c"},
+                                             worker_type=transfer_manager.THREAD,
+                                             max_workers=max(1, min(max_workers, len(batch))))
+    for obj, result in zip(batch, results):
+        if isinstance(result, BaseException):
+            with hook.errors(f"downloading gs://{uri.bucket}/{obj.name}", uri, missing="object"):
+                raise result
+    return paths
+
+
+def _tar_entries(batch: list[RemoteObject], files: dict[str, str], existing_dirs: set[str], uid: int,
+                 gid: int) -> Iterator[tuple[tarfile.TarInfo, str | None]]:
+    """The tar members of ``batch``: parent directories not there yet, then each object's file."""
+    for obj in batch:
+        for parent in _parents(obj.rel):
+            if parent not in existing_dirs:
+                info = tarfile.TarInfo(parent)
+                info.type, info.mode, info.uid, info.gid, info.mtime = tarfile.DIRTYPE, 0o755, uid, gid, time.time()
+                existing_dirs.add(parent)
+                yield info, None
+        info = tarfile.TarInfo(obj.rel)
+        info.size = os.path.getsize(files[obj.rel])
+        info.mode, info.uid, info.gid, info.mtime = 0o644, uid, gid, obj.updated
+        yield info, files[obj.rel]
+
+
+def _put_batch(helper: VolumeHelper, root: str, entries: list[tuple[tarfile.TarInfo, str | None]]) -> None:
+    """Stream ``entries`` into ``root`` as one tar (no tar file on disk), then remove the local files."""
+    try:
+        helper.put_archive(root, _tar_stream(entries))  # type: ignore[arg-type]  # streamed, chunked
+    finally:
+        for _info, path in entries:
+            if path is not None:
+                os.remove(path)
+
+
+def _tar_stream(entries: list[tuple[tarfile.TarInfo, str | None]], chunk: int = 1 << 20) -> Iterator[bytes]:
+    """A tar archive of ``entries`` (member, local file or None) as chunks of about ``chunk`` bytes."""
+    for info, path in entries:
+        yield info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+        if path is None:
+            continue
+        with open(path, "rb") as handle:
+            while block := handle.read(chunk):
+                yield block
+        if info.size % tarfile.BLOCKSIZE:
+            yield tarfile.NUL * (tarfile.BLOCKSIZE - info.size % tarfile.BLOCKSIZE)
+    yield tarfile.NUL * (2 * tarfile.BLOCKSIZE)
