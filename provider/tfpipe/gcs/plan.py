@@ -148,6 +148,16 @@ def plan_sync(objects: Mapping[str, RemoteObject], manifest: Mapping[str, Any] |
     return plan
 
 
+def changed_since(objects: Mapping[str, RemoteObject], manifest: Mapping[str, Any] | None) -> list[RemoteObject]:
+    """The objects a sync downloads whatever the target directory holds, sorted by ``rel``.
+
+    Those the last sync's manifest lacks or records with other content or size: always a subset of
+    :func:`plan_sync`'s downloads for that manifest, so they can be fetched before the directory is listed.
+    """
+    entries = (manifest or {}).get("objects") or {}
+    return plan_sync(objects, manifest, {rel: entry.get("size") for rel, entry in entries.items()}).download
+
+
 def batches(objects: list[RemoteObject], max_bytes: int = BATCH_BYTES,
             max_objects: int = BATCH_OBJECTS) -> list[list[RemoteObject]]:
     """Split ``objects`` into batches of at most ``max_bytes`` (one bigger object alone) and ``max_objects``."""

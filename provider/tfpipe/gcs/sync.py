@@ -17,12 +17,14 @@ import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from tfpipe.exceptions import StageInError
 from tfpipe.gcs import Progress, megabytes
-from tfpipe.gcs.plan import MANIFEST_NAME, MANIFEST_SCHEMA, RemoteObject, batches, plan_layout, plan_sync
+from tfpipe.gcs.plan import (MANIFEST_NAME, MANIFEST_SCHEMA, Layout, RemoteObject, SyncPlan, batches, changed_since,
+                             plan_layout, plan_sync)
 from tfpipe.hooks.docker import VolumeHelper, tar_bytes
 from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook, list_objects
 
@@ -53,41 +55,26 @@ def stage_in(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, data_path: 
     mount = helper.mount_point.rstrip("/")
     root = f"{mount}/{layout.target_dir}".rstrip("/") if layout.target_dir else mount
     uid, gid = _uid_gid(user)
-    listing = helper.run_program("list_dir", {
-        "root": root, "uid": uid, "gid": gid, "manifest": layout.manifest_name, "marker": MANIFEST_NAME,
-        "only": [layout.single] if layout.single else None})
     where = f"{helper.host_path}/{layout.target_dir}".rstrip("/")
-    if listing.get("error") == "not_a_directory":
-        raise StageInError(
-            f"{uri} is a folder of objects, but the data path {layout.target_dir!r} is a file ({where} on the "
-            "engine's host). Fix: point the URI at one object (gs://bucket/path/file.csv) to stage a single "
-            "file, or set data.path to a directory.")
-    plan = plan_sync(layout.objects, listing.get("manifest"), listing.get("files") or {})
     total = len(layout.objects)
     total_bytes = sum(o.size for o in layout.objects.values())
-    log.info("stage-in %s -> %s: %d object(s), %s; %d to download, %d unchanged, %d to delete",
-             uri, where, total, megabytes(total_bytes), len(plan.download), len(plan.unchanged), len(plan.delete))
-    if plan.untracked:
-        log.warning("%d file(s) in %s are not from %s and were left in place (prep reads them if they match "
-                    "data.format): %s", len(plan.untracked), where, uri, ", ".join(plan.untracked[:5]))
-
-    if plan.delete:
-        removed = helper.run_program("delete_files", {"root": root, "delete": plan.delete})["removed"]
-        log.info("removed %d file(s) whose objects were deleted from the bucket: %s", removed,
-                 ", ".join(plan.delete[:5]) + (" ..." if len(plan.delete) > 5 else ""))
-
-    staged, staged_bytes = len(plan.unchanged), sum(o.size for o in plan.unchanged)
-    downloaded_bytes = 0
-    if plan.download:
-        progress = Progress()
-        for batch in _transfer(hook, helper, uri, plan.download, root, set(listing.get("dirs") or []), uid, gid,
-                               max_workers):
-            batch_bytes = sum(o.size for o in batch)
-            staged += len(batch)
-            staged_bytes += batch_bytes
-            downloaded_bytes += batch_bytes
-            if progress.due(staged, total):
-                log.info("staged %d/%d objects, %s", staged, total, megabytes(staged_bytes))
+    downloaded = downloaded_bytes = 0
+    progress = Progress()
+    with tempfile.TemporaryDirectory(prefix="tfpipe-stage-in-") as tmp, \
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfpipe-engine") as engine:
+        # Every engine call runs in this one thread, in order: first the survey of the target directory
+        # (a helper container: about a second), then one batch's tar at a time. Meanwhile this thread
+        # downloads what the last sync's manifest shows must change, whatever the directory holds.
+        survey = engine.submit(_survey, helper, uri, layout, root, where, uid, gid, log)
+        early = changed_since(layout.objects, _read_manifest(helper, root, layout.manifest_name))
+        for batch in _transfer(hook, helper, engine, survey, uri, early, root, tmp, max_workers):
+            downloaded += len(batch)
+            downloaded_bytes += sum(o.size for o in batch)
+            unchanged = survey.result().plan.unchanged  # done: it ran before the batch's tar
+            if progress.due(len(unchanged) + downloaded, total):
+                log.info("staged %d/%d objects, %s", len(unchanged) + downloaded, total,
+                         megabytes(downloaded_bytes + sum(o.size for o in unchanged)))
+        listing, plan = survey.result().listing, survey.result().plan
 
     manifest = {"schema": MANIFEST_SCHEMA, "source": str(uri),
                 "objects": {rel: o.manifest_entry() for rel, o in sorted(layout.objects.items())}}
@@ -96,11 +83,11 @@ def stage_in(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, data_path: 
         manifest["synced_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         helper.put_archive(root, tar_bytes(layout.manifest_name, json.dumps(manifest, indent=1).encode(),
                                            uid=uid, gid=gid))
-    if not plan.download and not plan.delete:
+    if not downloaded and not plan.delete:
         log.info("stage-in: %s is up to date (%d object(s), %s)", where, total, megabytes(total_bytes))
     data_rel = posixpath.join(layout.target_dir, layout.single) if layout.single else layout.target_dir
     return {"source": str(uri), "target": f"{helper.host_path}/{data_rel}".rstrip("/"), "objects": total,
-            "bytes": total_bytes, "downloaded": len(plan.download), "bytes_downloaded": downloaded_bytes,
+            "bytes": total_bytes, "downloaded": downloaded, "bytes_downloaded": downloaded_bytes,
             "unchanged": len(plan.unchanged), "deleted": len(plan.delete), "untracked": len(plan.untracked)}
 
 
@@ -109,31 +96,87 @@ def _parents(rel: str) -> list[str]:
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, objects: list[RemoteObject], root: str,
-              existing_dirs: set[str], uid: int, gid: int, max_workers: int) -> Iterator[list[RemoteObject]]:
-    """Download ``objects`` batch by batch and hand each batch to the engine; yield each batch once staged.
+@dataclass
+class _Survey:
+    """The target directory as the engine's helper listed it, and the sync plan made from it."""
 
-    Batch k goes into the volume (a tar stream through ``put_archive``) while batch k + 1 downloads,
-    so the engine's write hides behind the transfer; at most two batches are on the worker's disk.
+    listing: dict[str, Any]
+    plan: SyncPlan
+    dirs: set[str]  # directories below the target that exist (or are in a tar already sent)
+    uid: int
+    gid: int
+
+
+def _survey(helper: VolumeHelper, uri: GcsUri, layout: Layout, root: str, where: str, uid: int, gid: int,
+            log: logging.Logger) -> _Survey:
+    """List the target directory on the engine (making it), plan the sync, delete what the bucket lost."""
+    listing = helper.run_program("list_dir", {
+        "root": root, "uid": uid, "gid": gid, "manifest": layout.manifest_name, "marker": MANIFEST_NAME,
+        "only": [layout.single] if layout.single else None})
+    if listing.get("error") == "not_a_directory":
+        raise StageInError(
+            f"{uri} is a folder of objects, but the data path {layout.target_dir!r} is a file ({where} on the "
+            "engine's host). Fix: point the URI at one object (gs://bucket/path/file.csv) to stage a single "
+            "file, or set data.path to a directory.")
+    plan = plan_sync(layout.objects, listing.get("manifest"), listing.get("files") or {})
+    log.info("stage-in %s -> %s: %d object(s), %s; %d to download, %d unchanged, %d to delete",
+             uri, where, len(layout.objects), megabytes(sum(o.size for o in layout.objects.values())),
+             len(plan.download), len(plan.unchanged), len(plan.delete))
+    if plan.untracked:
+        log.warning("%d file(s) in %s are not from %s and were left in place (prep reads them if they match "
+                    "data.format): %s", len(plan.untracked), where, uri, ", ".join(plan.untracked[:5]))
+    if plan.delete:  # before any tar: a new object may take the place of a deleted one
+        removed = helper.run_program("delete_files", {"root": root, "delete": plan.delete})["removed"]
+        log.info("removed %d file(s) whose objects were deleted from the bucket: %s", removed,
+                 ", ".join(plan.delete[:5]) + (" ..." if len(plan.delete) > 5 else ""))
+    return _Survey(listing, plan, set(listing.get("dirs") or []), uid, gid)
+
+
+def _read_manifest(helper: VolumeHelper, root: str, name: str) -> dict[str, Any] | None:
+    """The last sync's manifest, read through the engine's archive API; None when absent or unreadable.
+
+    Only a head start: the survey's listing is what the plan is made from.
     """
-    with tempfile.TemporaryDirectory(prefix="tfpipe-stage-in-") as tmp, \
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfpipe-put-archive") as engine:
-        in_flight: tuple[Future, list[RemoteObject]] | None = None
-        offset = 0
-        for batch in batches(objects):
-            files = _download(hook, uri, batch, tmp, offset, max_workers)
-            offset += len(batch)
-            entries = list(_tar_entries(batch, files, existing_dirs, uid, gid))
-            if in_flight is not None:
-                yield _finish(*in_flight)
-            in_flight = (engine.submit(_put_batch, helper, root, entries), batch)
-        if in_flight is not None:
-            yield _finish(*in_flight)
+    from docker.errors import DockerException
+
+    try:
+        raw = helper.read_file(f"{root}/{name}")
+        return json.loads(raw) if raw else None
+    except (DockerException, ValueError):  # e.g. the data path is a file: the survey says so
+        return None
 
 
 def _finish(put: Future, batch: list[RemoteObject]) -> list[RemoteObject]:
     put.result()  # the engine's error, if any, is raised here
     return batch
+
+
+def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecutor, survey: Future, uri: GcsUri,
+              early: list[RemoteObject], root: str, tmp: str, max_workers: int) -> Iterator[list[RemoteObject]]:
+    """Download batch by batch (``early`` first, then what else the survey's plan downloads) and hand
+    each batch to ``engine``; yield each batch once it is in the volume.
+
+    Batch k goes into the volume while batch k + 1 downloads, so the engine's writes hide behind the
+    transfer; at most two batches are on the worker's disk.
+    """
+
+    def todo() -> Iterator[list[RemoteObject]]:
+        yield from batches(early)
+        taken = {o.rel for o in early}
+        yield from batches([o for o in survey.result().plan.download if o.rel not in taken])
+
+    in_flight: tuple[Future, list[RemoteObject]] | None = None
+    offset = 0
+    for batch in todo():
+        if survey.done():
+            survey.result()  # a failed survey stops the downloads
+        files = _download(hook, uri, batch, tmp, offset, max_workers)
+        offset += len(batch)
+        if in_flight is not None:
+            yield _finish(*in_flight)
+        in_flight = (engine.submit(_put_batch, helper, root, survey, batch, files), batch)
+    if in_flight is not None:
+        yield _finish(*in_flight)
 
 
 def _download(hook: TfpipeGcsHook, uri: GcsUri, batch: list[RemoteObject], tmp: str, offset: int,
@@ -158,30 +201,32 @@ def _download(hook: TfpipeGcsHook, uri: GcsUri, batch: list[RemoteObject], tmp: 
     return paths
 
 
-def _tar_entries(batch: list[RemoteObject], files: dict[str, str], existing_dirs: set[str], uid: int,
-                 gid: int) -> Iterator[tuple[tarfile.TarInfo, str | None]]:
+def _tar_entries(batch: list[RemoteObject], files: dict[str, str],
+                 survey: _Survey) -> Iterator[tuple[tarfile.TarInfo, str | None]]:
     """The tar members of ``batch``: parent directories not there yet, then each object's file."""
     for obj in batch:
         for parent in _parents(obj.rel):
-            if parent not in existing_dirs:
+            if parent not in survey.dirs:
                 info = tarfile.TarInfo(parent)
-                info.type, info.mode, info.uid, info.gid, info.mtime = tarfile.DIRTYPE, 0o755, uid, gid, time.time()
-                existing_dirs.add(parent)
+                info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, time.time()
+                info.uid, info.gid = survey.uid, survey.gid
+                survey.dirs.add(parent)
                 yield info, None
         info = tarfile.TarInfo(obj.rel)
         info.size = os.path.getsize(files[obj.rel])
-        info.mode, info.uid, info.gid, info.mtime = 0o644, uid, gid, obj.updated
+        info.mode, info.uid, info.gid, info.mtime = 0o644, survey.uid, survey.gid, obj.updated
         yield info, files[obj.rel]
 
 
-def _put_batch(helper: VolumeHelper, root: str, entries: list[tuple[tarfile.TarInfo, str | None]]) -> None:
-    """Stream ``entries`` into ``root`` as one tar (no tar file on disk), then remove the local files."""
+def _put_batch(helper: VolumeHelper, root: str, survey: Future, batch: list[RemoteObject],
+               files: dict[str, str]) -> None:
+    """In the engine's thread: stream ``batch`` into ``root`` as one tar (none on disk), then remove its files."""
     try:
+        entries = list(_tar_entries(batch, files, survey.result()))
         helper.put_archive(root, _tar_stream(entries))  # type: ignore[arg-type]  # streamed, chunked
     finally:
-        for _info, path in entries:
-            if path is not None:
-                os.remove(path)
+        for path in files.values():
+            os.remove(path)
 
 
 def _tar_stream(entries: list[tuple[tarfile.TarInfo, str | None]], chunk: int = 1 << 20) -> Iterator[bytes]:
