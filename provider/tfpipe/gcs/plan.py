@@ -18,7 +18,7 @@ from tfpipe.hooks.gcs import GcsUri
 MANIFEST_NAME = ".tfpipe-gcs-manifest.json"
 MANIFEST_SCHEMA = 1
 #: Objects are downloaded and handed to the engine in batches of at most this many bytes/objects.
-BATCH_BYTES = 64 * 1024 * 1024
+BATCH_BYTES = 32 * 1024 * 1024
 BATCH_OBJECTS = 200
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f\\]")
 

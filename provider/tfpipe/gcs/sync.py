@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import IO, Any
 
 from tfpipe.exceptions import StageInError
 from tfpipe.gcs import Progress, megabytes
@@ -29,6 +29,11 @@ from tfpipe.hooks.docker import VolumeHelper, tar_bytes
 from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook, list_objects
 
 LOG = logging.getLogger(__name__)
+
+#: Objects up to this size wait in memory between their download and the engine; bigger ones are
+#: spooled to the worker's disk. With two batches in flight (``plan.BATCH_BYTES`` each), that bounds
+#: the memory a stage-in holds.
+IN_MEMORY_BYTES = 8 * 1024 * 1024
 
 
 def _uid_gid(user: str) -> tuple[int, int]:
@@ -157,7 +162,7 @@ def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecu
     each batch to ``engine``; yield each batch once it is in the volume.
 
     Batch k goes into the volume while batch k + 1 downloads, so the engine's writes hide behind the
-    transfer; at most two batches are on the worker's disk.
+    transfer; at most two batches are held on the worker.
     """
 
     def todo() -> Iterator[list[RemoteObject]]:
@@ -166,12 +171,10 @@ def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecu
         yield from batches([o for o in survey.result().plan.download if o.rel not in taken])
 
     in_flight: tuple[Future, list[RemoteObject]] | None = None
-    offset = 0
     for batch in todo():
         if survey.done():
             survey.result()  # a failed survey stops the downloads
-        files = _download(hook, uri, batch, tmp, offset, max_workers)
-        offset += len(batch)
+        files = _download(hook, uri, batch, tmp, max_workers)
         if in_flight is not None:
             yield _finish(*in_flight)
         in_flight = (engine.submit(_put_batch, helper, root, survey, batch, files), batch)
@@ -179,31 +182,42 @@ def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecu
         yield _finish(*in_flight)
 
 
-def _download(hook: TfpipeGcsHook, uri: GcsUri, batch: list[RemoteObject], tmp: str, offset: int,
-              max_workers: int) -> dict[str, str]:
-    """Download ``batch`` (the listed generations, CRC32C-checked) with the transfer manager; rel -> path.
+def _download(hook: TfpipeGcsHook, uri: GcsUri, batch: list[RemoteObject], tmp: str,
+              max_workers: int) -> dict[str, IO[bytes]]:
+    """Download ``batch`` (the listed generations, CRC32C-checked) with the transfer manager.
 
-    Thread workers: the client, its credentials and the connection pool stay in this process (an
-    Airflow task forks no process pool), and they measured faster than process workers here.
+    Returns rel -> the object's bytes: in memory up to :data:`IN_MEMORY_BYTES`, spooled to ``tmp``
+    beyond. Thread workers: the client, its credentials and its connection pool stay in this
+    process (an Airflow task forks no process pool), and they measured faster than process workers.
     """
     from google.cloud.storage import transfer_manager
 
     bucket = hook.get_conn().bucket(uri.bucket)
-    paths = {obj.rel: os.path.join(tmp, f"object-{offset + i:06d}") for i, obj in enumerate(batch)}
-    pairs = [(bucket.blob(obj.name, generation=obj.generation or None), paths[obj.rel]) for obj in batch]
-    results = transfer_manager.download_many(pairs, download_kwargs={"checksum": "crc32c"},
-                                             worker_type=transfer_manager.THREAD,
-                                             max_workers=max(1, min(max_workers, len(batch))))
-    for obj, result in zip(batch, results):
-        if isinstance(result, BaseException):
-            with hook.errors(f"downloading gs://{uri.bucket}/{obj.name}", uri, missing="object"):
-                raise result
-    return paths
+    files: dict[str, IO[bytes]] = {
+        obj.rel: tempfile.SpooledTemporaryFile(max_size=IN_MEMORY_BYTES, dir=tmp) for obj in batch}  # noqa: SIM115
+    try:
+        pairs = [(bucket.blob(obj.name, generation=obj.generation or None), files[obj.rel]) for obj in batch]
+        results = transfer_manager.download_many(pairs, download_kwargs={"checksum": "crc32c"},
+                                                 worker_type=transfer_manager.THREAD,
+                                                 max_workers=max(1, min(max_workers, len(batch))))
+        for obj, result in zip(batch, results):
+            if isinstance(result, BaseException):
+                with hook.errors(f"downloading gs://{uri.bucket}/{obj.name}", uri, missing="object"):
+                    raise result
+    except BaseException:
+        _close(files)
+        raise
+    return files
 
 
-def _tar_entries(batch: list[RemoteObject], files: dict[str, str],
-                 survey: _Survey) -> Iterator[tuple[tarfile.TarInfo, str | None]]:
-    """The tar members of ``batch``: parent directories not there yet, then each object's file."""
+def _close(files: dict[str, IO[bytes]]) -> None:
+    for handle in files.values():
+        handle.close()
+
+
+def _tar_entries(batch: list[RemoteObject], files: dict[str, IO[bytes]],
+                 survey: _Survey) -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:
+    """The tar members of ``batch``: parent directories not there yet, then each object's bytes."""
     for obj in batch:
         for parent in _parents(obj.rel):
             if parent not in survey.dirs:
@@ -213,31 +227,36 @@ def _tar_entries(batch: list[RemoteObject], files: dict[str, str],
                 survey.dirs.add(parent)
                 yield info, None
         info = tarfile.TarInfo(obj.rel)
-        info.size = os.path.getsize(files[obj.rel])
+        info.size = files[obj.rel].seek(0, os.SEEK_END)
         info.mode, info.uid, info.gid, info.mtime = 0o644, survey.uid, survey.gid, obj.updated
         yield info, files[obj.rel]
 
 
 def _put_batch(helper: VolumeHelper, root: str, survey: Future, batch: list[RemoteObject],
-               files: dict[str, str]) -> None:
-    """In the engine's thread: stream ``batch`` into ``root`` as one tar (none on disk), then remove its files."""
+               files: dict[str, IO[bytes]]) -> None:
+    """In the engine's thread: stream ``batch`` into ``root`` as one tar (none is written out), then free it."""
     try:
         entries = list(_tar_entries(batch, files, survey.result()))
         helper.put_archive(root, _tar_stream(entries))  # type: ignore[arg-type]  # streamed, chunked
     finally:
-        for path in files.values():
-            os.remove(path)
+        _close(files)
 
 
-def _tar_stream(entries: list[tuple[tarfile.TarInfo, str | None]], chunk: int = 1 << 20) -> Iterator[bytes]:
-    """A tar archive of ``entries`` (member, local file or None) as chunks of about ``chunk`` bytes."""
-    for info, path in entries:
-        yield info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
-        if path is None:
-            continue
-        with open(path, "rb") as handle:
+def _tar_stream(entries: list[tuple[tarfile.TarInfo, IO[bytes] | None]], chunk: int = 4 << 20) -> Iterator[bytes]:
+    """A tar archive of ``entries`` (member, its bytes or None) in pieces of at least ``chunk`` bytes.
+
+    Few large pieces, not one per member: each piece is a socket write for which this thread has to
+    win the GIL back from the download threads.
+    """
+    out = bytearray()
+    for info, handle in entries:
+        out += info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+        if handle is not None:
+            handle.seek(0)
             while block := handle.read(chunk):
-                yield block
-        if info.size % tarfile.BLOCKSIZE:
-            yield tarfile.NUL * (tarfile.BLOCKSIZE - info.size % tarfile.BLOCKSIZE)
-    yield tarfile.NUL * (2 * tarfile.BLOCKSIZE)
+                out += block
+                if len(out) >= chunk:
+                    yield bytes(out)
+                    out.clear()
+            out += tarfile.NUL * (-info.size % tarfile.BLOCKSIZE)
+    yield bytes(out + tarfile.NUL * (2 * tarfile.BLOCKSIZE))
