@@ -76,14 +76,10 @@ def emulator(logfile: Path) -> Iterator[tuple[str, int]]:
                 raise RuntimeError(f"the GCS emulator did not answer on {host} within 30 s (see {logfile})")
             time.sleep(0.1)
         yield host, proc.pid
-    finally:
+    finally:  # in memory: nothing to flush, so no grace period
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        proc.wait()
 
 
 def _engine_pids() -> list[int]:
