@@ -23,6 +23,7 @@ from typing import IO, Any
 
 from tfpipe.exceptions import StageInError
 from tfpipe.gcs import Progress, megabytes
+from tfpipe.gcs import plan as planner
 from tfpipe.gcs.plan import (MANIFEST_NAME, MANIFEST_SCHEMA, Layout, RemoteObject, SyncPlan, batches, changed_since,
                              plan_layout, plan_sync)
 from tfpipe.hooks.docker import VolumeHelper, tar_bytes
@@ -31,7 +32,7 @@ from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook, list_objects
 LOG = logging.getLogger(__name__)
 
 #: Objects up to this size wait in memory between their download and the engine; bigger ones are
-#: spooled to the worker's disk. With two batches in flight (``plan.BATCH_BYTES`` each), that bounds
+#: spooled to the worker's disk. With two batches in flight (``planner.BATCH_BYTES`` each), that bounds
 #: the memory a stage-in holds.
 IN_MEMORY_BYTES = 8 * 1024 * 1024
 
@@ -166,9 +167,10 @@ def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecu
     """
 
     def todo() -> Iterator[list[RemoteObject]]:
-        yield from batches(early)
+        limits = (planner.BATCH_BYTES, planner.BATCH_OBJECTS)  # read at run time: tests lower them
+        yield from batches(early, *limits)
         taken = {o.rel for o in early}
-        yield from batches([o for o in survey.result().plan.download if o.rel not in taken])
+        yield from batches([o for o in survey.result().plan.download if o.rel not in taken], *limits)
 
     in_flight: tuple[Future, list[RemoteObject]] | None = None
     for batch in todo():
