@@ -1,9 +1,11 @@
 """The stage-in sync: ``gs://bucket/prefix`` into the data volume, through the Docker engine.
 
 Objects are listed and downloaded **on the worker** (only new or changed ones, compared with the
-manifest of the last sync), in parallel, and handed to the engine as tar streams through a
-:class:`~tfpipe.hooks.docker.VolumeHelper`; the listing and deletions run as programs of
-:mod:`trainer.volume_ops` in helper containers next to the files.
+manifest of the last sync) with ``google.cloud.storage.transfer_manager.download_many`` (thread
+workers), in batches that go to the engine as tar streams through a
+:class:`~tfpipe.hooks.docker.VolumeHelper` while the next batch downloads. The listing of the target
+directory and deletions run as programs of :mod:`trainer.volume_ops` in helper containers next to
+the files; the manifest is written last, so an interrupted sync never passes for a complete one.
 """
 
 from __future__ import annotations

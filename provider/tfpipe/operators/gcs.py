@@ -135,9 +135,10 @@ class GcsStageInOperator(_GcsTransferOperator):
     """Sync ``gs://bucket/prefix`` into ``<data_volume>/<data_path>`` on the Docker engine's host.
 
     Runs before prep. Objects are listed and downloaded **on the worker** (only new or changed ones:
-    a manifest of generations and CRC32Cs stays next to the files), in parallel, and handed to the
-    engine as tar streams (``put_archive``) through a helper container of ``image`` that mounts the
-    data volume; files of objects deleted from the bucket are removed. When neither the run's
+    a manifest of generations and CRC32Cs stays next to the files) with the transfer manager of
+    ``google-cloud-storage``, and handed to the engine in batches as tar streams (``put_archive``)
+    through a helper container of ``image`` that mounts the data volume, each batch while the next
+    downloads; files of objects deleted from the bucket are removed. When neither the run's
     Param ``uri_param`` nor ``source_uri`` is set, the task skips itself.
 
     :param data_volume: the data volume: a directory on the Docker engine's host.
