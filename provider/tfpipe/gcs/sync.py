@@ -10,12 +10,15 @@ the files; the manifest is written last, so an interrupted sync never passes for
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import posixpath
+import queue
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -71,14 +74,14 @@ def stage_in(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, data_path: 
     with tempfile.TemporaryDirectory(prefix="tfpipe-stage-in-") as tmp, \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfpipe-engine") as engine:
         # Every engine call runs in this one thread, in order: first the survey of the target directory
-        # (a helper container: about a second), then one batch's tar at a time. Meanwhile this thread
+        # (a helper container: about a second), then the tar stream. Meanwhile this thread already
         # downloads what the last sync's manifest shows must change, whatever the directory holds.
         survey = engine.submit(_survey, helper, uri, layout, root, where, uid, gid, log)
         early = changed_since(layout.objects, _read_manifest(helper, root, layout.manifest_name))
         for batch in _transfer(hook, helper, engine, survey, uri, early, root, tmp, max_workers):
             downloaded += len(batch)
             downloaded_bytes += sum(o.size for o in batch)
-            unchanged = survey.result().plan.unchanged  # done: it ran before the batch's tar
+            unchanged = survey.result().plan.unchanged  # done: it ran before the tar stream
             if progress.due(len(unchanged) + downloaded, total):
                 log.info("staged %d/%d objects, %s", len(unchanged) + downloaded, total,
                          megabytes(downloaded_bytes + sum(o.size for o in unchanged)))
@@ -154,18 +157,18 @@ def _read_manifest(helper: VolumeHelper, root: str, name: str) -> dict[str, Any]
         return None
 
 
-def _finish(put: Future, batch: list[RemoteObject]) -> list[RemoteObject]:
-    put.result()  # the engine's error, if any, is raised here
-    return batch
+class _Aborted(Exception):
+    """The worker stopped the transfer (its own error follows); the engine gets no complete tar."""
 
 
 def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecutor, survey: Future, uri: GcsUri,
               early: list[RemoteObject], root: str, tmp: str, max_workers: int) -> Iterator[list[RemoteObject]]:
-    """Download batch by batch (``early`` first, then what else the survey's plan downloads) and hand
-    each batch to ``engine``; yield each batch once it is in the volume.
+    """Download batch by batch (``early`` first, then what else the survey's plan downloads) into
+    one tar stream to the engine; yield each batch once the engine has been sent it.
 
-    Batch k goes into the volume while batch k + 1 downloads, so the engine's writes hide behind the
-    transfer; at most two batches are held on the worker.
+    One ``put_archive`` for the whole sync (each call costs the engine a mount namespace and an
+    untar process), fed batch by batch while the next batch downloads; at most two batches are
+    held on the worker.
     """
 
     def todo() -> Iterator[list[RemoteObject]]:
@@ -174,16 +177,66 @@ def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecu
         taken = {o.rel for o in early}
         yield from batches([o for o in survey.result().plan.download if o.rel not in taken], *limits)
 
-    in_flight: tuple[Future, list[RemoteObject]] | None = None
-    for batch in todo():
-        if survey.done():
-            survey.result()  # a failed survey stops the downloads
-        files = _download(hook, uri, batch, tmp, max_workers)
-        if in_flight is not None:
-            yield _finish(*in_flight)
-        in_flight = (engine.submit(_put_batch, helper, root, survey, batch, files), batch)
-    if in_flight is not None:
-        yield _finish(*in_flight)
+    ready: queue.Queue = queue.Queue()  # downloaded batches for the stream; None ends it
+    sent: queue.Queue = queue.Queue()  # batches the stream has handed to the engine
+    room = threading.Semaphore(2)  # batches held on the worker
+    put: Future | None = None
+
+    def wait_for(acquire: Any) -> None:
+        while not acquire(timeout=0.2):
+            if put is not None and put.done():
+                put.result()  # the engine's error
+                raise RuntimeError("the tar stream to the engine ended before the last batch")
+
+    def drain() -> Iterator[list[RemoteObject]]:
+        while not sent.empty():
+            yield sent.get()
+
+    try:
+        for batch in todo():
+            if survey.done():
+                survey.result()  # a failed survey stops the downloads
+            wait_for(room.acquire)
+            files = _download(hook, uri, batch, tmp, max_workers)
+            ready.put((batch, files))
+            if put is None:
+                put = engine.submit(_put_stream, helper, root, survey, ready, sent, room)
+            yield from drain()
+        if put is None:
+            return
+        ready.put(None)
+        put.result()
+        yield from drain()
+    except BaseException:
+        if put is not None:
+            ready.put(_Aborted)
+            with contextlib.suppress(BaseException):
+                put.result()
+        while not ready.empty():
+            item = ready.get()
+            if isinstance(item, tuple):
+                _close(item[1])
+        raise
+
+
+def _put_stream(helper: VolumeHelper, root: str, survey: Future, ready: queue.Queue, sent: queue.Queue,
+                room: threading.Semaphore) -> None:
+    """In the engine's thread: one tar of every batch put on ``ready``, streamed into ``root``."""
+
+    def pieces() -> Iterator[bytes]:
+        while (item := ready.get()) is not None:
+            if item is _Aborted:
+                raise _Aborted()
+            batch, files = item
+            try:
+                yield from _tar_pieces(_tar_entries(batch, files, survey.result()))
+            finally:
+                _close(files)
+                room.release()
+            sent.put(batch)
+        yield tarfile.NUL * (2 * tarfile.BLOCKSIZE)  # end of archive
+
+    helper.put_archive(root, pieces())  # type: ignore[arg-type]  # streamed, chunked
 
 
 def _download(hook: TfpipeGcsHook, uri: GcsUri, batch: list[RemoteObject], tmp: str,
@@ -236,22 +289,11 @@ def _tar_entries(batch: list[RemoteObject], files: dict[str, IO[bytes]],
         yield info, files[obj.rel]
 
 
-def _put_batch(helper: VolumeHelper, root: str, survey: Future, batch: list[RemoteObject],
-               files: dict[str, IO[bytes]]) -> None:
-    """In the engine's thread: stream ``batch`` into ``root`` as one tar (none is written out), then free it."""
-    try:
-        entries = list(_tar_entries(batch, files, survey.result()))
-        helper.put_archive(root, _tar_stream(entries))  # type: ignore[arg-type]  # streamed, chunked
-    finally:
-        _close(files)
-
-
-def _tar_stream(entries: list[tuple[tarfile.TarInfo, IO[bytes] | None]], chunk: int = 4 << 20) -> Iterator[bytes]:
-    """A tar archive of ``entries`` (member, its bytes or None) in pieces of at least ``chunk`` bytes.
-
-    Few large pieces, not one per member: each piece is a socket write for which this thread has to
-    win the GIL back from the download threads.
-    """
+def _tar_pieces(entries: Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]],
+                chunk: int = 4 << 20) -> Iterator[bytes]:
+    """The tar members ``entries`` (member, its bytes or None) in pieces of at least ``chunk`` bytes
+    (the last one smaller): few socket writes, for each of which this thread has to win the GIL
+    back from the download threads."""
     out = bytearray()
     for info, handle in entries:
         out += info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
@@ -263,4 +305,5 @@ def _tar_stream(entries: list[tuple[tarfile.TarInfo, IO[bytes] | None]], chunk: 
                     yield bytes(out)
                     out.clear()
             out += tarfile.NUL * (-info.size % tarfile.BLOCKSIZE)
-    yield bytes(out + tarfile.NUL * (2 * tarfile.BLOCKSIZE))
+    if out:
+        yield bytes(out)
