@@ -2,8 +2,8 @@
 
 Objects are listed and downloaded **on the worker** (only new or changed ones, compared with the
 manifest of the last sync) with ``google.cloud.storage.transfer_manager.download_many`` (thread
-workers), in batches that go to the engine as tar streams through a
-:class:`~tfpipe.hooks.docker.VolumeHelper` while the next batch downloads. The listing of the target
+workers), in batches that go to the engine as one tar stream through a
+:class:`~tfpipe.hooks.docker.VolumeHelper`, each while the next batch downloads. The listing of the target
 directory and deletions run as programs of :mod:`trainer.volume_ops` in helper containers next to
 the files; the manifest is written last, so an interrupted sync never passes for a complete one.
 """

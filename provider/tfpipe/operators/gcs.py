@@ -106,7 +106,7 @@ class _GcsTransferOperator(BaseOperator):
         self.max_workers = max_workers
 
     @property
-    def role(self) -> str:
+    def helper_role(self) -> str:
         """The role label of this task's helper containers."""
         return f"gcs-{self.stage.replace('_', '-')}"
 
@@ -127,7 +127,7 @@ class _GcsTransferOperator(BaseOperator):
         hook.get_conn()  # credentials first: a bad key fails before any container starts
         engine = _engine(self.docker_url, self.task_id)
         labels = _task_labels(context, self.stage)
-        engine.remove_labelled(labels, role=self.role, log=self.log)
+        engine.remove_labelled(labels, role=self.helper_role, log=self.log)
         return image, hook, engine, labels
 
 
@@ -136,8 +136,8 @@ class GcsStageInOperator(_GcsTransferOperator):
 
     Runs before prep. Objects are listed and downloaded **on the worker** (only new or changed ones:
     a manifest of generations and CRC32Cs stays next to the files) with the transfer manager of
-    ``google-cloud-storage``, and handed to the engine in batches as tar streams (``put_archive``)
-    through a helper container of ``image`` that mounts the data volume, each batch while the next
+    ``google-cloud-storage``, and handed to the engine as one tar stream (``put_archive``) through a
+    helper container of ``image`` that mounts the data volume, batch by batch while the next batch
     downloads; files of objects deleted from the bucket are removed. When neither the run's
     Param ``uri_param`` nor ``source_uri`` is set, the task skips itself.
 
@@ -184,7 +184,7 @@ class GcsStageInOperator(_GcsTransferOperator):
 
         image, hook, engine, labels = self._connect(context)
         with engine.volume(image=image, host_path=self.data_volume, mount_point=DATA_MOUNT, labels=labels,
-                           role=self.role, log=self.log) as helper:
+                           role=self.helper_role, log=self.log) as helper:
             result = stage_in(hook, helper, uri, self.data_path, user=self.user, max_workers=self.max_workers,
                               log=self.log)
         self.lineage_inputs = capture(self, context, result, ())
@@ -273,7 +273,7 @@ class GcsPublishOperator(_GcsTransferOperator):
         with tempfile.TemporaryDirectory(prefix="tfpipe-publish-") as tmp:
             with engine.volume(image=image, host_path=self.models_volume,
                                mount_point=contract.CONTAINER_MODELS, read_only=True, labels=labels,
-                               role=self.role, log=self.log) as helper:
+                               role=self.helper_role, log=self.log) as helper:
                 stream = helper.get_archive(container_dir)
                 if stream is None:
                     raise AirflowFailException(
