@@ -182,11 +182,14 @@ def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecu
     room = threading.Semaphore(2)  # batches held on the worker
     put: Future | None = None
 
-    def wait_for(acquire: Any) -> None:
-        while not acquire(timeout=0.2):
+    def wait_for_room() -> None:
+        """Until fewer than two batches are held; a stream that ended (the engine's error) stops it all."""
+        while True:
             if put is not None and put.done():
-                put.result()  # the engine's error
+                put.result()  # raises the engine's error
                 raise RuntimeError("the tar stream to the engine ended before the last batch")
+            if room.acquire(timeout=0.2):
+                return
 
     def drain() -> Iterator[list[RemoteObject]]:
         while not sent.empty():
@@ -196,7 +199,7 @@ def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecu
         for batch in todo():
             if survey.done():
                 survey.result()  # a failed survey stops the downloads
-            wait_for(room.acquire)
+            wait_for_room()
             files = _download(hook, uri, batch, tmp, max_workers)
             ready.put((batch, files))
             if put is None:
