@@ -118,6 +118,21 @@ def test_an_object_deleted_after_listing_is_named_and_no_manifest_is_written(tmp
     assert not (tmp_path / "data" / "d" / MANIFEST_NAME).exists()
 
 
+def test_a_folder_onto_a_data_file_fails_naming_both_and_leaves_the_file(tmp_path, trainer_image, bucket):
+    """The engine's survey finds the data path is a file while the first objects already download:
+    the task fails without retry, saying what to change, and the file is left as it was."""
+    from tfpipe.exceptions import StageInError
+
+    for i in range(3):
+        bucket.blob(f"raw/d/part-{i}.csv").upload_from_string(b"x,label\n1,0\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "d").write_text("mine")
+    with pytest.raises(StageInError, match=r"is a folder of objects, but the data path 'd' is a file .* Fix:"):
+        _operator(tmp_path, trainer_image, "d/", source_uri=f"gs://{bucket.name}/raw/d").execute(
+            fake_context("stage_in"))
+    assert (tmp_path / "data" / "d").read_text() == "mine"
+
+
 def test_no_uri_skips(tmp_path, trainer_image):
     from airflow.providers.common.compat.sdk import AirflowSkipException
 
