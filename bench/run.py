@@ -56,6 +56,8 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "False"
 sys.path.insert(0, str(REPO / "provider"))  # tfpipe, when the venv lacks the editable install
 
+from figures_gcs import gcs_stage_in  # noqa: E402  (bench/ is on sys.path: this script's folder)
+
 
 # --------------------------------------------------------------------------------------------
 # small helpers
@@ -1215,6 +1217,10 @@ FIGURES = [
     Figure("deployment_overhead_ratio", 1.05,
            "tfpipe_digits under make up's stack (REST trigger to success) / the same containers as 4 plain "
            "DockerOperators in that stack", deployment_overhead, min_seconds=600),
+    Figure("gcs_stage_in_ratio", 1.00,
+           "GcsStageInOperator of 500 objects (200 MB) from the GCS emulator into a volume / list + "
+           "transfer_manager.download_many of the same objects (process workers); publish vs upload_many as info",
+           gcs_stage_in, min_seconds=120),
     Figure("gpu_resnet50", None,
            "GPU only: ResNet-50 images/s, float32 and mixed_float16, GPU utilization in the steady state",
            gpu_resnet50, gpu=True),

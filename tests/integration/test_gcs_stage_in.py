@@ -71,6 +71,68 @@ def test_one_object_replaces_the_data_file(tmp_path, trainer_image, bucket):
     assert (tmp_path / "data" / "digits" / f".digits.csv{MANIFEST_NAME}").is_file()
 
 
+def test_many_batches_in_memory_and_spooled_arrive_intact(tmp_path, trainer_image, bucket, monkeypatch):
+    """Batches of two objects (each goes into the volume while the next downloads); objects past
+    IN_MEMORY_BYTES wait on the worker's disk, smaller ones in memory: every byte arrives."""
+    import tfpipe.gcs.plan
+    import tfpipe.gcs.sync
+
+    monkeypatch.setattr(tfpipe.gcs.plan, "BATCH_OBJECTS", 2)
+    monkeypatch.setattr(tfpipe.gcs.sync, "IN_MEMORY_BYTES", 1000)
+    bodies = {f"raw/d/{'deep/' * (i % 3)}part-{i}.bin": bytes([i]) * (i * 700 + 1) for i in range(7)}
+    for name, body in bodies.items():
+        bucket.blob(name).upload_from_string(body)
+    result = _operator(tmp_path, trainer_image, "d/", source_uri=f"gs://{bucket.name}/raw/d").execute(
+        fake_context("stage_in"))
+    assert (result["downloaded"], result["bytes_downloaded"]) == (7, sum(map(len, bodies.values())))
+    target = tmp_path / "data" / "d"
+    for name, body in bodies.items():
+        staged = target / name[len("raw/d/"):]
+        assert staged.read_bytes() == body, name
+        assert (staged.stat().st_uid, staged.stat().st_gid) == (1000, 1000)
+    assert (target / "deep" / "deep").stat().st_uid == 1000, "directories the tar made belong to the stage user"
+    assert sorted(json.loads((target / MANIFEST_NAME).read_text())["objects"]) == sorted(
+        n[len("raw/d/"):] for n in bodies)
+
+
+def test_an_object_deleted_after_listing_is_named_and_no_manifest_is_written(tmp_path, trainer_image, bucket, monkeypatch):
+    """An object is deleted between the listing and its download: the task fails with an
+    error naming the object (retried: the next try lists again), and the manifest, written last, is
+    not there, so the half-staged directory never passes for a complete sync."""
+    import tfpipe.gcs.sync
+    from tfpipe.hooks.gcs import GcsTransferError
+
+    for i in range(4):
+        bucket.blob(f"raw/d/part-{i}.csv").upload_from_string(f"x,label\n{i},0\n".encode())
+    real_list = tfpipe.gcs.sync.list_objects
+
+    def list_then_delete(*args, **kwargs):
+        listed = real_list(*args, **kwargs)
+        bucket.blob("raw/d/part-2.csv").delete()  # as another writer would, after the listing
+        return listed
+
+    monkeypatch.setattr(tfpipe.gcs.sync, "list_objects", list_then_delete)
+    with pytest.raises(GcsTransferError, match=r"downloading gs://[^ ]+/raw/d/part-2\.csv: .*\(404\)"):
+        _operator(tmp_path, trainer_image, "d/", source_uri=f"gs://{bucket.name}/raw/d").execute(
+            fake_context("stage_in"))
+    assert not (tmp_path / "data" / "d" / MANIFEST_NAME).exists()
+
+
+def test_a_folder_onto_a_data_file_fails_naming_both_and_leaves_the_file(tmp_path, trainer_image, bucket):
+    """The engine's survey finds the data path is a file while the first objects already download:
+    the task fails without retry, saying what to change, and the file is left as it was."""
+    from tfpipe.exceptions import StageInError
+
+    for i in range(3):
+        bucket.blob(f"raw/d/part-{i}.csv").upload_from_string(b"x,label\n1,0\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "d").write_text("mine")
+    with pytest.raises(StageInError, match=r"is a folder of objects, but the data path 'd' is a file .* Fix:"):
+        _operator(tmp_path, trainer_image, "d/", source_uri=f"gs://{bucket.name}/raw/d").execute(
+            fake_context("stage_in"))
+    assert (tmp_path / "data" / "d").read_text() == "mine"
+
+
 def test_no_uri_skips(tmp_path, trainer_image):
     from airflow.providers.common.compat.sdk import AirflowSkipException
 

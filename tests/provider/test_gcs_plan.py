@@ -15,7 +15,7 @@ from tfpipe.config import PipelineConfig
 from tfpipe.exceptions import TfpipeConfigError
 from tfpipe.hooks.gcs import GcsAccessError, GcsUri, TfpipeGcsHook
 from tfpipe.exceptions import StageInError
-from tfpipe.gcs.plan import MANIFEST_NAME, batches, plan_layout, plan_sync
+from tfpipe.gcs.plan import MANIFEST_NAME, batches, changed_since, plan_layout, plan_sync
 from tfpipe.gcs.publish import version_uri
 from tfpipe.operators.gcs import GcsPublishOperator, GcsStageInOperator
 
@@ -131,6 +131,12 @@ def test_sync_plan_downloads_only_what_changed():
     # no manifest (first sync): everything is downloaded, nothing deleted
     first = plan_sync(objects, None, local)
     assert len(first.download) == len(objects) and first.delete == []
+    # what can be fetched before the directory is listed: what the manifest alone shows changed,
+    # never an object the listing may find intact, always inside the plan's downloads
+    early = changed_since(objects, manifest)
+    assert [o.rel for o in early] == ["changed.csv", "new.csv"]
+    assert {o.rel for o in early} <= {o.rel for o in plan.download}
+    assert len(changed_since(objects, None)) == len(objects)
 
 
 def test_batches_bound_bytes_and_count():

@@ -18,7 +18,7 @@ from tfpipe.hooks.gcs import GcsUri
 MANIFEST_NAME = ".tfpipe-gcs-manifest.json"
 MANIFEST_SCHEMA = 1
 #: Objects are downloaded and handed to the engine in batches of at most this many bytes/objects.
-BATCH_BYTES = 64 * 1024 * 1024
+BATCH_BYTES = 32 * 1024 * 1024
 BATCH_OBJECTS = 200
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f\\]")
 
@@ -146,6 +146,16 @@ def plan_sync(objects: Mapping[str, RemoteObject], manifest: Mapping[str, Any] |
     plan.delete = sorted(rel for rel in entries if rel not in objects and rel in local)
     plan.untracked = sorted(rel for rel in local if rel not in objects and rel not in entries)
     return plan
+
+
+def changed_since(objects: Mapping[str, RemoteObject], manifest: Mapping[str, Any] | None) -> list[RemoteObject]:
+    """The objects a sync downloads whatever the target directory holds, sorted by ``rel``.
+
+    Those the last sync's manifest lacks or records with other content or size: always a subset of
+    :func:`plan_sync`'s downloads for that manifest, so they can be fetched before the directory is listed.
+    """
+    entries = (manifest or {}).get("objects") or {}
+    return plan_sync(objects, manifest, {rel: entry.get("size") for rel, entry in entries.items()}).download
 
 
 def batches(objects: list[RemoteObject], max_bytes: int = BATCH_BYTES,

@@ -1,31 +1,45 @@
 """The stage-in sync: ``gs://bucket/prefix`` into the data volume, through the Docker engine.
 
 Objects are listed and downloaded **on the worker** (only new or changed ones, compared with the
-manifest of the last sync), in parallel, and handed to the engine as tar streams through a
-:class:`~tfpipe.hooks.docker.VolumeHelper`; the listing and deletions run as programs of
-:mod:`trainer.volume_ops` in helper containers next to the files.
+manifest of the last sync) with ``google.cloud.storage.transfer_manager.download_many`` (thread
+workers), in batches that go to the engine as one tar stream through a
+:class:`~tfpipe.hooks.docker.VolumeHelper`, each while the next batch downloads. The listing of the target
+directory and deletions run as programs of :mod:`trainer.volume_ops` in helper containers next to
+the files; the manifest is written last, so an interrupted sync never passes for a complete one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import posixpath
+import queue
 import tarfile
 import tempfile
+import threading
 import time
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import IO, Any
 
 from tfpipe.exceptions import StageInError
 from tfpipe.gcs import Progress, megabytes
-from tfpipe.gcs.plan import MANIFEST_NAME, MANIFEST_SCHEMA, RemoteObject, batches, plan_layout, plan_sync
+from tfpipe.gcs import plan as planner
+from tfpipe.gcs.plan import (MANIFEST_NAME, MANIFEST_SCHEMA, Layout, RemoteObject, SyncPlan, batches, changed_since,
+                             plan_layout, plan_sync)
 from tfpipe.hooks.docker import VolumeHelper, tar_bytes
 from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook, list_objects
 
 LOG = logging.getLogger(__name__)
+
+#: Objects up to this size wait in memory between their download and the engine; bigger ones are
+#: spooled to the worker's disk. With two batches in flight (``planner.BATCH_BYTES`` each), that bounds
+#: the memory a stage-in holds.
+IN_MEMORY_BYTES = 8 * 1024 * 1024
 
 
 def _uid_gid(user: str) -> tuple[int, int]:
@@ -52,64 +66,26 @@ def stage_in(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, data_path: 
     mount = helper.mount_point.rstrip("/")
     root = f"{mount}/{layout.target_dir}".rstrip("/") if layout.target_dir else mount
     uid, gid = _uid_gid(user)
-    listing = helper.run_program("list_dir", {
-        "root": root, "uid": uid, "gid": gid, "manifest": layout.manifest_name, "marker": MANIFEST_NAME,
-        "only": [layout.single] if layout.single else None})
     where = f"{helper.host_path}/{layout.target_dir}".rstrip("/")
-    if listing.get("error") == "not_a_directory":
-        raise StageInError(
-            f"{uri} is a folder of objects, but the data path {layout.target_dir!r} is a file ({where} on the "
-            "engine's host). Fix: point the URI at one object (gs://bucket/path/file.csv) to stage a single "
-            "file, or set data.path to a directory.")
-    plan = plan_sync(layout.objects, listing.get("manifest"), listing.get("files") or {})
     total = len(layout.objects)
     total_bytes = sum(o.size for o in layout.objects.values())
-    log.info("stage-in %s -> %s: %d object(s), %s; %d to download, %d unchanged, %d to delete",
-             uri, where, total, megabytes(total_bytes), len(plan.download), len(plan.unchanged), len(plan.delete))
-    if plan.untracked:
-        log.warning("%d file(s) in %s are not from %s and were left in place (prep reads them if they match "
-                    "data.format): %s", len(plan.untracked), where, uri, ", ".join(plan.untracked[:5]))
-
-    if plan.delete:
-        removed = helper.run_program("delete_files", {"root": root, "delete": plan.delete})["removed"]
-        log.info("removed %d file(s) whose objects were deleted from the bucket: %s", removed,
-                 ", ".join(plan.delete[:5]) + (" ..." if len(plan.delete) > 5 else ""))
-
-    existing_dirs = set(listing.get("dirs") or [])
-    staged, staged_bytes = len(plan.unchanged), sum(o.size for o in plan.unchanged)
-    downloaded_bytes = 0
-    if plan.download:
-        client = hook.get_conn()
-        bucket = client.bucket(uri.bucket)
-        progress = Progress()
-        with tempfile.TemporaryDirectory(prefix="tfpipe-stage-in-") as tmp:
-            for batch in batches(plan.download):
-                files = _download(hook, bucket, uri, batch, tmp, max_workers)
-                tar_path = os.path.join(tmp, "batch.tar")
-                with tarfile.open(tar_path, "w", format=tarfile.PAX_FORMAT) as tar:
-                    for obj in batch:
-                        for parent in _parents(obj.rel):
-                            if parent not in existing_dirs:
-                                info = tarfile.TarInfo(parent)
-                                info.type, info.mode, info.uid, info.gid, info.mtime = (
-                                    tarfile.DIRTYPE, 0o755, uid, gid, time.time())
-                                tar.addfile(info)
-                                existing_dirs.add(parent)
-                        info = tar.gettarinfo(files[obj.rel], arcname=obj.rel)
-                        info.mode, info.uid, info.gid, info.uname, info.gname = 0o644, uid, gid, "", ""
-                        info.mtime = obj.updated
-                        with open(files[obj.rel], "rb") as handle:
-                            tar.addfile(info, handle)
-                        os.remove(files[obj.rel])
-                with open(tar_path, "rb") as handle:
-                    helper.put_archive(root, handle)
-                os.remove(tar_path)
-                batch_bytes = sum(o.size for o in batch)
-                staged += len(batch)
-                staged_bytes += batch_bytes
-                downloaded_bytes += batch_bytes
-                if progress.due(staged, total):
-                    log.info("staged %d/%d objects, %s", staged, total, megabytes(staged_bytes))
+    downloaded = downloaded_bytes = 0
+    progress = Progress()
+    with tempfile.TemporaryDirectory(prefix="tfpipe-stage-in-") as tmp, \
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfpipe-engine") as engine:
+        # Every engine call runs in this one thread, in order: first the survey of the target directory
+        # (a helper container: about a second), then the tar stream. Meanwhile this thread already
+        # downloads what the last sync's manifest shows must change, whatever the directory holds.
+        survey = engine.submit(_survey, helper, uri, layout, root, where, uid, gid, log)
+        early = changed_since(layout.objects, _read_manifest(helper, root, layout.manifest_name))
+        for batch in _transfer(hook, helper, engine, survey, uri, early, root, tmp, max_workers):
+            downloaded += len(batch)
+            downloaded_bytes += sum(o.size for o in batch)
+            unchanged = survey.result().plan.unchanged  # done: it ran before the tar stream
+            if progress.due(len(unchanged) + downloaded, total):
+                log.info("staged %d/%d objects, %s", len(unchanged) + downloaded, total,
+                         megabytes(downloaded_bytes + sum(o.size for o in unchanged)))
+        listing, plan = survey.result().listing, survey.result().plan
 
     manifest = {"schema": MANIFEST_SCHEMA, "source": str(uri),
                 "objects": {rel: o.manifest_entry() for rel, o in sorted(layout.objects.items())}}
@@ -118,11 +94,11 @@ def stage_in(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, data_path: 
         manifest["synced_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         helper.put_archive(root, tar_bytes(layout.manifest_name, json.dumps(manifest, indent=1).encode(),
                                            uid=uid, gid=gid))
-    if not plan.download and not plan.delete:
+    if not downloaded and not plan.delete:
         log.info("stage-in: %s is up to date (%d object(s), %s)", where, total, megabytes(total_bytes))
     data_rel = posixpath.join(layout.target_dir, layout.single) if layout.single else layout.target_dir
     return {"source": str(uri), "target": f"{helper.host_path}/{data_rel}".rstrip("/"), "objects": total,
-            "bytes": total_bytes, "downloaded": len(plan.download), "bytes_downloaded": downloaded_bytes,
+            "bytes": total_bytes, "downloaded": downloaded, "bytes_downloaded": downloaded_bytes,
             "unchanged": len(plan.unchanged), "deleted": len(plan.delete), "untracked": len(plan.untracked)}
 
 
@@ -131,23 +107,206 @@ def _parents(rel: str) -> list[str]:
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def _download(hook: TfpipeGcsHook, bucket: Any, uri: GcsUri, batch: list[RemoteObject], tmp: str,
-              max_workers: int) -> dict[str, str]:
-    """Download ``batch`` (the listed generations, CRC32C-checked) in parallel; return rel -> local path."""
+@dataclass
+class _Survey:
+    """The target directory as the engine's helper listed it, and the sync plan made from it."""
 
-    def one(index: int, obj: RemoteObject) -> tuple[str, str]:
-        path = os.path.join(tmp, f"object-{index:06d}")
-        blob = bucket.blob(obj.name, generation=obj.generation or None)
-        with hook.errors(f"downloading gs://{uri.bucket}/{obj.name}", uri, missing="object"):
-            blob.download_to_filename(path, checksum="crc32c")
-        return obj.rel, path
+    listing: dict[str, Any]
+    plan: SyncPlan
+    dirs: set[str]  # directories below the target that exist (or are in a tar already sent)
+    uid: int
+    gid: int
 
-    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(batch)))) as pool:
-        futures = [pool.submit(one, i, obj) for i, obj in enumerate(batch)]
-        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        for fut in pending:
-            fut.cancel()
-        for fut in done:
-            if fut.exception() is not None:
-                raise fut.exception()  # type: ignore[misc]
-        return dict(fut.result() for fut in futures)
+
+def _survey(helper: VolumeHelper, uri: GcsUri, layout: Layout, root: str, where: str, uid: int, gid: int,
+            log: logging.Logger) -> _Survey:
+    """List the target directory on the engine (making it), plan the sync, delete what the bucket lost."""
+    listing = helper.run_program("list_dir", {
+        "root": root, "uid": uid, "gid": gid, "manifest": layout.manifest_name, "marker": MANIFEST_NAME,
+        "only": [layout.single] if layout.single else None})
+    if listing.get("error") == "not_a_directory":
+        raise StageInError(
+            f"{uri} is a folder of objects, but the data path {layout.target_dir!r} is a file ({where} on the "
+            "engine's host). Fix: point the URI at one object (gs://bucket/path/file.csv) to stage a single "
+            "file, or set data.path to a directory.")
+    plan = plan_sync(layout.objects, listing.get("manifest"), listing.get("files") or {})
+    log.info("stage-in %s -> %s: %d object(s), %s; %d to download, %d unchanged, %d to delete",
+             uri, where, len(layout.objects), megabytes(sum(o.size for o in layout.objects.values())),
+             len(plan.download), len(plan.unchanged), len(plan.delete))
+    if plan.untracked:
+        log.warning("%d file(s) in %s are not from %s and were left in place (prep reads them if they match "
+                    "data.format): %s", len(plan.untracked), where, uri, ", ".join(plan.untracked[:5]))
+    if plan.delete:  # before any tar: a new object may take the place of a deleted one
+        removed = helper.run_program("delete_files", {"root": root, "delete": plan.delete})["removed"]
+        log.info("removed %d file(s) whose objects were deleted from the bucket: %s", removed,
+                 ", ".join(plan.delete[:5]) + (" ..." if len(plan.delete) > 5 else ""))
+    return _Survey(listing, plan, set(listing.get("dirs") or []), uid, gid)
+
+
+def _read_manifest(helper: VolumeHelper, root: str, name: str) -> dict[str, Any] | None:
+    """The last sync's manifest, read through the engine's archive API; None when absent or unreadable.
+
+    Only a head start: the survey's listing is what the plan is made from.
+    """
+    from docker.errors import DockerException
+
+    try:
+        raw = helper.read_file(f"{root}/{name}")
+        return json.loads(raw) if raw else None
+    except (DockerException, ValueError):  # e.g. the data path is a file: the survey says so
+        return None
+
+
+class _Aborted(Exception):
+    """The worker stopped the transfer (its own error follows); the engine gets no complete tar."""
+
+
+def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecutor, survey: Future, uri: GcsUri,
+              early: list[RemoteObject], root: str, tmp: str, max_workers: int) -> Iterator[list[RemoteObject]]:
+    """Download batch by batch (``early`` first, then what else the survey's plan downloads) into
+    one tar stream to the engine; yield each batch once the engine has been sent it.
+
+    One ``put_archive`` for the whole sync (each call costs the engine a mount namespace and an
+    untar process), fed batch by batch while the next batch downloads; at most two batches are
+    held on the worker.
+    """
+
+    def todo() -> Iterator[list[RemoteObject]]:
+        limits = (planner.BATCH_BYTES, planner.BATCH_OBJECTS)  # read at run time: tests lower them
+        yield from batches(early, *limits)
+        taken = {o.rel for o in early}
+        yield from batches([o for o in survey.result().plan.download if o.rel not in taken], *limits)
+
+    ready: queue.Queue = queue.Queue()  # downloaded batches for the stream; None ends it
+    sent: queue.Queue = queue.Queue()  # batches the stream has handed to the engine
+    room = threading.Semaphore(2)  # batches held on the worker
+    put: Future | None = None
+
+    def wait_for_room() -> None:
+        """Until fewer than two batches are held; a stream that ended (the engine's error) stops it all."""
+        while True:
+            if put is not None and put.done():
+                put.result()  # raises the engine's error
+                raise RuntimeError("the tar stream to the engine ended before the last batch")
+            if room.acquire(timeout=0.2):
+                return
+
+    def drain() -> Iterator[list[RemoteObject]]:
+        while not sent.empty():
+            yield sent.get()
+
+    try:
+        for batch in todo():
+            if survey.done():
+                survey.result()  # a failed survey stops the downloads
+            wait_for_room()
+            files = _download(hook, uri, batch, tmp, max_workers)
+            ready.put((batch, files))
+            if put is None:
+                put = engine.submit(_put_stream, helper, root, survey, ready, sent, room)
+            yield from drain()
+        if put is None:
+            return
+        ready.put(None)
+        put.result()
+        yield from drain()
+    except BaseException:
+        if put is not None:
+            ready.put(_Aborted)
+            with contextlib.suppress(BaseException):
+                put.result()
+        while not ready.empty():
+            item = ready.get()
+            if isinstance(item, tuple):
+                _close(item[1])
+        raise
+
+
+def _put_stream(helper: VolumeHelper, root: str, survey: Future, ready: queue.Queue, sent: queue.Queue,
+                room: threading.Semaphore) -> None:
+    """In the engine's thread: one tar of every batch put on ``ready``, streamed into ``root``."""
+
+    def pieces() -> Iterator[bytes]:
+        while (item := ready.get()) is not None:
+            if item is _Aborted:
+                raise _Aborted()
+            batch, files = item
+            try:
+                yield from _tar_pieces(_tar_entries(batch, files, survey.result()))
+            finally:
+                _close(files)
+                room.release()
+            sent.put(batch)
+        yield tarfile.NUL * (2 * tarfile.BLOCKSIZE)  # end of archive
+
+    helper.put_archive(root, pieces())  # type: ignore[arg-type]  # streamed, chunked
+
+
+def _download(hook: TfpipeGcsHook, uri: GcsUri, batch: list[RemoteObject], tmp: str,
+              max_workers: int) -> dict[str, IO[bytes]]:
+    """Download ``batch`` (the listed generations, CRC32C-checked) with the transfer manager.
+
+    Returns rel -> the object's bytes: in memory up to :data:`IN_MEMORY_BYTES`, spooled to ``tmp``
+    beyond. Thread workers: the client, its credentials and its connection pool stay in this
+    process (an Airflow task forks no process pool), and they measured faster than process workers.
+    """
+    from google.cloud.storage import transfer_manager
+
+    bucket = hook.get_conn().bucket(uri.bucket)
+    files: dict[str, IO[bytes]] = {
+        obj.rel: tempfile.SpooledTemporaryFile(max_size=IN_MEMORY_BYTES, dir=tmp) for obj in batch}  # noqa: SIM115
+    try:
+        pairs = [(bucket.blob(obj.name, generation=obj.generation or None), files[obj.rel]) for obj in batch]
+        results = transfer_manager.download_many(pairs, download_kwargs={"checksum": "crc32c"},
+                                                 worker_type=transfer_manager.THREAD,
+                                                 max_workers=max(1, min(max_workers, len(batch))))
+        for obj, result in zip(batch, results):
+            if isinstance(result, BaseException):
+                with hook.errors(f"downloading gs://{uri.bucket}/{obj.name}", uri, missing="object"):
+                    raise result
+    except BaseException:
+        _close(files)
+        raise
+    return files
+
+
+def _close(files: dict[str, IO[bytes]]) -> None:
+    for handle in files.values():
+        handle.close()
+
+
+def _tar_entries(batch: list[RemoteObject], files: dict[str, IO[bytes]],
+                 survey: _Survey) -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:
+    """The tar members of ``batch``: parent directories not there yet, then each object's bytes."""
+    for obj in batch:
+        for parent in _parents(obj.rel):
+            if parent not in survey.dirs:
+                info = tarfile.TarInfo(parent)
+                info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, time.time()
+                info.uid, info.gid = survey.uid, survey.gid
+                survey.dirs.add(parent)
+                yield info, None
+        info = tarfile.TarInfo(obj.rel)
+        info.size = files[obj.rel].seek(0, os.SEEK_END)
+        info.mode, info.uid, info.gid, info.mtime = 0o644, survey.uid, survey.gid, obj.updated
+        yield info, files[obj.rel]
+
+
+def _tar_pieces(entries: Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]],
+                chunk: int = 4 << 20) -> Iterator[bytes]:
+    """The tar members ``entries`` (member, its bytes or None) in pieces of at least ``chunk`` bytes
+    (the last one smaller): few socket writes, for each of which this thread has to win the GIL
+    back from the download threads."""
+    out = bytearray()
+    for info, handle in entries:
+        out += info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+        if handle is not None:
+            handle.seek(0)
+            while block := handle.read(chunk):
+                out += block
+                if len(out) >= chunk:
+                    yield bytes(out)
+                    out.clear()
+            out += tarfile.NUL * (-info.size % tarfile.BLOCKSIZE)
+    if out:
+        yield bytes(out)

@@ -71,13 +71,74 @@ def _task_labels(context: Mapping[str, Any], stage: str) -> dict[str, str]:
                             stage=stage, map_index=-1 if map_index is None else map_index)
 
 
-class GcsStageInOperator(BaseOperator):
+class _GcsTransferOperator(BaseOperator):
+    """What both transfer operators share: the argument checks, and the start of ``execute()``
+    (the run's URI or a skip, the image, credentials, the engine, leftovers of an earlier try).
+
+    :param image: the trainer image the helper containers run; ``None`` = the Airflow Variable
+        ``tfpipe_image``, read when the task runs.
+    :param uri_param: name of the run Param that chooses the URI; ``None`` ignores Params.
+    :param gcp_conn_id: Airflow connection with the Google credentials.
+    :param docker_url: the Docker engine, local or remote.
+    :param max_workers: parallel transfers.
+    :param allow_floating_tag: accept an unpinned ``image``.
+    :param kwargs: passed to ``BaseOperator``.
+    """
+
+    #: The operator's URI argument (``source_uri`` / ``destination_uri``) and its stage label.
+    uri_field = ""
+    stage = ""
+
+    def __init__(self, *, image: str | None, uri: str | None, uri_param: str | None, gcp_conn_id: str,
+                 docker_url: str, max_workers: int, allow_floating_tag: bool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if image is not None:  # None: the Airflow Variable tfpipe_image, read in execute()
+            check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
+        if uri is not None and "{{" not in str(uri):
+            GcsUri.parse(uri, field_name=self.uri_field)
+        if not isinstance(max_workers, int) or isinstance(max_workers, bool) or not 1 <= max_workers <= 64:
+            raise TfpipeConfigError(f"max_workers: must be a whole number in 1..64, got {max_workers!r}. Fix: e.g. 8.")
+        self.image = image
+        self.allow_floating_tag = allow_floating_tag
+        self.uri_param = uri_param
+        self.gcp_conn_id = gcp_conn_id
+        self.docker_url = docker_url
+        self.max_workers = max_workers
+
+    @property
+    def helper_role(self) -> str:
+        """The role label of this task's helper containers."""
+        return f"gcs-{self.stage.replace('_', '-')}"
+
+    def _run_uri(self, context: Mapping[str, Any], *, skip: str) -> GcsUri:
+        """The URI of this run (the Param ``uri_param``, else the operator's); no URI skips with ``skip``."""
+        reject_unknown_conf(context, self.task_id)
+        uri = _resolve_uri(context, self.uri_param, getattr(self, self.uri_field), self.task_id, self.uri_field)
+        if uri is None:
+            raise AirflowSkipException(f"{skip}: neither the run parameter {self.uri_param!r} nor "
+                                       f"{self.uri_field} is set")
+        return uri
+
+    def _connect(self, context: Mapping[str, Any]) -> tuple[str, TfpipeGcsHook, Any, dict[str, str]]:
+        """``(image, gcs hook, engine hook, labels)``; credentials are checked before the engine is
+        touched, and helper containers an earlier try left behind are removed."""
+        image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
+        hook = TfpipeGcsHook(self.gcp_conn_id)
+        hook.get_conn()  # credentials first: a bad key fails before any container starts
+        engine = _engine(self.docker_url, self.task_id)
+        labels = _task_labels(context, self.stage)
+        engine.remove_labelled(labels, role=self.helper_role, log=self.log)
+        return image, hook, engine, labels
+
+
+class GcsStageInOperator(_GcsTransferOperator):
     """Sync ``gs://bucket/prefix`` into ``<data_volume>/<data_path>`` on the Docker engine's host.
 
     Runs before prep. Objects are listed and downloaded **on the worker** (only new or changed ones:
-    a manifest of generations and CRC32Cs stays next to the files), in parallel, and handed to the
-    engine as tar streams (``put_archive``) through a helper container of ``image`` that mounts the
-    data volume; files of objects deleted from the bucket are removed. When neither the run's
+    a manifest of generations and CRC32Cs stays next to the files) with the transfer manager of
+    ``google-cloud-storage``, and handed to the engine as one tar stream (``put_archive``) through a
+    helper container of ``image`` that mounts the data volume, batch by batch while the next batch
+    downloads; files of objects deleted from the bucket are removed. When neither the run's
     Param ``uri_param`` nor ``source_uri`` is set, the task skips itself.
 
     :param data_volume: the data volume: a directory on the Docker engine's host.
@@ -97,47 +158,33 @@ class GcsStageInOperator(BaseOperator):
     """
 
     template_fields = ("source_uri",)
+    uri_field = "source_uri"
+    stage = "stage_in"
     ui_color = "#d6eaff"
 
     def __init__(self, *, data_volume: str, data_path: str, image: str | None, source_uri: str | None = None,
                  uri_param: str | None = "data_uri", gcp_conn_id: str = "google_cloud_default",
                  docker_url: str = "unix://var/run/docker.sock", user: str = "1000:1000", max_workers: int = 8,
                  allow_floating_tag: bool = False, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if image is not None:  # None: the Airflow Variable tfpipe_image, read in execute()
-            check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
-        self.allow_floating_tag = allow_floating_tag
+        super().__init__(image=image, uri=source_uri, uri_param=uri_param, gcp_conn_id=gcp_conn_id,
+                         docker_url=docker_url, max_workers=max_workers, allow_floating_tag=allow_floating_tag,
+                         **kwargs)
         check_relative_path("data_path", data_path)
-        _check_common(source_uri, "source_uri", max_workers)
         if not isinstance(user, str) or not re.fullmatch(r"\d+(:\d+)?", user):
             raise TfpipeConfigError(f"user: must be 'uid:gid' in numbers, got {user!r}. Fix: e.g. '1000:1000'.")
         self.data_volume = check_host_path("data_volume", data_volume)
         self.data_path = data_path
-        self.image = image
         self.source_uri = source_uri
-        self.uri_param = uri_param
-        self.gcp_conn_id = gcp_conn_id
-        self.docker_url = docker_url
         self.user = user
-        self.max_workers = max_workers
 
     def execute(self, context: Any) -> dict[str, Any]:
-        reject_unknown_conf(context, self.task_id)
-        uri = _resolve_uri(context, self.uri_param, self.source_uri, self.task_id, "source_uri")
-        if uri is None:
-            raise AirflowSkipException(f"no data URI: neither the run parameter {self.uri_param!r} nor "
-                                       "source_uri is set; prep reads the data volume as it is")
+        uri = self._run_uri(context, skip="no data URI (prep reads the data volume as it is)")
         # imported here, not at the top: a DAG file that only builds this task never needs them
         from tfpipe.gcs.sync import stage_in
 
-        image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
-        hook = TfpipeGcsHook(self.gcp_conn_id)
-        hook.get_conn()  # credentials first: a bad key fails before any container starts
-        engine = _engine(self.docker_url, self.task_id)
-        labels = _task_labels(context, "stage_in")
-        engine.remove_labelled(labels, role="gcs-stage-in", log=self.log)
+        image, hook, engine, labels = self._connect(context)
         with engine.volume(image=image, host_path=self.data_volume, mount_point=DATA_MOUNT, labels=labels,
-                           role="gcs-stage-in", log=self.log) as helper:
+                           role=self.helper_role, log=self.log) as helper:
             result = stage_in(hook, helper, uri, self.data_path, user=self.user, max_workers=self.max_workers,
                               log=self.log)
         self.lineage_inputs = capture(self, context, result, ())
@@ -153,7 +200,7 @@ class GcsStageInOperator(BaseOperator):
             docker_url=self.docker_url, result=captured.get("result")))
 
 
-class GcsPublishOperator(BaseOperator):
+class GcsPublishOperator(_GcsTransferOperator):
     """Publish an exported model version to ``gs://bucket/prefix/<model_name>/<version>/``.
 
     Runs after export. The version is read out of the models volume **through the Docker engine**
@@ -179,6 +226,8 @@ class GcsPublishOperator(BaseOperator):
     """
 
     template_fields = ("destination_uri", "version")
+    uri_field = "destination_uri"
+    stage = "publish"
     ui_color = "#d6eaff"
 
     def __init__(self, *, models_volume: str, model_name: str, image: str | None,
@@ -187,22 +236,15 @@ class GcsPublishOperator(BaseOperator):
                  version: int | str | None = None, gcp_conn_id: str = "google_cloud_default",
                  docker_url: str = "unix://var/run/docker.sock", max_workers: int = 8,
                  allow_floating_tag: bool = False, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if image is not None:  # None: the Airflow Variable tfpipe_image, read in execute()
-            check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
-        self.allow_floating_tag = allow_floating_tag
+        super().__init__(image=image, uri=destination_uri, uri_param=uri_param, gcp_conn_id=gcp_conn_id,
+                         docker_url=docker_url, max_workers=max_workers, allow_floating_tag=allow_floating_tag,
+                         **kwargs)
         check_name("model_name", model_name)
-        _check_common(destination_uri, "destination_uri", max_workers)
         self.models_volume = check_host_path("models_volume", models_volume)
         self.model_name = model_name
-        self.image = image
         self.destination_uri = destination_uri
-        self.uri_param = uri_param
         self.export_task_id = export_task_id
         self.version = version
-        self.gcp_conn_id = gcp_conn_id
-        self.docker_url = docker_url
-        self.max_workers = max_workers
 
     def _version(self, context: Any) -> int:
         value: Any = self.version
@@ -219,28 +261,19 @@ class GcsPublishOperator(BaseOperator):
         return int(value)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        reject_unknown_conf(context, self.task_id)
-        base = _resolve_uri(context, self.uri_param, self.destination_uri, self.task_id, "destination_uri")
-        if base is None:
-            raise AirflowSkipException(f"no publish URI: neither the run parameter {self.uri_param!r} nor "
-                                       "destination_uri is set; the model stays in the models volume only")
+        base = self._run_uri(context, skip="no publish URI (the model stays in the models volume only)")
         from tfpipe.gcs import megabytes
         from tfpipe.gcs.publish import extract_version, local_files, publish_version, version_uri
 
-        image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
         version = self._version(context)
         dest = version_uri(base, self.model_name, version)
-        hook = TfpipeGcsHook(self.gcp_conn_id)
-        hook.get_conn()
+        image, hook, engine, labels = self._connect(context)
         list_objects(hook, dest, prefix=dest.folder, action="checking")  # a missing bucket fails here
-        engine = _engine(self.docker_url, self.task_id)
-        labels = _task_labels(context, "publish")
-        engine.remove_labelled(labels, role="gcs-publish", log=self.log)
         container_dir = f"{contract.CONTAINER_MODELS}/{self.model_name}/{version}"
         with tempfile.TemporaryDirectory(prefix="tfpipe-publish-") as tmp:
             with engine.volume(image=image, host_path=self.models_volume,
                                mount_point=contract.CONTAINER_MODELS, read_only=True, labels=labels,
-                               role="gcs-publish", log=self.log) as helper:
+                               role=self.helper_role, log=self.log) as helper:
                 stream = helper.get_archive(container_dir)
                 if stream is None:
                     raise AirflowFailException(
@@ -269,10 +302,3 @@ class GcsPublishOperator(BaseOperator):
             image=self.image, result=captured.get("result"), export=upstream.get("export"),
             evaluation=upstream.get("evaluate")))
 
-
-def _check_common(uri: str | None, field_name: str, max_workers: int) -> None:
-    """Argument checks shared by both operators (form only: no I/O at construction)."""
-    if uri is not None and "{{" not in str(uri):
-        GcsUri.parse(uri, field_name=field_name)
-    if not isinstance(max_workers, int) or isinstance(max_workers, bool) or not 1 <= max_workers <= 64:
-        raise TfpipeConfigError(f"max_workers: must be a whole number in 1..64, got {max_workers!r}. Fix: e.g. 8.")
