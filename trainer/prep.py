@@ -29,7 +29,9 @@ from trainer.errors import BadInput
 
 #: Bumped whenever the data set layout changes, so old data sets are not reused.
 PREP_VERSION = 1
-_CHUNK = 1 << 20
+#: Bytes read at a time while fingerprinting; each read records one newline position at which
+#: the CSV may be cut into batches.
+READ_BYTES = 1 << 20
 #: Bytes of CSV per batch: large enough to amortise a batch's fixed costs, small enough that
 #: two batches per worker stay a few tens of MiB.
 BATCH_BYTES = 4 << 20
@@ -65,7 +67,7 @@ def fingerprint(data, files, scans=None):
         quoted, marks = False, []
         last = b"\n"
         with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(_CHUNK), b""):
+            for chunk in iter(lambda: handle.read(READ_BYTES), b""):
                 one.update(chunk)
                 if scans is not None:
                     quoted = quoted or b'"' in chunk
@@ -309,8 +311,7 @@ def _prep_csv(config, files, scans, tmp):
     layout = sources.csv_layout(config, files)
     batches = list(sources.csv_batches(files, layout, scans, BATCH_BYTES))
     workers = min(usable_cpus(), len(batches)) if batches else 1
-    LOG.info("prep: %d batch(es) of up to %d MiB on %d worker process(es)", len(batches),
-             BATCH_BYTES >> 20, workers)
+    LOG.info("prep: %d batch(es) on %d worker process(es)", len(batches), workers)
     plan = {"layout": layout, "seed": data["split_seed"], "fraction": data["eval_fraction"],
             "ids": None, "labels_known": False}
     with Workers(workers) as pool:
