@@ -309,25 +309,31 @@ def _prep_csv(config, files, scans, tmp):
     """Write the CSV data set's shards into ``tmp``; return ``(parsed, counts, shards, stats)``."""
     data = config["data"]
     layout = sources.csv_layout(config, files)
-    batches = list(sources.csv_batches(files, layout, scans, BATCH_BYTES))
-    workers = min(usable_cpus(), len(batches)) if batches else 1
-    LOG.info("prep: %d batch(es) on %d worker process(es)", len(batches), workers)
+
+    def batches():  # a generator: a quoted file's batches hold rows, made only as needed
+        return sources.csv_batches(files, layout, scans, BATCH_BYTES)
+    count = sum(1 for _ in sources.csv_batches(
+        [f for f in files if not scans[f[0]]["quoted"]], layout, scans, BATCH_BYTES))
+    count += sum(int(math.ceil(scans[rel]["bytes"] / float(BATCH_BYTES)))
+                 for rel, _ in files if scans[rel]["quoted"])
+    workers = max(1, min(usable_cpus(), count))
+    LOG.info("prep: about %d batch(es) on %d worker process(es)", count, workers)
     plan = {"layout": layout, "seed": data["split_seed"], "fraction": data["eval_fraction"],
             "ids": None, "labels_known": False}
     with Workers(workers) as pool:
         try:
-            return _write_csv(pool, batches, plan, layout, data, scans, tmp)
+            return _write_csv(pool, batches(), plan, layout, data, scans, tmp)
         except _LabelsNeedScan:
             pass
         LOG.info("prep: labels are not all class ids: reading every label first")
         distinct = set()
-        for labels in pool.map(scan_labels, [(b, layout) for b in batches]):
+        for labels in pool.map(scan_labels, ((b, layout) for b in batches())):
             distinct |= labels
         class_names, plan["ids"] = sources.label_mapping(distinct)
         plan["labels_known"] = True
         for name in os.listdir(tmp):  # the shards the first attempt began
             os.remove(os.path.join(tmp, name))
-        return _write_csv(pool, batches, plan, layout, data, scans, tmp, class_names)
+        return _write_csv(pool, batches(), plan, layout, data, scans, tmp, class_names)
 
 
 def _write_csv(pool, batches, plan, layout, data, scans, tmp, class_names=None):
@@ -345,7 +351,7 @@ def _write_csv(pool, batches, plan, layout, data, scans, tmp, class_names=None):
     hist = {"train": np.zeros(0, np.int64), "eval": np.zeros(0, np.int64)}
     distinct = set()
     try:
-        for result in pool.map(prepare_batch, [(b, plan) for b in batches]):
+        for result in pool.map(prepare_batch, ((b, plan) for b in batches)):
             for split, writer in writers.items():
                 writer.write(result[split])
                 hist[split] = _merge_hist(hist[split], result["hist"][split])
