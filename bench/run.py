@@ -55,6 +55,9 @@ os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "False"
 sys.path.insert(0, str(REPO / "provider"))  # tfpipe, when the venv lacks the editable install
+sys.path.insert(0, str(BENCH))  # the figures_*.py modules beside this script
+
+import figures_prep  # noqa: E402
 
 from figures_gcs import gcs_stage_in  # noqa: E402  (bench/ is on sys.path: this script's folder)
 
@@ -1221,6 +1224,10 @@ FIGURES = [
            "GcsStageInOperator of 500 objects (200 MB) from the GCS emulator into a volume / list + "
            "transfer_manager.download_many of the same objects (process workers); publish vs upload_many as info",
            gcs_stage_in, min_seconds=120),
+    Figure("prep_rows_per_s", None,
+           "trainer.prep on the digits CSV repeated to 1M rows / numpy.loadtxt + batched tf.io.serialize_tensor "
+           "(rows/s of each, peak RSS; prep and one epoch at 20k, 200k and 1M rows)",
+           lambda ctx: figures_prep.prep_speed(ctx, ratio_stats, LOGS), min_seconds=300),
     Figure("gpu_resnet50", None,
            "GPU only: ResNet-50 images/s, float32 and mixed_float16, GPU utilization in the steady state",
            gpu_resnet50, gpu=True),

@@ -138,6 +138,40 @@ def cpu_limit():
     return None
 
 
+def memory_limit():
+    """Bytes this container may use: its cgroup memory limit (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``), or the machine's memory when there is none."""
+    limits = []
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limits.append(int(text))  # v1 writes "no limit" as a huge number: min() drops it
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    limits.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    return min(limits) if limits else None
+
+
+def rss_bytes():
+    """This process's resident set size now, in bytes (None where /proc is missing)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def reset_peak_rss():
     """Start a new peak-RSS window for this process (Linux ``clear_refs`` 5 resets VmHWM)."""
     try:

@@ -59,6 +59,10 @@ METRICS = ("accuracy", "macro_precision", "macro_recall", "macro_f1")
 OPTIMIZERS = ("adam", "sgd", "rmsprop")
 DATA_FORMATS = ("csv", "images")
 FEATURE_TYPES = ("float", "int")
+#: ``training.cache``: where parsed training examples are kept between epochs. ``auto``: in memory
+#: when they fit a budget derived from the container's memory limit, else in a file on the work
+#: volume; ``memory``, ``file``: always there; ``none``: the shards are parsed again every epoch.
+CACHE_MODES = ("auto", "memory", "file", "none")
 #: Model names and other names that become directories and container names.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
@@ -102,7 +106,9 @@ SECTIONS = {
         "keep_checkpoints": {"kind": "int", "default": 3, "minimum": 1, "doc": "checkpoints kept"},
         "mixed_precision": {"kind": "bool", "default": False, "override": "param",
                             "doc": "train with the mixed_float16 policy (float16 compute, float32 weights)"},
-        "cache": {"kind": "bool", "default": True, "doc": "cache parsed examples in memory"},
+        "cache": {"kind": "str", "default": "auto", "choices": CACHE_MODES,
+                  "doc": "where parsed examples are kept between epochs: auto (memory when they fit the "
+                         "container's memory budget, else a file on the work volume), memory, file or none"},
         "shuffle_buffer": {"kind": "int", "default": 10000, "minimum": 1, "doc": "shuffle buffer in examples"},
         "warm_start": {"kind": "bool", "default": False, "override": "param",
                        "doc": "initialise from the newest blessed model instead of from scratch"},

@@ -9,20 +9,34 @@ bytes) and of the prep-relevant config; a data set with that fingerprint is reus
 Record layout (``tf.train.Example``): ``label`` int64, ``key`` bytes (the split key); CSV:
 ``features`` float list in schema order; images: ``image`` raw uint8 bytes of shape
 ``[height, width, channels]``.
+
+CSV inputs are read as a stream of batches (a few MiB of rows each, :func:`sources.csv_batches`)
+that worker processes, one per CPU the container may use, parse, validate, split and encode
+(:func:`prepare_batch`); this process writes their records to the shards in input order. At
+most two batches per worker are in flight, so memory stays the same whatever the input size.
 """
 
+import collections
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 
-from trainer import atomic, common, sources
+from trainer import atomic, common, records, sources
 from trainer.common import LOG
 from trainer.errors import BadInput
 
 #: Bumped whenever the data set layout changes, so old data sets are not reused.
 PREP_VERSION = 1
-_CHUNK = 1 << 20
+#: Bytes read at a time while fingerprinting; each read records one newline position at which
+#: the CSV may be cut into batches.
+READ_BYTES = 1 << 20
+#: Bytes of CSV per batch: large enough to amortise a batch's fixed costs, small enough that
+#: two batches per worker stay a few tens of MiB.
+BATCH_BYTES = 4 << 20
+#: Batches in flight per worker: one being parsed, one waiting, while this process writes.
+_WINDOW_PER_WORKER = 2
 
 
 def prep_settings(data):
@@ -35,11 +49,12 @@ def prep_settings(data):
     return settings
 
 
-def fingerprint(data, files, line_counts=None):
+def fingerprint(data, files, scans=None):
     """Return ``(fingerprint, inputs)``: sha256 over the settings and every input file.
 
-    Logs progress for large inputs. ``line_counts``, a dict, receives the number of text lines
-    of each file (by relative path), counted on the way for the CSV reader's progress.
+    Logs progress for large inputs. ``scans``, a dict, receives per relative path what the CSV
+    reader plans its batches with (:func:`sources.csv_batches`): ``bytes``, ``lines`` (text
+    lines), ``quoted`` (a ``"`` anywhere) and ``marks`` (newline positions, one per MiB read).
     """
     total = hashlib.sha256()
     total.update(json.dumps(prep_settings(data), sort_keys=True).encode("utf-8"))
@@ -48,18 +63,24 @@ def fingerprint(data, files, line_counts=None):
     inputs = []
     for rel, path in files:
         one = hashlib.sha256()
-        size = lines = 0
+        size = newlines = 0
+        quoted, marks = False, []
         last = b"\n"
         with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(_CHUNK), b""):
+            for chunk in iter(lambda: handle.read(READ_BYTES), b""):
                 one.update(chunk)
-                size += len(chunk)
-                if line_counts is not None:
-                    lines += chunk.count(b"\n")
+                if scans is not None:
+                    quoted = quoted or b'"' in chunk
+                    end = chunk.rfind(b"\n") + 1
+                    if end:
+                        newlines += chunk.count(b"\n")
+                        marks.append((size + end, newlines))
                     last = chunk[-1:]
+                size += len(chunk)
                 progress.add(len(chunk))
-        if line_counts is not None:
-            line_counts[rel] = lines + (last != b"\n")
+        if scans is not None:
+            scans[rel] = {"bytes": size, "lines": newlines + (last != b"\n"), "quoted": quoted,
+                          "marks": marks}
         total.update(b"\0%s\0%d\0%s" % (rel.encode("utf-8"), size, one.hexdigest().encode()))
         inputs.append({"path": rel, "bytes": size, "sha256": one.hexdigest()})
     progress.finish()
@@ -75,65 +96,326 @@ def is_eval(key, seed, fraction):
     return int.from_bytes(digest[:8], "big") / float(1 << 64) < fraction
 
 
-def _serialize(tf, fmt, key, value, label_id):
-    feature = {"label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label_id])),
-               "key": tf.train.Feature(bytes_list=tf.train.BytesList(
-                   value=[key.encode("utf-8")]))}
-    if fmt == "csv":
-        feature["features"] = tf.train.Feature(float_list=tf.train.FloatList(value=value))
-    else:
-        feature["image"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.tobytes()]))
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+class ShardWriter(object):
+    """Writes one split's records as ``<split>-NNNNN-of-MMMMM.tfrecord``, ``shard_size`` each.
 
-
-def write_shards(out_dir, split, examples, fmt, shard_size, progress=None):
-    """Write ``examples`` as ``<split>-NNNNN-of-MMMMM.tfrecord`` files; return their names.
-
-    ``progress`` (a :class:`~trainer.common.Progress`) counts the examples written.
+    Shards are opened as records arrive; :meth:`close` renames them to their final names (the
+    shard count is known only at the end) and returns those names.
     """
-    common.quiet_tensorflow()
-    import tensorflow as tf
 
-    count = max(1, int(math.ceil(len(examples) / float(shard_size))))
-    names = []
-    for shard in range(count):
-        name = "%s-%05d-of-%05d.tfrecord" % (split, shard, count)
-        with tf.io.TFRecordWriter(os.path.join(out_dir, name)) as writer:
-            for key, value, label_id in examples[shard * shard_size:(shard + 1) * shard_size]:
-                writer.write(_serialize(tf, fmt, key, value, label_id))
-                if progress is not None:
-                    progress.add()
-        names.append(name)
-    return names
+    def __init__(self, out_dir, split, shard_size):
+        common.quiet_tensorflow()
+        import tensorflow as tf
+
+        self._tf, self.out_dir, self.split, self.shard_size = tf, out_dir, split, shard_size
+        self._writer, self._in_shard, self._paths, self.count = None, 0, [], 0
+
+    def write(self, records):
+        """Append serialized records, opening a new shard every ``shard_size`` of them."""
+        for record in records:
+            if self._writer is None or self._in_shard == self.shard_size:
+                self.close_shard()
+                path = os.path.join(self.out_dir, ".%s-%05d" % (self.split, len(self._paths)))
+                self._writer = self._tf.io.TFRecordWriter(path)
+                self._paths.append(path)
+            self._writer.write(record)
+            self._in_shard += 1
+        self.count += len(records)
+
+    def close_shard(self):
+        """Close the shard being written, if any."""
+        if self._writer is not None:
+            self._writer.close()
+        self._writer, self._in_shard = None, 0
+
+    def close(self):
+        """Close the last shard, give every shard its final name; return the names."""
+        self.close_shard()
+        if not self._paths:  # an empty split still gets its one (empty) shard
+            path = os.path.join(self.out_dir, ".%s-00000" % self.split)
+            self._tf.io.TFRecordWriter(path).close()
+            self._paths.append(path)
+        names = []
+        for shard, path in enumerate(self._paths):
+            name = "%s-%05d-of-%05d.tfrecord" % (self.split, shard, len(self._paths))
+            os.rename(path, os.path.join(self.out_dir, name))
+            names.append(name)
+        return names
 
 
-def _summary(values):
+class Moments(object):
+    """Count, mean, standard deviation, min and max per column, merged batch by batch.
+
+    Batches combine with Chan et al.'s pairwise update, which keeps the variance as accurate
+    as a single pass over all rows held in memory.
+    """
+
+    def __init__(self, width):
+        import numpy as np
+
+        self.count = 0
+        self.mean = np.zeros(width)
+        self.m2 = np.zeros(width)
+        self.min = np.full(width, np.inf)
+        self.max = np.full(width, -np.inf)
+
+    @staticmethod
+    def of(matrix):
+        """The moments of the rows of a float64 matrix ``[n, width]``."""
+        part = Moments(matrix.shape[1])
+        if len(matrix):
+            part.count = len(matrix)
+            part.mean = matrix.mean(axis=0)
+            part.m2 = ((matrix - part.mean) ** 2).sum(axis=0)
+            part.min, part.max = matrix.min(axis=0), matrix.max(axis=0)
+        return part
+
+    def merge(self, other):
+        """Add another batch's moments to these."""
+        import numpy as np
+
+        if not other.count:
+            return
+        total = self.count + other.count
+        delta = other.mean - self.mean
+        self.mean = self.mean + delta * (other.count / float(total))
+        self.m2 = self.m2 + other.m2 + delta ** 2 * (self.count * other.count / float(total))
+        self.count = total
+        self.min, self.max = np.minimum(self.min, other.min), np.maximum(self.max, other.max)
+
+    def summary(self, i):
+        """``{count, mean, std, min, max}`` of column ``i``."""
+        return {"count": int(self.count), "mean": float(self.mean[i]),
+                "std": float(math.sqrt(max(self.m2[i], 0.0) / self.count)),
+                "min": float(self.min[i]), "max": float(self.max[i])}
+
+
+class _LabelsNeedScan(Exception):
+    """A label that is not a class id (a name, or negative): the mapping needs every label."""
+
+
+def prepare_batch(task):
+    """In a worker: parse, validate, split, summarise and encode one CSV batch.
+
+    ``task`` is ``(batch, plan)``; ``plan["ids"]`` maps label texts to class ids, or is None
+    while labels are taken to be class ids (``plan["labels_known"]`` false: the first label
+    that is not one asks for a label scan instead of failing).
+    """
     import numpy as np
 
-    values = np.asarray(values, dtype=np.float64)
-    return {"count": int(values.size), "mean": float(values.mean()), "std": float(values.std()),
-            "min": float(values.min()), "max": float(values.max())}
-
-
-def compute_stats(fmt, parsed, splits, num_classes):
-    """Statistics of the train split (per feature, or per image channel) and class histograms."""
-    import numpy as np
-
-    train = splits["train"]
-    stats = {"class_histogram": {}}
-    for split, examples in splits.items():
-        hist = [0] * num_classes
-        for _, _, label_id in examples:
-            hist[label_id] += 1
-        stats["class_histogram"][split] = hist
-    if fmt == "csv":
-        matrix = np.array([value for _, value, _ in train], dtype=np.float64)
-        stats["features"] = {name: _summary(matrix[:, i])
-                             for i, name in enumerate(parsed["feature_names"])}
+    batch, plan = task
+    rows = sources.parse_batch(batch, plan["layout"])
+    ids = plan["ids"]
+    if ids is None:
+        ids, label_ids = {}, []
+        for raw, line in zip(rows.labels, rows.lines):
+            value = ids.get(raw)
+            if value is None:
+                try:
+                    value = ids[raw] = int(raw)
+                except ValueError:
+                    raise _LabelsNeedScan()
+                if value < 0:
+                    if not plan["labels_known"]:
+                        raise _LabelsNeedScan()
+                    raise BadInput("%s line %d column %r: class id %d is negative (expected 0 or "
+                                   "more)" % (batch[1], line, plan["layout"]["label"], value))
+            label_ids.append(value)
     else:
-        pixels = np.stack([value for _, value, _ in train]).astype(np.float64)
-        stats["channels"] = [_summary(pixels[..., c]) for c in range(pixels.shape[-1])]
-    return stats
+        label_ids = [ids[raw] for raw in rows.labels]
+    label_ids = np.asarray(label_ids, dtype=np.int64)
+    held_out = np.array([is_eval(key, plan["seed"], plan["fraction"]) for key in rows.keys],
+                        dtype=bool)
+    encoder = records.ExampleEncoder("floats")
+    packed = rows.values.astype("<f4")
+    out = {"train": [], "eval": []}
+    for i, key in enumerate(rows.keys):
+        out["eval" if held_out[i] else "train"].append(
+            encoder.encode(packed[i].tobytes(), int(label_ids[i]), key))
+    out["moments"] = Moments.of(rows.values[~held_out])
+    out["hist"] = {"train": np.bincount(label_ids[~held_out]),
+                   "eval": np.bincount(label_ids[held_out])}
+    out["labels"] = set(rows.labels)
+    out["lines"] = rows.physical_lines
+    return out
+
+
+def scan_labels(task):
+    """In a worker: the distinct label texts of one CSV batch (validating it on the way)."""
+    batch, layout = task
+    return set(sources.parse_batch(batch, layout).labels)
+
+
+def usable_cpus():
+    """CPUs this process may run on: its affinity mask, capped by the cgroup's CPU quota."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except AttributeError:
+        count = os.cpu_count() or 1
+    quota = common.cpu_limit()
+    if quota:
+        count = min(count, max(1, int(math.ceil(quota))))
+    return max(1, count)
+
+
+class Workers(object):
+    """A pool of ``count`` parse workers (none: the work runs in this process).
+
+    Workers are forked: they start at once and import nothing again. They run numpy and the
+    standard library only, never TensorFlow, so forking is safe even from a process that holds
+    TensorFlow's threads (the in-image tests import it first; the stage itself imports it only
+    after the pool exists, for the shard writers).
+    """
+
+    def __init__(self, count):
+        self.count = count
+        self._pool = None
+        if count > 1:
+            self._pool = multiprocessing.get_context("fork").Pool(count)
+
+    def map(self, function, tasks):
+        """``function`` over ``tasks``; results in task order, at most two per worker pending."""
+        if self._pool is None:
+            for task in tasks:
+                yield function(task)
+            return
+        pending = collections.deque()
+        for task in tasks:
+            pending.append(self._pool.apply_async(function, (task,)))
+            if len(pending) >= _WINDOW_PER_WORKER * self.count:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+
+
+def _merge_hist(total, part):
+    import numpy as np
+
+    if len(part) > len(total):
+        total = np.pad(total, (0, len(part) - len(total)))
+    total[:len(part)] += part
+    return total
+
+
+def _prep_csv(config, files, scans, tmp):
+    """Write the CSV data set's shards into ``tmp``; return ``(parsed, counts, shards, stats)``."""
+    data = config["data"]
+    layout = sources.csv_layout(config, files)
+
+    def batches():  # a generator: a quoted file's batches hold rows, made only as needed
+        return sources.csv_batches(files, layout, scans, BATCH_BYTES)
+    count = sum(1 for _ in sources.csv_batches(
+        [f for f in files if not scans[f[0]]["quoted"]], layout, scans, BATCH_BYTES))
+    count += sum(int(math.ceil(scans[rel]["bytes"] / float(BATCH_BYTES)))
+                 for rel, _ in files if scans[rel]["quoted"])
+    workers = max(1, min(usable_cpus(), count))
+    LOG.info("prep: about %d batch(es) on %d worker process(es)", count, workers)
+    plan = {"layout": layout, "seed": data["split_seed"], "fraction": data["eval_fraction"],
+            "ids": None, "labels_known": False}
+    with Workers(workers) as pool:
+        try:
+            return _write_csv(pool, batches(), plan, layout, data, scans, tmp)
+        except _LabelsNeedScan:
+            pass
+        LOG.info("prep: labels are not all class ids: reading every label first")
+        distinct = set()
+        for labels in pool.map(scan_labels, ((b, layout) for b in batches())):
+            distinct |= labels
+        class_names, plan["ids"] = sources.label_mapping(distinct)
+        plan["labels_known"] = True
+        for name in os.listdir(tmp):  # the shards the first attempt began
+            os.remove(os.path.join(tmp, name))
+        return _write_csv(pool, batches(), plan, layout, data, scans, tmp, class_names)
+
+
+def _write_csv(pool, batches, plan, layout, data, scans, tmp, class_names=None):
+    """One pass over the batches: workers prepare them, this process writes them in order."""
+    import numpy as np
+
+    lines = sum(s["lines"] for s in scans.values())
+    headers = sum(first_line - 1 for _, first_line in layout["starts"].values())
+    reading = common.Progress("prep: read", lines, "lines")
+    reading.add(headers)
+    # at most one example per data line; the exact total is known at the end
+    writing = common.Progress("prep: wrote", lines - headers, "examples")
+    writers = {split: ShardWriter(tmp, split, data["shard_size"]) for split in ("train", "eval")}
+    moments = Moments(len(layout["index"]))
+    hist = {"train": np.zeros(0, np.int64), "eval": np.zeros(0, np.int64)}
+    distinct = set()
+    try:
+        for result in pool.map(prepare_batch, ((b, plan) for b in batches)):
+            for split, writer in writers.items():
+                writer.write(result[split])
+                hist[split] = _merge_hist(hist[split], result["hist"][split])
+            moments.merge(result["moments"])
+            distinct |= result["labels"]
+            reading.add(result["lines"])
+            writing.add(len(result["train"]) + len(result["eval"]))
+    except BaseException:
+        for writer in writers.values():
+            writer.close_shard()
+        raise
+    reading.finish()
+    writing.total = writing.done
+    writing.finish()
+    if class_names is None:
+        class_names, _ = sources.label_mapping(distinct) if distinct else ([], None)
+    counts = {split: writer.count for split, writer in writers.items()}
+    shards = {split: writer.close() for split, writer in writers.items()}
+    where = ", ".join(sorted(scans))
+    if not counts["train"] + counts["eval"]:
+        raise BadInput("the data set is empty: %s contain(s) a header but no data rows" % where)
+    for split in hist:
+        hist[split] = _merge_hist(np.zeros(len(class_names), np.int64), hist[split])
+    sources.check_classes(class_names, list(hist["train"] + hist["eval"]), where)
+    stats = {"class_histogram": {s: [int(c) for c in h] for s, h in hist.items()},
+             "features": {name: moments.summary(i)
+                          for i, name in enumerate(layout["feature_names"])}}
+    parsed = {"class_names": class_names, "feature_names": layout["feature_names"],
+              "feature_types": layout["feature_types"]}
+    return parsed, counts, shards, stats
+
+
+def _prep_images(config, tmp):
+    """Write the image data set's shards into ``tmp``; return ``(parsed, counts, shards, stats)``."""
+    import numpy as np
+
+    data = config["data"]
+    reading = common.Progress("prep: read", len(sources.input_files(config)), "images")
+    parsed = sources.read_images(config, reading)
+    reading.finish()
+    splits = {"train": [], "eval": []}
+    for example in parsed["examples"]:
+        held_out = is_eval(example[0], data["split_seed"], data["eval_fraction"])
+        splits["eval" if held_out else "train"].append(example)
+    encoder = records.ExampleEncoder("image")
+    writing = common.Progress("prep: wrote", len(parsed["examples"]), "examples")
+    counts, shards, hist = {}, {}, {}
+    for split, rows in splits.items():
+        writer = ShardWriter(tmp, split, data["shard_size"])
+        for key, pixels, label_id in rows:
+            writer.write([encoder.encode(pixels.tobytes(), label_id, key)])
+            writing.add()
+        counts[split], shards[split] = writer.count, writer.close()
+        hist[split] = [0] * len(parsed["class_names"])
+        for _, _, label_id in rows:
+            hist[split][label_id] += 1
+    writing.finish()
+    stats = {"class_histogram": hist}
+    if splits["train"]:
+        pixels = np.stack([value for _, value, _ in splits["train"]]).astype(np.float64)
+        flat = pixels.reshape(-1, pixels.shape[-1])
+        moments = Moments.of(flat)
+        stats["channels"] = [moments.summary(c) for c in range(flat.shape[1])]
+    return {"class_names": parsed["class_names"]}, counts, shards, stats
 
 
 def _result(fp, dataset_dir, schema, cache_hit):
@@ -151,8 +433,8 @@ def run(config):
     config = common.begin(config, "prep")
     data = config["data"]
     files = sources.input_files(config)
-    line_counts = {}
-    fp, inputs = fingerprint(data, files, line_counts if data["format"] == "csv" else None)
+    scans = {}
+    fp, inputs = fingerprint(data, files, scans if data["format"] == "csv" else None)
     root = common.datasets_root(config)
     dataset_dir = os.path.join(root, fp)
     for name in atomic.clean_stale_temps(root):  # left by a killed prep
@@ -166,45 +448,32 @@ def run(config):
         return _result(fp, dataset_dir, schema, True)
 
     fmt = data["format"]
-    if fmt == "csv":
-        reading = common.Progress("prep: read", sum(line_counts.values()), "lines")
-        parsed = sources.read_csv(config, files, reading)
-    else:
-        reading = common.Progress("prep: read", len(files), "images")
-        parsed = sources.read_images(config, reading)
-    reading.finish()
-    splits = {"train": [], "eval": []}
-    for example in parsed["examples"]:
-        held_out = is_eval(example[0], data["split_seed"], data["eval_fraction"])
-        splits["eval" if held_out else "train"].append(example)
-    total = len(parsed["examples"])
-    for split, examples in splits.items():
-        if not examples:
-            raise BadInput("the %s split is empty: %d example(s) with data.eval_fraction %s; add "
-                           "data or change data.eval_fraction" % (split, total,
-                                                                  data["eval_fraction"]))
-    class_names = parsed["class_names"]
-    schema = {
-        "format": fmt, "label": data["label"], "key": data["key"],
-        "class_names": class_names, "num_classes": len(class_names),
-        "counts": {s: len(e) for s, e in splits.items()},
-        "fingerprint": fp, "prep_version": PREP_VERSION,
-    }
-    if fmt == "csv":
-        schema["features"] = [{"name": n, "type": t} for n, t in
-                              zip(parsed["feature_names"], parsed["feature_types"])]
-        schema["image"] = None
-    else:
-        height, width = data["image_size"]
-        schema["features"] = []
-        schema["image"] = {"height": height, "width": width, "channels": data["channels"]}
-    stats = compute_stats(fmt, parsed, splits, len(class_names))
-
     with atomic.temp_dir(root) as tmp:
-        writing = common.Progress("prep: wrote", total, "examples")
-        schema["shards"] = {s: write_shards(tmp, s, e, fmt, data["shard_size"], writing)
-                            for s, e in splits.items()}
-        writing.finish()
+        if fmt == "csv":
+            parsed, counts, shards, stats = _prep_csv(config, files, scans, tmp)
+        else:
+            parsed, counts, shards, stats = _prep_images(config, tmp)
+        total = sum(counts.values())
+        for split, count in counts.items():
+            if not count:
+                raise BadInput("the %s split is empty: %d example(s) with data.eval_fraction %s; "
+                               "add data or change data.eval_fraction"
+                               % (split, total, data["eval_fraction"]))
+        class_names = parsed["class_names"]
+        schema = {
+            "format": fmt, "label": data["label"], "key": data["key"],
+            "class_names": class_names, "num_classes": len(class_names),
+            "counts": counts, "fingerprint": fp, "prep_version": PREP_VERSION,
+        }
+        if fmt == "csv":
+            schema["features"] = [{"name": n, "type": t} for n, t in
+                                  zip(parsed["feature_names"], parsed["feature_types"])]
+            schema["image"] = None
+        else:
+            height, width = data["image_size"]
+            schema["features"] = []
+            schema["image"] = {"height": height, "width": width, "channels": data["channels"]}
+        schema["shards"] = shards
         atomic.write_json(os.path.join(tmp, "schema.json"), schema)
         atomic.write_json(os.path.join(tmp, "stats.json"), stats)
         atomic.write_json(os.path.join(tmp, "fingerprint.json"), {

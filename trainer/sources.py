@@ -72,15 +72,6 @@ def _class_folders(root):
                   if not n.startswith(".") and os.path.isdir(os.path.join(root, n)))
 
 
-def _check_classes(class_names, counts, where):
-    if sum(counts) == 0:
-        raise BadInput("the data set is empty: %s has no examples" % where)
-    present = [n for n, c in zip(class_names, counts) if c]
-    if len(present) < 2:
-        raise BadInput("the data set has a single class (%s) in %s: classification needs at "
-                       "least two classes" % (", ".join(map(repr, present)), where))
-
-
 # --- CSV ----------------------------------------------------------------------------------------
 
 def _parse_number(text, kind, where):
@@ -131,87 +122,248 @@ def _read_rows(rel, path, progress=None):
         raise BadInput("%s is not UTF-8 text (%s)" % (rel, error))
 
 
-def read_csv(config, files, progress=None):
-    """Read and validate the CSV inputs (``progress`` counts the lines read, if given).
+def _read_header(rel, path):
+    """``(cells, line_number, data_offset)`` of a CSV file's header: its first non-blank row."""
+    number = offset = 0
+    try:
+        with open(path, "rb") as handle:
+            for raw in handle:
+                number += 1
+                offset += len(raw)
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+                try:
+                    cells = next(csv.reader([text], strict=True), [])
+                except csv.Error as error:
+                    raise BadInput("%s line %d: malformed CSV row (%s)" % (rel, number, error))
+                if any(cell.strip() for cell in cells):
+                    return [cell.strip() for cell in cells], number, offset
+    except UnicodeDecodeError as error:
+        raise BadInput("%s is not UTF-8 text (%s)" % (rel, error))
+    raise BadInput("%s is empty: expected a header row naming the columns" % rel)
 
-    Returns a dict with ``feature_names``, ``feature_types``, ``class_names`` and ``examples``
-    (``(key, [float, ...], label_id)``).
+
+def csv_layout(config, files):
+    """Check the CSV headers against the config; return the layout every row is read with.
+
+    A dict: ``ncols``, ``index`` (``(column, type, name)`` of each feature, in data set order),
+    ``label`` and ``label_at``, ``key_at`` (None: the row text is the key), ``feature_names``,
+    ``feature_types``, and ``starts``: ``{relative path: (byte offset, line number)}`` of each
+    file's first data line.
     """
     data = config["data"]
     label, key_col, declared = data["label"], data["key"], data["features"]
-    header = None
-    rows = []  # (key, features, raw label, where)
+    header, starts = None, {}
     for rel, path in files:
-        it = _read_rows(rel, path, progress)
-        first = next(it, None)
-        if first is None:
-            raise BadInput("%s is empty: expected a header row naming the columns" % rel)
-        file_header = [c.strip() for c in first[1]]
-        if header is None:
-            header = file_header
-            if len(set(header)) != len(header):
-                raise BadInput("%s line %d: duplicate column names in header %s"
-                               % (rel, first[0], header))
-            for column, field in ((label, "data.label"), (key_col, "data.key")):
-                if column is not None and column not in header:
-                    raise BadInput("%s: column %r (%s) is not in the header %s"
-                                   % (rel, column, field, header))
-            if declared is None:
-                declared = [{"name": c, "type": "float"} for c in header
-                            if c not in (label, key_col)]
-                if not declared:
-                    raise BadInput("%s: no feature columns besides the label %r" % (rel, label))
-            for feat in declared:
-                if feat["name"] not in header:
-                    raise BadInput("%s: feature column %r (data.features) is not in the header %s"
-                                   % (rel, feat["name"], header))
-            index = [(header.index(f["name"]), f["type"], f["name"]) for f in declared]
-            label_at = header.index(label)
-            key_at = header.index(key_col) if key_col is not None else None
-        elif file_header != header:
-            raise BadInput("%s line %d: header %s differs from the header %s of %s"
-                           % (rel, first[0], file_header, header, files[0][0]))
-        for line, row in it:
-            if len(row) != len(header):
-                raise BadInput("%s line %d: expected %d columns as in the header, got %d"
-                               % (rel, line, len(header), len(row)))
-            values = [_parse_number(row[i], kind, "%s line %d column %r" % (rel, line, name))
-                      for i, kind, name in index]
-            raw_label = row[label_at].strip()
-            if raw_label == "":
-                raise BadInput("%s line %d column %r: empty label" % (rel, line, label))
-            key = row[key_at] if key_at is not None else "%s:%s" % (rel, ",".join(row))
-            rows.append((key, values, raw_label, "%s line %d" % (rel, line)))
-    if not rows:
-        raise BadInput("the data set is empty: %s contain(s) a header but no data rows"
-                       % ", ".join(rel for rel, _ in files))
-    class_names, to_id = _label_mapping([r[2] for r in rows], rows, label)
-    examples = [(key, values, to_id(raw)) for key, values, raw, _ in rows]
-    counts = [0] * len(class_names)
-    for _, _, label_id in examples:
-        counts[label_id] += 1
-    _check_classes(class_names, counts, ", ".join(rel for rel, _ in files))
-    return {"feature_names": [f["name"] for f in declared],
-            "feature_types": [f["type"] for f in declared],
-            "class_names": class_names, "examples": examples}
+        cells, line, offset = _read_header(rel, path)
+        starts[rel] = (offset, line + 1)
+        if header is not None:
+            if cells != header:
+                raise BadInput("%s line %d: header %s differs from the header %s of %s"
+                               % (rel, line, cells, header, files[0][0]))
+            continue
+        header = cells
+        if len(set(header)) != len(header):
+            raise BadInput("%s line %d: duplicate column names in header %s" % (rel, line, header))
+        for column, field in ((label, "data.label"), (key_col, "data.key")):
+            if column is not None and column not in header:
+                raise BadInput("%s: column %r (%s) is not in the header %s"
+                               % (rel, column, field, header))
+        if declared is None:
+            declared = [{"name": c, "type": "float"} for c in header if c not in (label, key_col)]
+            if not declared:
+                raise BadInput("%s: no feature columns besides the label %r" % (rel, label))
+        for feat in declared:
+            if feat["name"] not in header:
+                raise BadInput("%s: feature column %r (data.features) is not in the header %s"
+                               % (rel, feat["name"], header))
+    return {"ncols": len(header), "label": label, "label_at": header.index(label),
+            "key_at": header.index(key_col) if key_col is not None else None,
+            "index": [(header.index(f["name"]), f["type"], f["name"]) for f in declared],
+            "feature_names": [f["name"] for f in declared],
+            "feature_types": [f["type"] for f in declared], "starts": starts}
 
 
-def _label_mapping(raw_labels, rows, label):
-    """Integer labels are class ids 0..max; any other labels are sorted names mapped to ids."""
+def csv_batches(files, layout, scans, chunk_bytes, batch_rows=20000):
+    """Cut the CSV inputs into batches that :func:`parse_batch` reads independently, in order.
+
+    ``scans`` holds, per relative path, what prep's fingerprint pass saw: ``quoted`` (the file
+    has a ``"``) and ``marks``, ``(byte offset just after a newline, newlines before it)`` pairs.
+    A file without quotes is cut at those newlines into byte ranges of about ``chunk_bytes``
+    (``("bytes", rel, path, start, end, first_line)``): the parse workers read them themselves.
+    A quoted value may hold a newline, so a quoted file is read here, row by row, with the csv
+    module, and sent as ``("rows", rel, [(line, cells), ...])`` batches of ``batch_rows`` rows.
+    """
+    for rel, path in files:
+        offset, first_line = layout["starts"][rel]
+        scan = scans[rel]
+        if scan["quoted"]:
+            rows = []
+            for line, cells in _read_rows(rel, path):
+                if line < first_line:
+                    continue  # the header, checked already
+                rows.append((line, cells))
+                if len(rows) >= batch_rows:
+                    yield ("rows", rel, rows)
+                    rows = []
+            if rows:
+                yield ("rows", rel, rows)
+            continue
+        start, start_line = offset, first_line
+        for mark, newlines in scan["marks"]:
+            if mark - start >= chunk_bytes:
+                yield ("bytes", rel, path, start, mark, start_line)
+                start, start_line = mark, newlines + 1
+        if scan["bytes"] > start:
+            yield ("bytes", rel, path, start, scan["bytes"], start_line)
+
+
+class Rows(object):
+    """One parsed batch: ``values`` float64 ``[n, features]``, ``labels`` (stripped label text),
+    ``keys`` (split keys), ``lines`` (line numbers) and ``physical_lines`` (lines it covered)."""
+
+    def __init__(self, values, labels, keys, lines, physical_lines):
+        self.values, self.labels, self.keys, self.lines = values, labels, keys, lines
+        self.physical_lines = physical_lines
+
+
+def parse_batch(batch, layout):
+    """Parse and validate one batch of :func:`csv_batches` into :class:`Rows`.
+
+    Rows are parsed a batch at a time (``numpy.loadtxt``); anything that parser refuses, or a
+    wrong column count, an empty label or a non-finite number, sends the batch through the
+    row-by-row reader, which raises :class:`BadInput` naming the file, line and column (and
+    accepts what it accepts, so both paths agree on every input).
+    """
+    if batch[0] == "rows":
+        _, rel, rows = batch
+        return _exact(rel, rows, layout, rows[-1][0] - rows[0][0] + 1)
+    _, rel, path, start, end, first_line = batch
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        blob = handle.read(end - start)
     try:
-        ints = [int(v) for v in raw_labels]
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise BadInput("%s is not UTF-8 text (%s)" % (rel, error))
+    physical = text.count("\n") + (0 if text.endswith("\n") else 1)
+    if "\r" in text:
+        if text.count("\r") != text.count("\r\n"):  # old Mac line ends: let csv split them
+            reader = csv.reader(text.splitlines(True), strict=True)
+            rows = [(first_line + reader.line_num - 1, row) for row in reader]
+            return _exact(rel, [(n, r) for n, r in rows if _filled(r)], layout, physical)
+        text = text.replace("\r\n", "\n")
+    raw = text.split("\n")
+    if raw[-1] == "":
+        raw.pop()
+    lines = [line for line in raw if _has_text(line)]
+    if len(lines) == len(raw):
+        numbers = list(range(first_line, first_line + len(raw)))
+    else:
+        numbers = [first_line + i for i, line in enumerate(raw) if _has_text(line)]
+    rows = _fast(rel, lines, numbers, layout, physical)
+    if rows is None:
+        rows = _exact(rel, [(n, line.split(",")) for n, line in zip(numbers, lines)], layout,
+                      physical)
+    return rows
+
+
+#: First characters of a line that may still be blank (empty cells only); any other first
+#: character means the line has a value, which saves looking at the rest of it.
+_MAYBE_BLANK = frozenset(["", ","] + [chr(c) for c in range(0x10000) if chr(c).isspace()])
+
+
+def _has_text(line):
+    """Whether an unquoted CSV line has a non-blank cell (the csv reader skips the others)."""
+    return line[:1] not in _MAYBE_BLANK or bool(line.replace(",", "").strip())
+
+
+def _filled(cells):
+    return bool(cells) and any(cell.strip() for cell in cells)
+
+
+def _fast(rel, lines, numbers, layout, physical):
+    """The batch parser; None when the batch needs the row-by-row reader."""
+    import warnings
+
+    import numpy as np
+
+    ncols, index = layout["ncols"], layout["index"]
+    if any(line.count(",") != ncols - 1 for line in lines):
+        return None
+    values = np.empty((len(lines), len(index)), dtype=np.float64)
+    for kind, dtype in (("float", np.float64), ("int", np.int64)):
+        picked = [(i, col) for i, (col, k, _) in enumerate(index) if k == kind]
+        if not picked or not lines:
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # e.g. numpy parsing "3.0" as an int column
+                part = np.loadtxt(lines, delimiter=",", comments=None, dtype=dtype, ndmin=2,
+                                  usecols=[col for _, col in picked])
+        except (ValueError, OverflowError, Warning):
+            return None
+        values[:, [i for i, _ in picked]] = part
+    if not np.isfinite(values).all():
+        return None
+    at = layout["label_at"]
+    if at == ncols - 1:
+        labels = [line[line.rfind(",") + 1:].strip() for line in lines]
+    else:
+        labels = [line.split(",")[at].strip() for line in lines]
+    if "" in labels:
+        return None
+    if layout["key_at"] is None:
+        keys = ["%s:%s" % (rel, line) for line in lines]
+    else:
+        keys = [line.split(",")[layout["key_at"]] for line in lines]
+    return Rows(values, labels, keys, numbers, physical)
+
+
+def _exact(rel, rows, layout, physical):
+    """The row-by-row reader: ``rows`` are ``(line, cells)``; raises at the first bad row."""
+    import numpy as np
+
+    ncols, label = layout["ncols"], layout["label"]
+    values, labels, keys, lines = [], [], [], []
+    for line, row in rows:
+        if len(row) != ncols:
+            raise BadInput("%s line %d: expected %d columns as in the header, got %d"
+                           % (rel, line, ncols, len(row)))
+        values.append([_parse_number(row[i], kind, "%s line %d column %r" % (rel, line, name))
+                       for i, kind, name in layout["index"]])
+        raw_label = row[layout["label_at"]].strip()
+        if raw_label == "":
+            raise BadInput("%s line %d column %r: empty label" % (rel, line, label))
+        labels.append(raw_label)
+        keys.append("%s:%s" % (rel, ",".join(row)) if layout["key_at"] is None
+                    else row[layout["key_at"]])
+        lines.append(line)
+    matrix = np.array(values, dtype=np.float64).reshape(len(values), len(layout["index"]))
+    return Rows(matrix, labels, keys, lines, physical)
+
+
+def label_mapping(distinct):
+    """``(class_names, ids)`` from the distinct label texts of a whole data set.
+
+    Integer labels are class ids 0..max (``ids`` is None: a label's id is its value); any other
+    labels are sorted names, ``ids`` maps each to its index.
+    """
+    try:
+        ints = [int(v) for v in distinct]
     except ValueError:
-        ints = None
-    if ints is not None:
-        for value, row in zip(ints, rows):
-            if value < 0:
-                raise BadInput("%s column %r: class id %d is negative (expected 0 or more)"
-                               % (row[3], label, value))
-        names = [str(i) for i in range(max(ints) + 1)]
-        return names, lambda raw: int(raw)
-    names = sorted(set(raw_labels))
-    ids = {name: i for i, name in enumerate(names)}
-    return names, lambda raw: ids[raw]
+        names = sorted(distinct)
+        return names, {name: i for i, name in enumerate(names)}
+    return [str(i) for i in range(max(ints) + 1)], None
+
+
+def check_classes(class_names, counts, where):
+    """Refuse a data set with no example, or with examples of one class only."""
+    if sum(counts) == 0:
+        raise BadInput("the data set is empty: %s has no examples" % where)
+    present = [n for n, c in zip(class_names, counts) if c]
+    if len(present) < 2:
+        raise BadInput("the data set has a single class (%s) in %s: classification needs at "
+                       "least two classes" % (", ".join(map(repr, present)), where))
 
 
 # --- images -------------------------------------------------------------------------------------
@@ -257,7 +409,7 @@ def read_images(config, progress=None):
         counts[ids[class_name]] += 1
         if progress is not None:
             progress.add()
-    _check_classes(class_names, counts, root)
+    check_classes(class_names, counts, root)
     empty = [n for n, c in zip(class_names, counts) if not c]
     if empty:
         raise BadInput("class folder(s) %s in %s contain no PNG or JPEG images"

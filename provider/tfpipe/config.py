@@ -470,7 +470,9 @@ class TrainingConfig(_Section):
         0 = epoch ends only).
     :param keep_checkpoints: how many checkpoints to keep.
     :param mixed_precision: train in ``mixed_float16`` (GPUs with tensor cores).
-    :param cache: cache parsed examples in memory.
+    :param cache: where parsed examples are kept between epochs: ``auto`` (memory when they fit
+        the container's memory budget, else a file on the work volume), ``memory``, ``file`` or
+        ``none``.
     :param shuffle_buffer: shuffle buffer size in examples.
     :param warm_start: a new run initialises from the newest blessed model.
     """
@@ -487,7 +489,7 @@ class TrainingConfig(_Section):
     checkpoint_every_steps: int = schema_default("training", "checkpoint_every_steps")
     keep_checkpoints: int = schema_default("training", "keep_checkpoints")
     mixed_precision: bool = schema_default("training", "mixed_precision")
-    cache: bool = schema_default("training", "cache")
+    cache: str = schema_default("training", "cache")
     shuffle_buffer: int = schema_default("training", "shuffle_buffer")
     warm_start: bool = schema_default("training", "warm_start")
 

@@ -202,7 +202,7 @@ def test_prep_logs_progress_in_plain_lines(ws, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "\r" not in out
     assert "prep: fingerprint " in out and " MiB (100%)" in out
-    assert "prep: read 150/301 lines (49%)" in out  # header + 300 rows
+    assert "prep: read 1/301 lines (0%)" in out  # the header, then the rows batch by batch
     assert "prep: read 301/301 lines (100%)" in out
     assert "prep: wrote 300/300 examples (100%)" in out
     write_image_folder(os.path.join(ws.data, "imgs"), per_class=5)
