@@ -12,11 +12,12 @@ DAG files parse fast and offline). ``execute()`` then, against the Docker engine
    is kept in ``task_state_store`` by Airflow 3.3's ``ResumableJobMixin``): a worker that died
    does not cost the training it was watching. Otherwise:
 3. removes any leftover container of an earlier try of the same task (a worker killed with
-   SIGKILL never ran ``on_kill``: two containers must never write one checkpoint directory) and
-   prepares the directories the stage writes, from a short root container (the worker may not
-   see the engine's disks);
-4. starts the stage container (deterministic name, ``tfpipe.*`` labels, non-root user, GPUs)
-   and records its id;
+   SIGKILL never ran ``on_kill``: two containers must never write one checkpoint directory);
+4. creates the stage container (deterministic name, ``tfpipe.*`` labels, non-root user, GPUs)
+   and, before starting it, checks through the engine that the directories it writes exist and
+   belong to its user (the worker may not see the engine's disks). Only when they do not does a
+   short root container prepare them, for every stage of the run at once, so in a normal run
+   only the first stage pays for one. Then it starts the container and records its id;
 5. follows its output, waits for its exit, maps the exit code through the contract
    (:mod:`tfpipe.operators.exits`) and returns the stage's JSON result through XCom.
 
@@ -49,8 +50,10 @@ from tfpipe.specs import (
     StageSpec,
     TryPlan,
     image_identity,
+    numeric_owner,
     prepare_dirs_command,
     resolve_try,
+    run_writable_dirs,
     stage_spec,
 )
 
@@ -127,7 +130,8 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
 
     :param spec: the stage's spec; when given, the spec arguments below must be left out.
     :param docker_url: the Docker engine, local or remote.
-    :param prepare_volumes: create and chown the directories the stage writes before it runs.
+    :param prepare_volumes: make sure the directories the stage writes exist and belong to its user
+        before it runs (checked through the engine; a helper container prepares them only when not).
     :param image: the trainer image, pinned by version tag or digest; ``None`` = the Airflow
         Variable ``tfpipe_image``, read when the task runs.
     :param stage_config: the stage config template (see :func:`tfpipe.specs.config_template`);
@@ -267,6 +271,7 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         self._plan = plan
         self._result: dict[str, Any] | None = None
         self._fresh = False
+        self._dirs_ready = not self.prepare_volumes
         self.log.info("tfpipe %s: run dir %s, container %s", self.stage, plan.run_dir, self.container_name)
         # Where the run's files are, for the api-server's report and TensorBoard (tfpipe.plugins);
         # pushed first so a failed try still leads there.
@@ -287,8 +292,6 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         """Start a new stage container (after removing any of an earlier try); return its id."""
         plan = self._plan
         self._remove_leftovers_of(plan)
-        if self.prepare_volumes:
-            self._prepare_dirs(plan.writable_dirs)
         self._ensure_image()
         # Provenance for metadata.json: the image's ID and repo digest as this engine knows them.
         plan.config["run"].update(image_identity(self.image, self.cli.inspect_image(self.image)))
@@ -438,6 +441,8 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
             labels=self.labels,
         )
         self.container = container
+        if not getattr(self, "_dirs_ready", True):
+            self._prepare_dirs_unless_ready(container["Id"])
         self.cli.start(container["Id"])
         return container
 
@@ -448,6 +453,11 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
             return self._create_and_start()
         except APIError as err:
             self._remove_container()
+            if _NO_BIND_SOURCE in str(err) and not getattr(self, "_dirs_ready", True):
+                # A fresh engine host: the helper's binds create the missing volume directories.
+                self._prepare_dirs(run_writable_dirs(self._plan.config, self._plan.run_dir))
+                self._dirs_ready = True
+                return self._start_with_gpu_fallback(gpus)
             if _NO_BIND_SOURCE in str(err):
                 raise AirflowFailException(
                     f"{self.stage}: a volume directory does not exist on the Docker engine's host ({err.explanation}). "
@@ -505,6 +515,21 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
             image=self.image, command=prepare_dirs_command(dirs, self.user or "0:0"),
             binds={m.source: {"bind": m.target, "mode": "rw"} for m in self.spec.mounts if not m.read_only},
             labels=self.labels or {}, role=PREPARE_ROLE, where="the work and models volumes")
+
+    def _prepare_dirs_unless_ready(self, container_id: str) -> None:
+        """Prepare the run's directories unless the stage's own are already there and its user's.
+
+        Checked through the engine, in the created (not yet started) stage container's view of
+        its mounts; a user given by name cannot be checked, so its directories are prepared.
+        """
+        plan = self._plan
+        owner = numeric_owner(self.user)
+        owners = self.hook.path_owners(container_id, plan.writable_dirs) if owner else {}
+        missing = [d for d in plan.writable_dirs if owners.get(d) != owner]
+        if missing:
+            self.log.info("preparing the run's directories on the engine's host (%s not ready)", ", ".join(missing))
+            self._prepare_dirs(run_writable_dirs(plan.config, plan.run_dir))
+        self._dirs_ready = True
 
     def _container_state(self) -> dict[str, Any]:
         if not getattr(self, "container", None):
