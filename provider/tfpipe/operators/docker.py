@@ -28,23 +28,15 @@ try starts a new container (step 3 on), resuming from the newest checkpoint.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.providers.common.compat.sdk import AirflowFailException, ResumableJobMixin
 from airflow.providers.docker.operators.docker import DockerOperator, fetch_logs
 
 from tfpipe import contract
 from tfpipe.config import GpuRequest
-from tfpipe.engine import EngineSettings
 from tfpipe.exceptions import GpuUnavailableError, ImageNotFoundError, StageFailedError, TfpipeConfigError
-from tfpipe.hooks.docker import TfpipeDockerHook
-from tfpipe.lineage import capture
 from tfpipe.links import RunReportLink, TensorBoardLink
-from tfpipe.metrics import emit_stage_metrics
-from tfpipe.operators.exits import _LOG_TAIL, raise_for_exit
-from tfpipe.plugins.paths import LOCATION_XCOM_KEY, location_record
-from tfpipe.run_params import reject_unknown_conf
-from tfpipe.settings import HOW_TO_SET_IMAGE, resolve_image
 from tfpipe.specs import (
     MountSpec,
     StageSpec,
@@ -56,6 +48,11 @@ from tfpipe.specs import (
     run_writable_dirs,
     stage_spec,
 )
+
+# What only a running task needs (the engine's hook, lineage, metrics, exit mapping, the image
+# Variable) is imported in execute(): DAG files are parsed far more often than tasks run.
+if TYPE_CHECKING:
+    from tfpipe.hooks.docker import TfpipeDockerHook
 
 _NO_GPU_DRIVER = "could not select device driver"
 _NO_BIND_SOURCE = "bind source path does not exist"
@@ -230,6 +227,8 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
     @cached_property
     def hook(self) -> TfpipeDockerHook:
         """The engine's hook: Airflow's ``DockerHook`` with tfpipe's housekeeping."""
+        from tfpipe.hooks.docker import TfpipeDockerHook
+
         tls_config = TfpipeDockerHook.construct_tls_config(
             ca_cert=self.tls_ca_cert, client_cert=self.tls_client_cert, client_key=self.tls_client_key,
             verify=self.tls_verify, assert_hostname=self.tls_hostname, ssl_version=self.tls_ssl_version,
@@ -251,6 +250,13 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
     # -- execute ---------------------------------------------------------------------------
 
     def execute(self, context: Any) -> dict[str, Any] | None:
+        from tfpipe.engine import EngineSettings
+        from tfpipe.lineage import capture
+        from tfpipe.metrics import emit_stage_metrics
+        from tfpipe.plugins.paths import LOCATION_XCOM_KEY, location_record
+        from tfpipe.run_params import reject_unknown_conf
+        from tfpipe.settings import resolve_image
+
         reject_unknown_conf(context, self.task_id)
         self.image = resolve_image(self.spec.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
         try:
@@ -384,6 +390,8 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
 
     def _tail_lines(self, cid: str, exclude: list[str] | None = None) -> list[str]:
         """The container's last output lines (for the result line and error messages)."""
+        from tfpipe.operators.exits import _LOG_TAIL
+
         raw = self.cli.logs(cid, stdout=True, stderr=True, tail=_LOG_TAIL).decode("utf-8", "replace")
         lines = [self._redact(line.rstrip()) for line in raw.splitlines()]
         seen = set(exclude or [])
@@ -394,6 +402,8 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
     def _ensure_image(self) -> None:
         """Make sure the engine has the image: pull it when missing, or say how to provide it."""
         from docker.errors import APIError
+
+        from tfpipe.settings import HOW_TO_SET_IMAGE
 
         if self.cli.images(name=self.image):
             return
@@ -479,6 +489,10 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
             ) from err
 
     def _raise_for_exit(self, code: int | None, oom_killed: bool, logs: list[str], context: Any) -> None:
+        from tfpipe.lineage import capture
+        from tfpipe.metrics import emit_stage_metrics
+        from tfpipe.operators.exits import raise_for_exit
+
         if code == contract.ExitCode.NOT_BLESSED and self.stage == "evaluate":
             result = contract.parse_result_line(logs)  # a decision too: its figures and lineage count
             emit_stage_metrics(self.dag_id, self.stage, result)
