@@ -107,8 +107,10 @@ class TfpipeDockerHook(DockerHook):
         prefixes the message (the stage).
         """
         try:
+            reused = "api_client" in self.__dict__  # DockerHook pings a client it creates: not twice
             cli = self.api_client
-            cli.ping()
+            if reused:
+                cli.ping()
         except Exception as err:  # docker-py and the hook raise several types; all mean "not reachable"
             message, retryable = engine_error_message(self.docker_url,
                                                       diagnose(self.docker_url, self._tls_config) or err)
