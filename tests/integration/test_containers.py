@@ -10,6 +10,7 @@ from airflow.sdk import DAG
 
 from tfpipe.config import PipelineConfig
 from tests.integration.test_pipeline import CreatedContainers
+from tfpipe.exceptions import ImageNotFoundError
 from tfpipe.operators.docker import PREPARE_ROLE, TrainOperator
 from tfpipe.specs import TryIdentity, config_template, container_labels, container_name, resolve_try
 
@@ -101,3 +102,11 @@ def test_volume_helper_runs_only_when_directories_are_not_ready(trainer_image, t
     os.chown(run_dir, 0, 0)
     assert helpers_created_by(lambda: _start_try(op, run_id, try_number=3)) == 1
     assert (run_dir.stat().st_uid, run_dir.stat().st_gid) == (1000, 1000)
+
+
+def test_image_the_engine_lacks_and_cannot_pull_names_the_fix(trainer_image, tfpipe_home):
+    op = _train_operator(trainer_image, tfpipe_home)
+    assert op._ensure_image()["Id"].startswith("sha256:")  # present: its inspect, no pull
+    op.image = "127.0.0.1:1/tfpipe/absent:0"  # a registry nobody listens on: the pull fails at once
+    with pytest.raises(ImageNotFoundError, match="make image"):
+        op._ensure_image()

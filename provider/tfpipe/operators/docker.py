@@ -298,9 +298,8 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         """Start a new stage container (after removing any of an earlier try); return its id."""
         plan = self._plan
         self._remove_leftovers_of(plan)
-        self._ensure_image()
         # Provenance for metadata.json: the image's ID and repo digest as this engine knows them.
-        plan.config["run"].update(image_identity(self.image, self.cli.inspect_image(self.image)))
+        plan.config["run"].update(image_identity(self.image, self._ensure_image()))
         self.environment = {**self.environment, contract.CONFIG_ENV: contract.dumps(plan.config)}
         self.device_requests = device_requests(plan.gpus)
         if plan.gpus:
@@ -353,12 +352,11 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         # The stream also ends when the engine goes away: an exception here leaves the container
         # in place, so that the next try can re-attach to it if it survived.
         code = self.cli.wait(cid).get("StatusCode")
-        state = self._container_state()
         if not fresh or contract.parse_result_line(lines) is None:
             lines = lines + self._tail_lines(cid, exclude=lines)
         try:
-            if code != 0:
-                self._raise_for_exit(code, bool(state.get("OOMKilled")), lines, context)
+            if code != 0:  # only a failure needs the state (was it the OOM killer?)
+                self._raise_for_exit(code, bool(self._container_state().get("OOMKilled")), lines, context)
             self._result = self._result_from(lines)
             return self._result
         finally:
@@ -399,14 +397,17 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
 
     # -- starting a container ----------------------------------------------------------------
 
-    def _ensure_image(self) -> None:
-        """Make sure the engine has the image: pull it when missing, or say how to provide it."""
-        from docker.errors import APIError
+    def _ensure_image(self) -> dict[str, Any]:
+        """The engine's ``inspect_image`` of the image; pulled first when missing, or an error that
+        says how to provide it."""
+        from docker.errors import APIError, NotFound
 
         from tfpipe.settings import HOW_TO_SET_IMAGE
 
-        if self.cli.images(name=self.image):
-            return
+        try:
+            return self.cli.inspect_image(self.image)
+        except NotFound:
+            pass
         self.log.info("pulling %s on the engine at %s", self.image, self.docker_url)
         try:
             for _ in self.cli.pull(self.image, stream=True, decode=True):
@@ -417,11 +418,13 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
                 f"it ({err.explanation or err}). Fix: build it (`make image`) or push it to a registry that "
                 f"engine can reach, and point the pipeline at it: {HOW_TO_SET_IMAGE}."
             ) from err
-        if not self.cli.images(name=self.image):
+        try:
+            return self.cli.inspect_image(self.image)
+        except NotFound as err:
             raise ImageNotFoundError(
                 f"{self.stage}: pulling {self.image} on the engine at {self.docker_url} left no such image. "
                 f"Fix: {HOW_TO_SET_IMAGE}."
-            )
+            ) from err
 
     def _create_and_start(self) -> dict[str, Any]:
         """Create and start the stage container with this operator's settings (as DockerOperator would)."""
