@@ -68,7 +68,10 @@ def provider_cost(ctx: Context) -> dict[str, Any]:
     def one(side: str, i: int) -> tuple[float, float]:
         dag_id, model_name = ("tfpipe_digits", "digits") if side == "a" else (PLAIN_DAG_ID, "digits_plain")
         home = _prepared_home(parent, f"{side}-{i}", dag_id, model_name)
-        env = {**os.environ, "TFPIPE_HOME": str(home), "TFPIPE_IMAGE": ctx.image,
+        # dag.test() syncs the configured DAGs folder (the "dags-folder" bundle) before it runs: each
+        # side's folder holds only its own DAG file, so each parses and syncs just that one.
+        env = {**os.environ, "AIRFLOW__CORE__DAGS_FOLDER": str(folders[side]), "TFPIPE_HOME": str(home),
+               "TFPIPE_IMAGE": ctx.image,
                "AIRFLOW_VAR_TFPIPE_IMAGE": ctx.image, "TFPIPE_BENCH_CONF": json.dumps(PROVIDER_CONF),
                "TFPIPE_BENCH_USER": "1000:1000", "PYTHONUNBUFFERED": "1",
                "PATH": f"{Path(ctx.python).parent}:{os.environ.get('PATH', '')}"}
