@@ -15,7 +15,8 @@ DAG files parse fast and offline). ``execute()`` then, against the Docker engine
    SIGKILL never ran ``on_kill``: two containers must never write one checkpoint directory);
 4. creates the stage container (deterministic name, ``tfpipe.*`` labels, non-root user, GPUs)
    and, before starting it, checks through the engine that the directories it writes exist and
-   belong to its user (the worker may not see the engine's disks). Only when they do not does a
+   belong to its user (the worker may not see the engine's disks; a first try checks the run
+   directory, a retry all of them). Only when they do not does a
    short root container prepare them, for every stage of the run at once, so in a normal run
    only the first stage pays for one. Then it starts the container and records its id;
 5. follows its output, waits for its exit, maps the exit code through the contract
@@ -538,11 +539,17 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
 
         Checked through the engine, in the created (not yet started) stage container's view of
         its mounts; a user given by name cannot be checked, so its directories are prepared.
+        Each path costs the engine a mount of the container, so a first try checks only the run
+        directory: it is new in every run and made by the same helper call as all the others, so
+        an earlier stage of this run left them all ready. A retry checks every one (a try may
+        have failed because one of them was not).
         """
         plan = self._plan
         owner = numeric_owner(self.user)
-        owners = self.hook.path_owners(container_id, plan.writable_dirs) if owner else {}
-        missing = [d for d in plan.writable_dirs if owners.get(d) != owner]
+        first_try = plan.config["run"]["try_number"] == 1
+        checked = (plan.run_dir,) if first_try and plan.run_dir in plan.writable_dirs else plan.writable_dirs
+        owners = self.hook.path_owners(container_id, checked) if owner else {}
+        missing = [d for d in checked if owners.get(d) != owner]
         if missing:
             self.log.info("preparing the run's directories on the engine's host (%s not ready)", ", ".join(missing))
             self._prepare_dirs(run_writable_dirs(plan.config, plan.run_dir))
