@@ -69,17 +69,23 @@ events under the run directory; open a shell in a container of the image to look
 TASK_DOCS = {
     "stage_in": "**stage_in** syncs the run's `data_uri` from Google Cloud Storage to the data path on the data "
                 "volume: only new or changed objects are downloaded, deleted ones are removed. Does nothing "
-                "when no URI is set; prep then reads the volume as it is.",
+                "when no URI is set; prep then reads the volume as it is. Runs as uid 1000 with the data volume mounted "
+                "read-write.",
     "prep": "**prep** validates the raw CSV and writes sharded TFRecords, the schema, statistics and the data "
-            "fingerprint under `/work/datasets/<fingerprint>/`; a data set already prepared is reused.",
+            "fingerprint under `/work/datasets/<fingerprint>/`; a data set already prepared is reused. Bad rows fail "
+            "the task without a retry.",
     "train": "**train** trains the model with checkpoints under the run directory; a retried or cleared try "
-             "resumes from the newest checkpoint and trains until the target epoch.",
+             "resumes from the newest checkpoint and trains until the target epoch. Open the run report and TensorBoard "
+             "events under the run directory.",
     "evaluate": "**evaluate** measures the candidate on the evaluation split and applies the blessing gate; a "
-                "candidate that is not blessed exits 10, which skips the export.",
+                "candidate that is not blessed exits 10, which skips the export. Its metrics and the decision are written "
+                "to `evaluation.json` in the run directory.",
     "export": "**export** writes a new versioned SavedModel with a raw-feature serving signature, its metadata "
-              "and report under `/models/digits/<version>/`, renamed into place when complete.",
+              "and report under `/models/digits/<version>/`, renamed into place when complete. Older versions are "
+              "never overwritten.",
     "publish": "**publish** uploads the exported version to `<publish_uri>/digits/<version>/` and writes the "
-               "`_COMPLETE` marker last. Does nothing when no URI is set or nothing was exported.",
+               "`_COMPLETE` marker last. Does nothing when no URI is set or nothing was exported. A retry completes an "
+               "interrupted upload.",
     "cleanup": "**cleanup** applies the work volume's retention after every run, also a failed one: it keeps the "
                "run dirs of the newest runs and of runs whose model version is still kept, and the data sets "
                "they use plus the newest; it removes the rest from a container on the engine.",
@@ -131,7 +137,7 @@ def container(task_id: str, command: list[str], **kwargs) -> DockerOperator:
 
 with DAG("bench_handwritten_digits", description="Nightly retraining of the UCI digits classifier",
          schedule="0 3 * * *", start_date=datetime(2024, 1, 1), catchup=False, max_active_runs=1,
-         params=params, doc_md=DOC, tags=["tfpipe", "bench"]):
+         params=params, doc_md=DOC, tags=["tfpipe", "bench"]) as dag:
     stage_in = container("stage_in", ["python3", "-m", "trainer.volume_ops", "stage-in"], retries=2)
     prep = container("prep", ["python3", "-m", "trainer", "prep"], retries=1, trigger_rule="none_failed")
     train = container("train", ["python3", "-m", "trainer", "train"], retries=3, retry_exponential_backoff=True,
