@@ -455,9 +455,13 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
             labels=self.labels,
         )
         self.container = container
-        if not getattr(self, "_dirs_ready", True):
-            self._prepare_dirs_unless_ready(container["Id"])
-        self.cli.start(container["Id"])
+        try:
+            if not getattr(self, "_dirs_ready", True):
+                self._prepare_dirs_unless_ready(container["Id"])
+            self.cli.start(container["Id"])
+        except Exception:
+            self._remove_container()  # a container that never started is nobody's to keep
+            raise
         return container
 
     def _start_with_gpu_fallback(self, gpus: GpuRequest | None) -> dict[str, Any]:
