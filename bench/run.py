@@ -311,116 +311,6 @@ def interleave(ctx: Context, name: str, run_a: Callable[[int], Any], run_b: Call
 
 
 # --------------------------------------------------------------------------------------------
-# dag_parse_ratio
-
-REFERENCE_DAG = '''"""Reference DAG for the bench: one DockerOperator, nothing else."""
-from datetime import datetime
-
-from airflow.providers.docker.operators.docker import DockerOperator
-from airflow.sdk import DAG
-
-with DAG(dag_id="bench_reference_docker", schedule="0 3 * * *", start_date=datetime(2024, 1, 1),
-         catchup=False, tags=["bench"]):
-    DockerOperator(task_id="train", image="tfpipe/trainer:0.1.0",
-                   command=["python3", "-m", "trainer", "train"], mount_tmp_dir=False)
-'''
-
-PARSE_PROBE = r'''
-import json, runpy, sys, time
-import airflow                # imported before the clock starts: every DAG file processor has it,
-from airflow.sdk import DAG   # and every DAG file (the reference too) builds a DAG from it
-path = sys.argv[1]
-started = time.perf_counter()
-runpy.run_path(path, run_name="bench_dag_file")
-print(json.dumps({"seconds": time.perf_counter() - started}))
-'''
-
-
-BREAKDOWN_PROBE = r'''
-import json, runpy, sys, time
-import airflow
-from airflow.sdk import DAG
-t0 = time.perf_counter()
-import airflow.providers.docker.operators.docker
-t1 = time.perf_counter()
-if sys.argv[2] == "tfpipe":
-    import tfpipe.dag_factory
-t2 = time.perf_counter()
-runpy.run_path(sys.argv[1], run_name="bench_dag_file")
-t3 = time.perf_counter()
-print(json.dumps({"docker_provider": t1 - t0, "tfpipe_modules": t2 - t1, "dag_build": t3 - t2}))
-'''
-
-
-def dag_parse(ctx: Context) -> dict[str, Any]:
-    files = sorted((REPO / "dags").glob("tfpipe_*.py"))
-    if not files:
-        raise BenchError("no dags/tfpipe_*.py files")
-    ref_dir = ctx.tmp / "reference-dag"
-    ref_dir.mkdir()
-    reference = ref_dir / "bench_reference_docker.py"
-    reference.write_text(REFERENCE_DAG)
-    env = {**os.environ, "TFPIPE_HOME": str(ctx.tmp / "parse-home"), "PYTHONDONTWRITEBYTECODE": "1"}
-    logfile = LOGS / "dag_parse_ratio.log"
-
-    def exec_seconds(path: Path) -> float:
-        out = run_logged([ctx.python, "-c", PARSE_PROBE, str(path)], logfile, timeout=120, env=env, cwd=REPO)
-        return json.loads(out.strip().splitlines()[-1])["seconds"]
-
-    # A deployed provider is byte-compiled (pip compiles wheels on install; the dag processor writes
-    # .pyc): compile tfpipe once, as Airflow's own site-packages already are, so neither side pays
-    # compilation inside the timed region. PYTHONDONTWRITEBYTECODE then keeps the tree unchanged.
-    run_logged([ctx.python, "-m", "compileall", "-q", str(REPO / "provider" / "tfpipe")], logfile,
-               timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
-               cwd=REPO)
-    for path in [*files, reference]:  # warm the page cache: untimed
-        exec_seconds(path)
-    per_file: dict[str, dict[str, Any]] = {}
-    all_a: list[float] = []
-    all_b: list[float] = []
-    notes: list[str] = []
-    # For each pair round, every DAG file is paired with its own, adjacent reference sample.
-    samples: dict[str, tuple[list[float], list[float]]] = {f.name: ([], []) for f in files}
-    for i in range(ctx.pairs):
-        for f in files:
-            samples[f.name][0].append(exec_seconds(f))
-            samples[f.name][1].append(exec_seconds(reference))
-        log(f"dag_parse_ratio: round {i + 1}/{ctx.pairs}: " + ", ".join(
-            f"{n} {s[0][-1] * 1000:.0f}/{s[1][-1] * 1000:.0f} ms" for n, s in samples.items()))
-    for name, (a, b) in samples.items():
-        per_file[name] = {k: v for k, v in ratio_stats(a, b).items() if k != "per_pair"}
-        all_a += a
-        all_b += b
-    worst = max(per_file, key=lambda n: per_file[n]["ratio"])
-    stats = ratio_stats(samples[worst][0], samples[worst][1])
-    overall = ratio_stats(all_a, all_b)
-    stats.update(
-        min=overall["min"], max=overall["max"], pairs=len(samples[worst][0]),
-        worst_file=worst, files=per_file,
-        method=("exec time of the DAG file alone (runpy.run_path), in a fresh interpreter per sample, "
-                "after `import airflow` and `from airflow.sdk import DAG` (untimed); ratio = the worst "
-                "file's median of per-pair ratios; min/max over all files' pairs"),
-    )
-    # Where the time goes (diagnostic, untimed for the ratio): 3 samples of each, medians in ms.
-    parts: dict[str, list[dict[str, float]]] = {"tfpipe": [], "reference": []}
-    for _ in range(3):
-        for kind, path in (("tfpipe", files[0]), ("reference", reference)):
-            out = run_logged([ctx.python, "-c", BREAKDOWN_PROBE, str(path), kind], logfile, timeout=120,
-                             env=env, cwd=REPO)
-            parts[kind].append(json.loads(out.strip().splitlines()[-1]))
-    breakdown = {kind: {k: round(1000 * median([p[k] for p in samples]), 1) for k in samples[0]}
-                 for kind, samples in parts.items()}
-    stats["breakdown_ms"] = breakdown
-    t, r = breakdown["tfpipe"], breakdown["reference"]
-    stats["why"] = (f"{files[0].name}: {t['docker_provider']:.0f} ms importing the Docker provider (the "
-                    f"reference pays the same {r['docker_provider']:.0f} ms), {t['tfpipe_modules']:.0f} ms importing "
-                    f"tfpipe's own modules (tfpipe.dag_factory and what it imports), {t['dag_build']:.0f} ms building "
-                    f"the DAG (4 operators, Params, docs) vs {r['dag_build']:.0f} ms for the reference's DAG")
-    stats["notes"] = notes
-    return stats
-
-
-# --------------------------------------------------------------------------------------------
 # orchestration_overhead_ratio
 
 
@@ -1195,17 +1085,23 @@ def free_port() -> int:
 
 # --------------------------------------------------------------------------------------------
 
+sys.modules.setdefault("run", sys.modules[__name__])  # the figure modules import their helpers from here
+from figures_provider import dag_parse, provider_cost  # noqa: E402
+
 FIGURES = [
-    Figure("dag_parse_ratio", 1.2,
-           "exec time of each dags/tfpipe_*.py / a one-DockerOperator DAG file (fresh interpreter, Airflow imported)",
+    Figure("dag_parse_ratio", 1.05,
+           "exec time of dags/tfpipe_digits.py / the same DAG written by hand (bench/dags/handwritten_digits.py)",
            dag_parse),
+    Figure("provider_cost_ratio", 1.05,
+           "tfpipe run tfpipe_digits / the same 4 containers as hand-written DockerOperators (same CLI, dag.test)",
+           provider_cost, min_seconds=300),
     Figure("input_pipeline_ratio", 1.10,
            "train step time fed by trainer.data's TFRecord pipeline / by in-memory tensors (cnn, 64x64, CPU)",
            input_pipeline),
     Figure("checkpoint_overhead_ratio", 1.05,
            "Loop.fit wall time with per-epoch + per-20-step checkpoints / with the save a no-op",
            checkpoint_overhead),
-    Figure("orchestration_overhead_ratio", 1.25,
+    Figure("orchestration_overhead_ratio", None,  # information: Airflow's own cost, not the provider's
            "tfpipe run tfpipe_digits through Airflow / the 4 stage containers by plain docker run",
            orchestration, min_seconds=60),
     Figure("resume_cost_ratio", 1.15,

@@ -5,7 +5,9 @@ same image, commands, stage configs (built here once, at parse time, as a user w
 mounts and TLS engine. It leaves out what the provider adds: the volume-preparing helper
 container, leftover clean-up, the engine ping, the result parsing, and the skipping
 ``stage_in``/``publish`` tasks. The containers run as root, since nothing prepares the run dir
-for the image's user. The run's ``run_id`` reaches the configs through templating.
+for the image's user, unless ``TFPIPE_BENCH_USER`` names one (``provider_cost_ratio`` runs them as
+uid 1000, as tfpipe does, on volumes it prepared for that user beforehand). The run's ``run_id``
+reaches the configs through templating.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ IMAGE = "{{ var.value.tfpipe_image }}"
 #: the conf deployment_overhead_ratio triggers tfpipe_digits with
 CONF = json.loads(os.environ.get("TFPIPE_BENCH_CONF", '{"epochs": 2, "batch_size": 100}'))
 PLACEHOLDER = "RUNIDPLACEHOLDER"
+USER = os.environ.get("TFPIPE_BENCH_USER", "0:0")
 
 cfg = PipelineConfig.from_dict(dict(
     dag_id=DAG_ID, image={"ref": None},
@@ -55,7 +58,7 @@ with DAG(DAG_ID, schedule=None, max_active_runs=1, tags=["bench"]) as dag:
             task_id=stage, image=IMAGE, command=list(stage_command(stage)), api_version="auto",
             environment={**TF_DEFAULT_ENV,
                          contract.CONFIG_ENV: json.dumps(config).replace(PLACEHOLDER, "{{ run_id }}")},
-            mounts=mounts, mount_tmp_dir=False, user="0:0", shm_size=1 << 30, auto_remove="success",
+            mounts=mounts, mount_tmp_dir=False, user=USER, shm_size=1 << 30, auto_remove="success",
             skip_on_exit_code=int(contract.ExitCode.NOT_BLESSED) if stage == "evaluate" else None,
             **engine,
         )

@@ -16,7 +16,6 @@ reads too; this module defines none of its own for them.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import posixpath
 import re
@@ -33,9 +32,18 @@ GPU_FALLBACKS = ("fail", "cpu")
 #: Tags that move: an image referenced by one of these is not reproducible.
 FLOATING_TAGS = frozenset({"latest", "stable", "nightly", "gpu", "latest-gpu", "devel", "devel-gpu", "edge"})
 DOCKER_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/var/run", "/run")
-_NAME = re.compile(contract.NAME_PATTERN)
-_MEM = re.compile(r"^\d+(\.\d+)?[bkmgBKMG]?$")
-_CUSTOM_MODEL = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+def _close_matches(word: str, names: Any, n: int = 1) -> list[str]:
+    """``difflib.get_close_matches``, imported only when a key is wrong (never for a good config)."""
+    import difflib
+
+    return difflib.get_close_matches(word, names, n=n)
+
+
+# Patterns stay strings: ``re`` compiles (and caches) each on first use, so a DAG file pays
+# only for the checks its config needs.
+_NAME = contract.NAME_PATTERN
+_MEM = r"^\d+(\.\d+)?[bkmgBKMG]?$"
+_CUSTOM_MODEL = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 
 
 def config_error(field_name: str, problem: str, fix: str) -> TfpipeConfigError:
@@ -65,7 +73,7 @@ def check_choice(field_name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 def check_name(field_name: str, value: Any) -> None:
     """Raise unless ``value`` is a safe identifier for file and container names."""
-    if not isinstance(value, str) or not _NAME.match(value):
+    if not isinstance(value, str) or not re.match(_NAME, value):
         raise config_error(
             field_name,
             f"must be a name of letters, digits, '.', '_' or '-', got {value!r}",
@@ -150,8 +158,8 @@ def check_relative_path(field_name: str, value: Any) -> None:
 
 # --- Google Cloud Storage URIs --------------------------------------------------------------------
 
-_GCS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]*[a-z0-9]$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_GCS_BUCKET = r"^[a-z0-9][a-z0-9._-]*[a-z0-9]$"
+_CONTROL = r"[\x00-\x1f\x7f]"
 
 
 def check_gcs_uri(field_name: str, value: Any) -> tuple[str, str]:
@@ -167,7 +175,7 @@ def check_gcs_uri(field_name: str, value: Any) -> tuple[str, str]:
     if not value.startswith("gs://"):
         raise config_error(field_name, f"{value!r} is not a gs:// URI (only Google Cloud Storage is supported)",
                     f"write it as gs://BUCKET/PREFIX, {example}")
-    if _CONTROL.search(value) or value != value.strip():
+    if re.search(_CONTROL, value) or value != value.strip():
         raise config_error(field_name, f"{value!r} contains control characters or surrounding whitespace",
                     "remove them")
     bucket, _, prefix = value[len("gs://"):].partition("/")
@@ -175,7 +183,7 @@ def check_gcs_uri(field_name: str, value: Any) -> tuple[str, str]:
         raise config_error(field_name, f"{value!r} names no bucket", f"write it as gs://BUCKET/PREFIX, {example}")
     too_long = len(bucket) > 222 or ("." not in bucket and len(bucket) > 63) or any(
         len(part) > 63 for part in bucket.split("."))
-    if not _GCS_BUCKET.match(bucket) or len(bucket) < 3 or too_long or ".." in bucket:
+    if not re.match(_GCS_BUCKET, bucket) or len(bucket) < 3 or too_long or ".." in bucket:
         raise config_error(field_name, f"{bucket!r} in {value!r} is not a valid bucket name (3-63 lowercase letters, "
                     "digits, '-', '_' or '.', starting and ending with a letter or digit)",
                     f"correct the bucket name, {example}")
@@ -322,7 +330,7 @@ class _Section:
         names = [f.name for f in dataclasses.fields(cls)]
         for key in mapping:
             if key not in names:
-                close = difflib.get_close_matches(str(key), names, n=1)
+                close = _close_matches(str(key), names, n=1)
                 hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(names)}"
                 raise config_error(f"{where}.{key}", "unknown key", f"remove it ({hint})")
         try:
@@ -495,7 +503,7 @@ class TrainingConfig(_Section):
 
     def __post_init__(self) -> None:
         models = contract.BUILTIN_MODELS
-        if not isinstance(self.model, str) or not (self.model in models or _CUSTOM_MODEL.match(self.model)):
+        if not isinstance(self.model, str) or not (self.model in models or re.match(_CUSTOM_MODEL, self.model)):
             raise config_error(
                 "training.model",
                 f"unknown model {self.model!r}",
@@ -686,7 +694,7 @@ class ResourcesConfig(_Section):
         object.__setattr__(self, "gpu_stages", tuple(self.gpu_stages))
         for name in ("mem_limit", "shm_size"):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, str) and _MEM.match(value)):
+            if value is not None and not (isinstance(value, str) and re.match(_MEM, value)):
                 raise config_error(f"resources.{name}", f"must be a size like '2g' or '512m', got {value!r}", "e.g. '2g'")
         if not isinstance(self.user, str) or not re.fullmatch(r"\d+(:\d+)?", self.user):
             raise config_error("resources.user", f"must be 'uid:gid' in numbers, got {self.user!r}", "e.g. '1000:1000'")
@@ -723,7 +731,7 @@ class ResourcesConfig(_Section):
 
 
 BACKENDS = ("docker", "kubernetes")
-_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_K8S_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 
 @dataclass(frozen=True)
@@ -757,11 +765,11 @@ class KubernetesConfig(_Section):
     secret_env: Mapping = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.namespace, str) or not _K8S_NAME.match(self.namespace) or len(self.namespace) > 63:
+        if not isinstance(self.namespace, str) or not re.match(_K8S_NAME, self.namespace) or len(self.namespace) > 63:
             raise config_error("kubernetes.namespace", f"must be a Kubernetes namespace name, got {self.namespace!r}",
                                "use lowercase letters, digits and '-', e.g. 'ml-training'")
         if not isinstance(self.claims, Mapping) or set(self.claims) - {"data", "work", "models"} or not all(
-                isinstance(v, str) and _K8S_NAME.match(v) for v in self.claims.values()):
+                isinstance(v, str) and re.match(_K8S_NAME, v) for v in self.claims.values()):
             raise config_error("kubernetes.claims", f"must map data/work/models to PVC names, got {self.claims!r}",
                                "e.g. {'work': 'tfpipe-work', 'models': 'tfpipe-models'}")
         object.__setattr__(self, "claims", dict(self.claims))
@@ -782,13 +790,13 @@ class KubernetesConfig(_Section):
 
 
 _CRON_BOUNDS = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
-_CRON_ITEM = re.compile(r"^(\*|(\d+)(?:-(\d+))?)(?:/(\d+))?$")
+_CRON_ITEM = r"^(\*|(\d+)(?:-(\d+))?)(?:/(\d+))?$"
 
 
 def _plain_cron_field(field_text: str, low: int, high: int) -> bool:
     """True when a cron field is only ``*``, numbers, ``a-b`` ranges and ``/n`` steps within bounds."""
     for item in field_text.split(","):
-        match = _CRON_ITEM.match(item)
+        match = re.match(_CRON_ITEM, item)
         if not match:
             return False
         _, first, last, step = match.groups()
@@ -954,7 +962,7 @@ class PipelineConfig:
         names = [f.name for f in dataclasses.fields(cls)]
         for key in mapping:
             if key not in names:
-                close = difflib.get_close_matches(str(key), names, n=1)
+                close = _close_matches(str(key), names, n=1)
                 hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(names)}"
                 raise config_error(str(key), "unknown key", f"remove it ({hint})")
         for required in ("dag_id", "image", "volumes", "data"):

@@ -89,7 +89,7 @@ def pipeline_params(cfg: PipelineConfig) -> dict[str, Param]:
     return params
 
 
-def _doc_md(cfg: PipelineConfig) -> str:
+def _doc_md(cfg: PipelineConfig, params: dict[str, Param]) -> str:
     return f"""### {cfg.dag_id}
 
 {cfg.description}
@@ -110,7 +110,7 @@ current model by more than {cfg.evaluation.tolerance}; otherwise export is skipp
 
 Trigger parameters (the run's `conf` overrides them; empty keeps the configured value):
 
-{_params_table(cfg)}
+{_params_table(params)}
 
 Google Cloud Storage: `stage_in` syncs `data_uri` to the data path before prep, `publish` uploads
 a blessed export to `publish_uri`; each skips itself when no URI is set.
@@ -137,9 +137,9 @@ def _pool_doc(cfg: PipelineConfig) -> str:
             f"`airflow pools set {cfg.gpu_pool} 1 \"GPU training slots\"`.")
 
 
-def _params_table(cfg: PipelineConfig) -> str:
+def _params_table(params: dict[str, Param]) -> str:
     rows = ["| param | default | meaning |", "| --- | --- | --- |"]
-    for name, param in pipeline_params(cfg).items():
+    for name, param in params.items():
         meaning = param.description or param.schema.get("title", "")
         enum = param.schema.get("enum")
         if enum:
@@ -186,14 +186,15 @@ def training_pipeline(cfg: PipelineConfig, **dag_kwargs: Any) -> DAG:
     """Build the training DAG for ``cfg``; extra keyword arguments go to ``DAG``."""
     if not isinstance(cfg, PipelineConfig):
         cfg = PipelineConfig.from_dict(cfg)
+    params = pipeline_params(cfg)  # built once: the doc's table describes the same Params
     options: dict[str, Any] = dict(
         dag_id=cfg.dag_id,
         schedule=_schedule(cfg),
         start_date=cfg.start_date,
         catchup=False,
         max_active_runs=1,
-        params=pipeline_params(cfg),
-        doc_md=_doc_md(cfg),
+        params=params,
+        doc_md=_doc_md(cfg, params),
         description=cfg.description,
         tags=list(cfg.tags),
     )

@@ -397,6 +397,23 @@ def writable_dirs(stage: str, cfg_or_template: Mapping[str, Any] | PipelineConfi
     return tuple(dirs)
 
 
+def run_writable_dirs(config: Mapping[str, Any], run_dir: str) -> tuple[str, ...]:
+    """Every directory any stage of a run writes (:func:`writable_dirs` of each stage, in order, once):
+    what the first stage of a run prepares, so that the later ones find them ready."""
+    dirs: dict[str, None] = {}
+    for stage in contract.STAGES:
+        dirs.update(dict.fromkeys(writable_dirs(stage, config, run_dir)))
+    return tuple(dirs)
+
+
+def numeric_owner(user: str | None) -> tuple[int, int] | None:
+    """``(uid, gid)`` of a ``uid[:gid]`` user, as :func:`prepare_dirs_command` hands directories to it;
+    ``None`` for a user given by name (its ids are known only inside the image)."""
+    uid, _, gid = (user or "0:0").partition(":")
+    gid = gid or uid
+    return (int(uid), int(gid)) if uid.isdigit() and gid.isdigit() else None
+
+
 def prepare_dirs_command(dirs: Sequence[str], user: str) -> list[str]:
     """A shell command, run as root in a short container on the engine, that creates ``dirs``
     and hands them to ``user``.

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import uuid
+
 import pytest
 from airflow.sdk import DAG
 
 from tfpipe.config import PipelineConfig
-from tfpipe.operators.docker import TrainOperator
-from tfpipe.specs import config_template, container_labels, container_name
+from tests.integration.test_pipeline import CreatedContainers
+from tfpipe.exceptions import ImageNotFoundError
+from tfpipe.operators.docker import PREPARE_ROLE, TrainOperator
+from tfpipe.specs import TryIdentity, config_template, container_labels, container_name, resolve_try
 
 pytestmark = pytest.mark.integration
 
@@ -54,3 +59,59 @@ def test_prepare_dirs_hands_directories_to_the_stage_user(trainer_image, tfpipe_
         assert (stat.st_uid, stat.st_gid) == (1000, 1000)
     # the parents were created but not chowned recursively
     assert (tfpipe_home / "work" / "runs").stat().st_uid == 0
+
+
+def _start_try(op: TrainOperator, run_id: str, try_number: int = 1) -> None:
+    """Create, check and start the try's container as ``submit_job`` does, running ``true``: the volume
+    checks are under test here, not the training."""
+    plan = resolve_try(op.spec, TryIdentity("hygiene", run_id, "train", try_number), image=op.image)
+    op._plan, op.container_name, op.labels = plan, plan.name, dict(plan.labels)
+    op._dirs_ready = False
+    op.command = ["true"]
+    container = op._start_with_gpu_fallback(None)
+    try:
+        assert op.cli.wait(container["Id"])["StatusCode"] == 0
+    finally:
+        op._remove_container()
+
+
+def test_volume_helper_runs_only_when_directories_are_not_ready(trainer_image, tfpipe_home, docker_client):
+    """The helper container that prepares directories is created when the engine shows them missing or
+    owned by someone else, and not when they are already the stage user's (checked through the engine)."""
+    op = _train_operator(trainer_image, tfpipe_home)
+    run_id = f"manual__hygiene_{uuid.uuid4().hex[:8]}"
+    run_dir = tfpipe_home / "work" / "runs" / "hygiene" / run_id
+
+    def helpers_created_by(action) -> int:
+        events = CreatedContainers(docker_client, "hygiene")
+        events.start()
+        try:
+            action()
+        finally:
+            created = events.stop()
+        return sum(1 for a in created if a.get("tfpipe.run_id") == run_id and a.get("tfpipe.role") == PREPARE_ROLE)
+
+    # a fresh host: work/ and models/ do not exist yet; one helper prepares every stage's directories
+    assert helpers_created_by(lambda: _start_try(op, run_id)) == 1
+    for path in (run_dir, tfpipe_home / "work" / "cache" / "cuda", tfpipe_home / "work" / "datasets",
+                 tfpipe_home / "models" / op.spec.config["export"]["model_name"]):
+        assert (path.stat().st_uid, path.stat().st_gid) == (1000, 1000), path
+    # the next try (or the next stage) of the run finds them ready: no helper container at all
+    assert helpers_created_by(lambda: _start_try(op, run_id, try_number=2)) == 0
+    # a directory taken away from the stage's user is handed back: the run dir on a first try, any
+    # of them on a retry
+    os.chown(run_dir, 0, 0)
+    assert helpers_created_by(lambda: _start_try(op, run_id)) == 1
+    assert (run_dir.stat().st_uid, run_dir.stat().st_gid) == (1000, 1000)
+    cache = tfpipe_home / "work" / "cache"
+    os.chown(cache, 0, 0)
+    assert helpers_created_by(lambda: _start_try(op, run_id, try_number=3)) == 1
+    assert (cache.stat().st_uid, cache.stat().st_gid) == (1000, 1000)
+
+
+def test_image_the_engine_lacks_and_cannot_pull_names_the_fix(trainer_image, tfpipe_home):
+    op = _train_operator(trainer_image, tfpipe_home)
+    assert op._ensure_image()["Id"].startswith("sha256:")  # present: its inspect, no pull
+    op.image = "127.0.0.1:1/tfpipe/absent:0"  # a registry nobody listens on: the pull fails at once
+    with pytest.raises(ImageNotFoundError, match="make image"):
+        op._ensure_image()

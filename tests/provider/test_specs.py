@@ -14,9 +14,11 @@ from tfpipe.specs import (
     container_labels,
     container_name,
     image_identity,
+    numeric_owner,
     plan_pipeline,
     prepare_dirs_command,
     resolve_stage_config,
+    run_writable_dirs,
     writable_dirs,
 )
 
@@ -167,3 +169,18 @@ def test_prepare_command_creates_and_chowns_only_listed_dirs():
     cmd = prepare_dirs_command(["/work/runs/d/r", "/work/datasets"], "1000:1000")
     assert cmd[:2] == ["sh", "-c"] and cmd[-2:] == ["/work/runs/d/r", "/work/datasets"]
     assert "chown 1000:1000" in cmd[2] and "-R" not in cmd[2]
+
+
+def test_the_run_prepares_every_stage_directory_once(cfg):
+    """The first stage of a run prepares what every stage writes, so the later ones find it ready."""
+    spec = plan_pipeline(cfg)[1]
+    run = "/work/runs/d/r"
+    dirs = run_writable_dirs(spec.config, run)
+    assert len(dirs) == len(set(dirs))
+    assert set(dirs) == {d for stage in contract.STAGES for d in writable_dirs(stage, spec.config, run)}
+
+
+@pytest.mark.parametrize(("user", "owner"), [("1000:1000", (1000, 1000)), ("1000", (1000, 1000)), ("0:0", (0, 0)),
+                                             ("1000:100", (1000, 100)), ("tfpipe", None), ("1000:staff", None)])
+def test_numeric_owner_matches_what_the_helper_hands_directories_to(user, owner):
+    assert numeric_owner(user) == owner

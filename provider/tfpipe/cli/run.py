@@ -58,6 +58,8 @@ def summarize(dag: Any, dag_run: Any) -> dict[str, Any]:
         query = XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag.dag_id, key="return_value")
         for row in session.scalars(query):
             results[row.task_id] = XComModel.deserialize_value(row)
+    # Only tfpipe's stages return a dict; any other DAG's tasks may push anything (a log line).
+    results = {task: value for task, value in results.items() if isinstance(value, dict)}
     export = results.get("export") or {}
     evaluation = results.get("evaluate") or {}
     metrics = export.get("metrics") or evaluation.get("metrics") or {}

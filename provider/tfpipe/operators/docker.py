@@ -12,11 +12,13 @@ DAG files parse fast and offline). ``execute()`` then, against the Docker engine
    is kept in ``task_state_store`` by Airflow 3.3's ``ResumableJobMixin``): a worker that died
    does not cost the training it was watching. Otherwise:
 3. removes any leftover container of an earlier try of the same task (a worker killed with
-   SIGKILL never ran ``on_kill``: two containers must never write one checkpoint directory) and
-   prepares the directories the stage writes, from a short root container (the worker may not
-   see the engine's disks);
-4. starts the stage container (deterministic name, ``tfpipe.*`` labels, non-root user, GPUs)
-   and records its id;
+   SIGKILL never ran ``on_kill``: two containers must never write one checkpoint directory);
+4. creates the stage container (deterministic name, ``tfpipe.*`` labels, non-root user, GPUs)
+   and, before starting it, checks through the engine that the directories it writes exist and
+   belong to its user (the worker may not see the engine's disks; a first try checks the run
+   directory, a retry all of them). Only when they do not does a
+   short root container prepare them, for every stage of the run at once, so in a normal run
+   only the first stage pays for one. Then it starts the container and records its id;
 5. follows its output, waits for its exit, maps the exit code through the contract
    (:mod:`tfpipe.operators.exits`) and returns the stage's JSON result through XCom.
 
@@ -27,32 +29,31 @@ try starts a new container (step 3 on), resuming from the newest checkpoint.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.providers.common.compat.sdk import AirflowFailException, ResumableJobMixin
 from airflow.providers.docker.operators.docker import DockerOperator, fetch_logs
 
 from tfpipe import contract
 from tfpipe.config import GpuRequest
-from tfpipe.engine import EngineSettings
 from tfpipe.exceptions import GpuUnavailableError, ImageNotFoundError, StageFailedError, TfpipeConfigError
-from tfpipe.hooks.docker import TfpipeDockerHook
-from tfpipe.lineage import capture
 from tfpipe.links import RunReportLink, TensorBoardLink
-from tfpipe.metrics import emit_stage_metrics
-from tfpipe.operators.exits import _LOG_TAIL, raise_for_exit
-from tfpipe.plugins.paths import LOCATION_XCOM_KEY, location_record
-from tfpipe.run_params import reject_unknown_conf
-from tfpipe.settings import HOW_TO_SET_IMAGE, resolve_image
 from tfpipe.specs import (
     MountSpec,
     StageSpec,
     TryPlan,
     image_identity,
+    numeric_owner,
     prepare_dirs_command,
     resolve_try,
+    run_writable_dirs,
     stage_spec,
 )
+
+# What only a running task needs (the engine's hook, lineage, metrics, exit mapping, the image
+# Variable) is imported in execute(): DAG files are parsed far more often than tasks run.
+if TYPE_CHECKING:
+    from tfpipe.hooks.docker import TfpipeDockerHook
 
 _NO_GPU_DRIVER = "could not select device driver"
 _NO_BIND_SOURCE = "bind source path does not exist"
@@ -127,7 +128,8 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
 
     :param spec: the stage's spec; when given, the spec arguments below must be left out.
     :param docker_url: the Docker engine, local or remote.
-    :param prepare_volumes: create and chown the directories the stage writes before it runs.
+    :param prepare_volumes: make sure the directories the stage writes exist and belong to its user
+        before it runs (checked through the engine; a helper container prepares them only when not).
     :param image: the trainer image, pinned by version tag or digest; ``None`` = the Airflow
         Variable ``tfpipe_image``, read when the task runs.
     :param stage_config: the stage config template (see :func:`tfpipe.specs.config_template`);
@@ -226,6 +228,8 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
     @cached_property
     def hook(self) -> TfpipeDockerHook:
         """The engine's hook: Airflow's ``DockerHook`` with tfpipe's housekeeping."""
+        from tfpipe.hooks.docker import TfpipeDockerHook
+
         tls_config = TfpipeDockerHook.construct_tls_config(
             ca_cert=self.tls_ca_cert, client_cert=self.tls_client_cert, client_key=self.tls_client_key,
             verify=self.tls_verify, assert_hostname=self.tls_hostname, ssl_version=self.tls_ssl_version,
@@ -247,6 +251,13 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
     # -- execute ---------------------------------------------------------------------------
 
     def execute(self, context: Any) -> dict[str, Any] | None:
+        from tfpipe.engine import EngineSettings
+        from tfpipe.lineage import capture
+        from tfpipe.metrics import emit_stage_metrics
+        from tfpipe.plugins.paths import LOCATION_XCOM_KEY, location_record
+        from tfpipe.run_params import reject_unknown_conf
+        from tfpipe.settings import resolve_image
+
         reject_unknown_conf(context, self.task_id)
         self.image = resolve_image(self.spec.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
         try:
@@ -267,6 +278,7 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         self._plan = plan
         self._result: dict[str, Any] | None = None
         self._fresh = False
+        self._dirs_ready = not self.prepare_volumes
         self.log.info("tfpipe %s: run dir %s, container %s", self.stage, plan.run_dir, self.container_name)
         # Where the run's files are, for the api-server's report and TensorBoard (tfpipe.plugins);
         # pushed first so a failed try still leads there.
@@ -287,11 +299,8 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         """Start a new stage container (after removing any of an earlier try); return its id."""
         plan = self._plan
         self._remove_leftovers_of(plan)
-        if self.prepare_volumes:
-            self._prepare_dirs(plan.writable_dirs)
-        self._ensure_image()
         # Provenance for metadata.json: the image's ID and repo digest as this engine knows them.
-        plan.config["run"].update(image_identity(self.image, self.cli.inspect_image(self.image)))
+        plan.config["run"].update(image_identity(self.image, self._ensure_image()))
         self.environment = {**self.environment, contract.CONFIG_ENV: contract.dumps(plan.config)}
         self.device_requests = device_requests(plan.gpus)
         if plan.gpus:
@@ -344,12 +353,11 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         # The stream also ends when the engine goes away: an exception here leaves the container
         # in place, so that the next try can re-attach to it if it survived.
         code = self.cli.wait(cid).get("StatusCode")
-        state = self._container_state()
         if not fresh or contract.parse_result_line(lines) is None:
             lines = lines + self._tail_lines(cid, exclude=lines)
         try:
-            if code != 0:
-                self._raise_for_exit(code, bool(state.get("OOMKilled")), lines, context)
+            if code != 0:  # only a failure needs the state (was it the OOM killer?)
+                self._raise_for_exit(code, bool(self._container_state().get("OOMKilled")), lines, context)
             self._result = self._result_from(lines)
             return self._result
         finally:
@@ -381,6 +389,8 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
 
     def _tail_lines(self, cid: str, exclude: list[str] | None = None) -> list[str]:
         """The container's last output lines (for the result line and error messages)."""
+        from tfpipe.operators.exits import _LOG_TAIL
+
         raw = self.cli.logs(cid, stdout=True, stderr=True, tail=_LOG_TAIL).decode("utf-8", "replace")
         lines = [self._redact(line.rstrip()) for line in raw.splitlines()]
         seen = set(exclude or [])
@@ -388,12 +398,17 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
 
     # -- starting a container ----------------------------------------------------------------
 
-    def _ensure_image(self) -> None:
-        """Make sure the engine has the image: pull it when missing, or say how to provide it."""
-        from docker.errors import APIError
+    def _ensure_image(self) -> dict[str, Any]:
+        """The engine's ``inspect_image`` of the image; pulled first when missing, or an error that
+        says how to provide it."""
+        from docker.errors import APIError, NotFound
 
-        if self.cli.images(name=self.image):
-            return
+        from tfpipe.settings import HOW_TO_SET_IMAGE
+
+        try:
+            return self.cli.inspect_image(self.image)
+        except NotFound:
+            pass
         self.log.info("pulling %s on the engine at %s", self.image, self.docker_url)
         try:
             for _ in self.cli.pull(self.image, stream=True, decode=True):
@@ -404,11 +419,13 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
                 f"it ({err.explanation or err}). Fix: build it (`make image`) or push it to a registry that "
                 f"engine can reach, and point the pipeline at it: {HOW_TO_SET_IMAGE}."
             ) from err
-        if not self.cli.images(name=self.image):
+        try:
+            return self.cli.inspect_image(self.image)
+        except NotFound as err:
             raise ImageNotFoundError(
                 f"{self.stage}: pulling {self.image} on the engine at {self.docker_url} left no such image. "
                 f"Fix: {HOW_TO_SET_IMAGE}."
-            )
+            ) from err
 
     def _create_and_start(self) -> dict[str, Any]:
         """Create and start the stage container with this operator's settings (as DockerOperator would)."""
@@ -438,7 +455,13 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
             labels=self.labels,
         )
         self.container = container
-        self.cli.start(container["Id"])
+        try:
+            if not getattr(self, "_dirs_ready", True):
+                self._prepare_dirs_unless_ready(container["Id"])
+            self.cli.start(container["Id"])
+        except Exception:
+            self._remove_container()  # a container that never started is nobody's to keep
+            raise
         return container
 
     def _start_with_gpu_fallback(self, gpus: GpuRequest | None) -> dict[str, Any]:
@@ -448,6 +471,11 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
             return self._create_and_start()
         except APIError as err:
             self._remove_container()
+            if _NO_BIND_SOURCE in str(err) and not getattr(self, "_dirs_ready", True):
+                # A fresh engine host: the helper's binds create the missing volume directories.
+                self._prepare_dirs(run_writable_dirs(self._plan.config, self._plan.run_dir))
+                self._dirs_ready = True
+                return self._start_with_gpu_fallback(gpus)
             if _NO_BIND_SOURCE in str(err):
                 raise AirflowFailException(
                     f"{self.stage}: a volume directory does not exist on the Docker engine's host ({err.explanation}). "
@@ -469,6 +497,10 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
             ) from err
 
     def _raise_for_exit(self, code: int | None, oom_killed: bool, logs: list[str], context: Any) -> None:
+        from tfpipe.lineage import capture
+        from tfpipe.metrics import emit_stage_metrics
+        from tfpipe.operators.exits import raise_for_exit
+
         if code == contract.ExitCode.NOT_BLESSED and self.stage == "evaluate":
             result = contract.parse_result_line(logs)  # a decision too: its figures and lineage count
             emit_stage_metrics(self.dag_id, self.stage, result)
@@ -505,6 +537,27 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
             image=self.image, command=prepare_dirs_command(dirs, self.user or "0:0"),
             binds={m.source: {"bind": m.target, "mode": "rw"} for m in self.spec.mounts if not m.read_only},
             labels=self.labels or {}, role=PREPARE_ROLE, where="the work and models volumes")
+
+    def _prepare_dirs_unless_ready(self, container_id: str) -> None:
+        """Prepare the run's directories unless the stage's own are already there and its user's.
+
+        Checked through the engine, in the created (not yet started) stage container's view of
+        its mounts; a user given by name cannot be checked, so its directories are prepared.
+        Each path costs the engine a mount of the container, so a first try checks only the run
+        directory: it is new in every run and made by the same helper call as all the others, so
+        an earlier stage of this run left them all ready. A retry checks every one (a try may
+        have failed because one of them was not).
+        """
+        plan = self._plan
+        owner = numeric_owner(self.user)
+        first_try = plan.config["run"]["try_number"] == 1
+        checked = (plan.run_dir,) if first_try and plan.run_dir in plan.writable_dirs else plan.writable_dirs
+        owners = self.hook.path_owners(container_id, checked) if owner else {}
+        missing = [d for d in checked if owners.get(d) != owner]
+        if missing:
+            self.log.info("preparing the run's directories on the engine's host (%s not ready)", ", ".join(missing))
+            self._prepare_dirs(run_writable_dirs(plan.config, plan.run_dir))
+        self._dirs_ready = True
 
     def _container_state(self) -> dict[str, Any]:
         if not getattr(self, "container", None):
