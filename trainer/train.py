@@ -12,8 +12,9 @@ Several steps run per compiled call (a ``tf.range`` loop over the data iterator 
 ``tf.function``), as Keras' ``steps_per_execution`` does: ``training.steps_per_loop`` steps, or,
 when it is 0, as many as take about :data:`AUTO_LOOP_SECONDS` (measured as training runs: the
 first call runs one step, later calls grow at most 8-fold each). A loop always ends early at a
-checkpoint step and at the epoch end, so checkpoints, the NaN check and the SIGTERM check still
-land exactly where they did with one step per call, whatever the loop length. Each step function
+checkpoint step and at the epoch end, so checkpoints and the NaN check still land exactly where
+they did with one step per call, whatever the loop length; SIGTERM is checked after every call.
+Each step function
 is traced once: the iterator's element spec has an unknown batch size, so the partial last batch
 reuses the trace, and the loop length is a tensor argument.
 
@@ -83,10 +84,6 @@ def _append_history(run_dir, record):
     history.sort(key=lambda h: h["epoch"])
     atomic.write_json(path, history)
     return history
-
-
-def _finite(value):
-    return not (math.isnan(value) or math.isinf(value))
 
 
 #: With ``training.steps_per_loop`` 0, a compiled call runs about this long: long enough that the
