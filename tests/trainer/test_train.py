@@ -222,7 +222,8 @@ def test_loops_of_several_steps_checkpoint_and_resume_on_the_exact_steps(ws, mon
 def test_one_trace_per_step_function_and_one_divergence_check_per_save(ws, monkeypatch):
     """245 train and 55 eval rows at batch 32 end in partial batches, yet each compiled function
     traces once; the automatic loop length runs the 24 steps in a few calls; each save is
-    checked for NaN once."""
+    checked for NaN once (3 epoch-end saves, 3 checks: the code before checked twice per epoch
+    end and once more before the final weights)."""
     prep.run(ws.config("prep"))
     loops, calls, checks, saves = [], [], [0], [0]
     init, run_loop = train.Loop.__init__, train.Loop._run_loop
@@ -250,7 +251,9 @@ def test_one_trace_per_step_function_and_one_divergence_check_per_save(ws, monke
     result = train.run(ws.config("train", training={"epochs": 3}))  # steps_per_loop: automatic
     loop = loops[0]
     assert result["steps"] == 24 and sum(calls) == 24
-    assert calls[:2] == [1, 1] and len(calls) <= 6, calls  # tracing call, timed call, then longer
+    # the tracing call, a timed call, then longer ones (5 calls here; 12 leaves room for a slow,
+    # shared machine: a 24-step run in 12 calls needs steps under about 0.2 s)
+    assert calls[:2] == [1, 1] and max(calls) > 1 and len(calls) <= 12, calls
     assert saves[0] == 3 and checks[0] == 3
     for function in (loop.train_loop, loop.eval_loop, loop.all_finite):
         assert function.experimental_get_tracing_count() == 1
