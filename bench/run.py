@@ -672,7 +672,7 @@ def checkpoint_overhead(ctx: Context) -> dict[str, Any]:
 # resume_cost_ratio
 
 
-RESUME_EPOCHS = 24
+RESUME_EPOCHS = 8
 #: The uninterrupted run must take at least this long; the calibration run scales the epochs up if not.
 RESUME_MIN_JOB_S = 60.0
 
