@@ -66,8 +66,8 @@ def _write_file(path, write, binary=False, suffix=""):
 def write_json(path, obj):
     """Write ``obj`` as JSON to ``path`` atomically (readers see the old or the new file)."""
     def write(handle):
-        json.dump(obj, handle, indent=2, sort_keys=True, allow_nan=False)
-        handle.write("\n")
+        # one write of the whole text: json.dump writes each token separately
+        handle.write(json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
     _write_file(path, write, suffix=".json")
 
 

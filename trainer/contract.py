@@ -104,6 +104,10 @@ SECTIONS = {
         "checkpoint_every_steps": {"kind": "int", "default": 100, "minimum": 0, "override": "conf",
                                    "doc": "also checkpoint every N steps (0: epoch ends only)"},
         "keep_checkpoints": {"kind": "int", "default": 3, "minimum": 1, "doc": "checkpoints kept"},
+        "steps_per_loop": {"kind": "int", "default": 0, "minimum": 0, "maximum": 10000,
+                           "doc": "training steps per compiled call (0: automatic, about 0.5 s of "
+                                  "training per call); checkpoints, SIGTERM and NaN checks still land "
+                                  "on their exact steps"},
         "mixed_precision": {"kind": "bool", "default": False, "override": "param",
                             "doc": "train with the mixed_float16 policy (float16 compute, float32 weights)"},
         "cache": {"kind": "str", "default": "auto", "choices": CACHE_MODES,

@@ -3,9 +3,20 @@
 State lives in ``<run_dir>/train/checkpoints`` (``tf.train.CheckpointManager``), saved every
 ``training.checkpoint_every_steps`` steps and at every epoch end. A retried task resumes from the
 newest readable checkpoint; mid-epoch it replays the rest of that epoch's batches exactly (see
-:mod:`trainer.data`). Before any save and at every epoch end the loss and weights are checked:
-NaN/inf raises :class:`~trainer.errors.Diverged` and nothing is saved. SIGTERM (``docker stop``)
-saves a checkpoint at the current step and exits 143.
+:mod:`trainer.data`). Before every save the loss and weights are checked once (one fused
+``tf.function``, one scalar read back): NaN/inf raises :class:`~trainer.errors.Diverged` and
+nothing is saved. SIGTERM (``docker stop``) saves a checkpoint at the end of the current loop
+and exits 143.
+
+Several steps run per compiled call (a ``tf.range`` loop over the data iterator inside one
+``tf.function``), as Keras' ``steps_per_execution`` does: ``training.steps_per_loop`` steps, or,
+when it is 0, as many as take about :data:`AUTO_LOOP_SECONDS` (measured as training runs: the
+first call runs one step, later calls grow at most 8-fold each). A loop always ends early at a
+checkpoint step and at the epoch end, so checkpoints and the NaN check still land exactly where
+they did with one step per call, whatever the loop length; SIGTERM is checked after every call.
+Each step function
+is traced once: the iterator's element spec has an unknown batch size, so the partial last batch
+reuses the trace, and the loop length is a tensor argument.
 
 Outputs: ``train/tensorboard`` (scalars), ``metrics.json`` (per-epoch history of all attempts),
 ``attempts.json`` (one entry per attempt) and, at the end, ``train/final/weights`` (model weights).
@@ -26,7 +37,7 @@ import tensorflow as tf  # noqa: E402
 
 
 class _Stop(object):
-    """Set by SIGTERM; the loop checkpoints and exits at the next step boundary."""
+    """Set by SIGTERM; the loop checkpoints and exits at the end of the current compiled call."""
 
     requested = False
 
@@ -37,7 +48,7 @@ class _Stop(object):
             return None
 
         def handler(signum, frame):
-            LOG.warning("SIGTERM received: checkpointing at the end of the current step")
+            LOG.warning("SIGTERM received: checkpointing at the end of the current loop of steps")
             cls.requested = True
         return signal.signal(signal.SIGTERM, handler)
 
@@ -75,8 +86,17 @@ def _append_history(run_dir, record):
     return history
 
 
-def _finite(value):
-    return not (math.isnan(value) or math.isinf(value))
+#: With ``training.steps_per_loop`` 0, a compiled call runs about this long: long enough that the
+#: per-call dispatch (about 0.5 ms) is noise next to it, short enough that SIGTERM, checked
+#: between calls, is answered well inside ``docker stop``'s 10 s grace period.
+AUTO_LOOP_SECONDS = 0.5
+#: How much the automatic loop length may grow from one call to the next (timing noise of one
+#: short call must not jump it to a loop that runs for seconds).
+AUTO_LOOP_GROWTH = 8
+MAX_STEPS_PER_LOOP = contract.SECTIONS["training"]["steps_per_loop"]["maximum"]
+#: Epochs one training iterator spans (their datasets concatenated): a new iterator per epoch
+#: costs about 5 ms of CPU (10% of a digits MLP epoch); a window keeps the graph small for long runs.
+EPOCHS_PER_ITERATOR = 16
 
 
 class Loop(object):
@@ -106,8 +126,20 @@ class Loop(object):
             from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
         self.base_train = data.base_dataset(dataset_dir, schema, "train", training["cache"])
         self.base_eval = data.base_dataset(dataset_dir, schema, "eval", training["cache"])
-        self.train_step = tf.function(self._train_step)
-        self.eval_step = tf.function(self._eval_step)
+        # Built once: every evaluation takes the next eval_steps batches of the repeated set
+        # (exactly one pass), instead of a new dataset and iterator per epoch.
+        self.eval_steps = int(math.ceil(schema["counts"]["eval"] / float(training["batch_size"])))
+        eval_batches = data.eval_dataset(self.base_eval, training["batch_size"]).repeat()
+        self.eval_iterator = iter(strategy.experimental_distribute_dataset(eval_batches))
+        # The batch dimension of this spec is unknown: one trace serves full and partial batches.
+        signature = list(self.eval_iterator.element_spec)
+        self.train_step = tf.function(self._train_step, input_signature=signature)
+        self.train_loop = tf.function(self._train_loop)
+        self.eval_loop = tf.function(self._eval_loop)
+        self.all_finite = tf.function(self._all_finite)
+        self.steps_per_loop = training["steps_per_loop"]
+        self._auto_loop = 1  # the automatic length of the next call (steps_per_loop 0)
+        self._auto_calls = 0
 
     # --- steps ----------------------------------------------------------------------------------
     def _replica_train(self, x, y):
@@ -137,38 +169,73 @@ class Loop(object):
         self.state.step.assign_add(1)
         return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
+    def _train_loop(self, iterator, steps):
+        # a tf.range loop (a while loop in the graph): one Python call for ``steps`` steps
+        for _ in tf.range(steps):
+            x, y = next(iterator)
+            self._train_step(x, y)
+
     def _replica_eval(self, x, y):
         logits = self.model(x, training=False)
         self.val_loss.update_state(self.loss_fn(y, logits))
         self.val_acc.update_state(y, logits)
 
-    def _eval_step(self, x, y):
-        self.strategy.run(self._replica_eval, args=(x, y))
+    def _eval_loop(self, iterator, steps):
+        for _ in tf.range(steps):
+            x, y = next(iterator)
+            self.strategy.run(self._replica_eval, args=(x, y))
+
+    def _all_finite(self):
+        ok = tf.math.is_finite(self.train_loss.result())
+        for variable in self.model.trainable_variables:
+            ok = tf.logical_and(ok, tf.reduce_all(tf.math.is_finite(variable)))
+        return ok
 
     # --- checks and saves -----------------------------------------------------------------------
     def check_finite(self, epoch, step):
-        """Raise Diverged if the running loss or any weight is NaN/inf."""
+        """Raise Diverged if the running loss or any weight is NaN/inf (one scalar read back)."""
+        if bool(self.all_finite().numpy()):
+            return
         loss = float(self.train_loss.result().numpy())
         bad = [v.name for v in self.model.trainable_variables
                if not bool(tf.reduce_all(tf.math.is_finite(v)).numpy())]
-        if not _finite(loss) or bad:
-            raise Diverged("training diverged at epoch %d step %d: loss is %s%s; this state "
-                           "was not checkpointed (lower training.learning_rate?)"
-                           % (epoch + 1, step, loss, ", non-finite weights in %s" % bad[0]
-                              if bad else ""))
+        raise Diverged("training diverged at epoch %d step %d: loss is %s%s; this state "
+                       "was not checkpointed (lower training.learning_rate?)"
+                       % (epoch + 1, step, loss, ", non-finite weights in %s" % bad[0]
+                          if bad else ""))
 
     def evaluate(self):
-        """Loss and accuracy on the eval split."""
+        """Loss and accuracy on the eval split (one pass of the eval iterator built once)."""
         self.val_loss.reset_state()
         self.val_acc.reset_state()
-        dataset = data.eval_dataset(self.base_eval, self.training["batch_size"])
-        for x, y in self.strategy.experimental_distribute_dataset(dataset):
-            self.eval_step(x, y)
+        self.eval_loop(self.eval_iterator, tf.constant(self.eval_steps))
         return float(self.val_loss.result().numpy()), float(self.val_acc.result().numpy())
 
-    def _checkpoint(self, attempts, epoch, step, first_step, stop=True):
-        """Check for divergence, save a checkpoint, record it; exit 143 if SIGTERM asked to."""
-        self.check_finite(epoch, step)
+    def loop_length(self, step, epoch_end):
+        """Steps of the next compiled call from ``step``: ``steps_per_loop`` (or the automatic
+        length), cut short at the next checkpoint step and at the epoch end."""
+        steps = min(epoch_end - step, self.steps_per_loop or self._auto_loop)
+        every = self.training["checkpoint_every_steps"]
+        if every:
+            steps = min(steps, every - step % every)
+        return steps
+
+    def _run_loop(self, iterator, steps):
+        """One compiled call of ``steps`` steps; with steps_per_loop 0, adapt the next length."""
+        started = time.perf_counter()
+        self.train_loop(iterator, tf.constant(steps))
+        self._auto_calls += 1
+        if not self.steps_per_loop and self._auto_calls > 1:  # the first call also traces
+            per_step = (time.perf_counter() - started) / steps
+            wanted = int(AUTO_LOOP_SECONDS / max(per_step, 1e-9))
+            self._auto_loop = max(1, min(wanted, self._auto_loop * AUTO_LOOP_GROWTH,
+                                         MAX_STEPS_PER_LOOP))
+
+    def _checkpoint(self, attempts, epoch, step, first_step, stop=True, checked=False):
+        """Check for divergence (unless just ``checked``), save a checkpoint, record it; exit 143
+        if SIGTERM asked to."""
+        if not checked:
+            self.check_finite(epoch, step)
         path = self.state.save()
         attempts.entry.update(steps_run=step - first_step, last_checkpoint=path)
         attempts.save()
@@ -185,6 +252,20 @@ class Loop(object):
             raise SystemExit(143)
 
     # --- the loop -------------------------------------------------------------------------------
+    def train_iterator(self, first, end, done):
+        """One iterator over the batches of epochs ``first`` to ``end - 1``: each epoch is
+        :func:`trainer.data.epoch_dataset` (the first minus its ``done`` batches trained before a
+        resume), concatenated, so the batches are exactly those of one iterator per epoch."""
+        training = self.training
+
+        def epoch_batches(epoch, skip=0):
+            return data.epoch_dataset(self.base_train, epoch, training["seed"],
+                                      training["batch_size"], training["shuffle_buffer"], skip)
+        batches = epoch_batches(first, done)
+        for epoch in range(first + 1, end):
+            batches = batches.concatenate(epoch_batches(epoch))
+        return iter(self.strategy.experimental_distribute_dataset(batches))
+
     def fit(self, attempts, writer):
         """Train from the current state to ``epochs * steps_per_epoch``; return the history."""
         training = self.training
@@ -193,19 +274,25 @@ class Loop(object):
         step = int(self.state.step.numpy())
         first_step, started = step, time.time()
         history = atomic.read_json(os.path.join(self.run_dir, contract.METRICS_FILE), [])
+        iterator, iterator_end = None, 0
         for epoch in range(int(self.state.epoch.numpy()), training["epochs"]):
             done = step - epoch * self.spe
-            dataset = data.epoch_dataset(self.base_train, epoch, training["seed"],
-                                         training["batch_size"], training["shuffle_buffer"], done)
+            if epoch >= iterator_end:
+                iterator_end = min(training["epochs"], epoch + EPOCHS_PER_ITERATOR)
+                iterator = self.train_iterator(epoch, iterator_end, done)
             self.train_loss.reset_state()
             self.train_acc.reset_state()
             epoch_start = time.time()
             common.reset_peak_rss()
-            for x, y in self.strategy.experimental_distribute_dataset(dataset):
-                self.train_step(x, y)
-                step += 1
-                if step % self.spe and (_Stop.requested or (every and step % every == 0)):
+            epoch_end = (epoch + 1) * self.spe
+            while step < epoch_end:
+                steps = self.loop_length(step, epoch_end)
+                self._run_loop(iterator, steps)
+                step += steps
+                if step < epoch_end and (_Stop.requested or (every and step % every == 0)):
                     self._checkpoint(attempts, epoch, step, first_step)  # (epoch end: below)
+            # checked before evaluating, so a diverged model is neither evaluated nor recorded;
+            # the epoch-end save below relies on this one check
             self.check_finite(epoch, step)
             seconds = time.time() - epoch_start
             examples = max(0, n_train - done * training["batch_size"])
@@ -220,7 +307,7 @@ class Loop(object):
                       "rss_peak_mb": common.peak_rss_mb(), "time": common.now_iso()}
             history = _append_history(self.run_dir, record)
             attempts.entry["epochs_run"] += 1
-            self._checkpoint(attempts, epoch, step, first_step, stop=False)
+            self._checkpoint(attempts, epoch, step, first_step, stop=False, checked=True)
             with writer.as_default(step=step):
                 for name in ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_sec"):
                     tf.summary.scalar(name, record[name])
@@ -290,8 +377,8 @@ def run(config):
     previous = _Stop.install()
     try:
         history = loop.fit(attempts, writer)
+        # no check here: these weights are those of the last checkpoint, checked before its save
         step, epoch = int(loop.state.step.numpy()), int(loop.state.epoch.numpy())
-        loop.check_finite(max(0, epoch - 1), step)
         last = history[-1] if history else {}
         summary = {"epochs": epoch, "steps": step, "steps_per_epoch": loop.spe,
                    "final_loss": last.get("loss"), "final_accuracy": last.get("accuracy"),

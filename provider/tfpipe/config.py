@@ -477,6 +477,8 @@ class TrainingConfig(_Section):
     :param checkpoint_every_steps: also checkpoint every N steps (epoch ends always checkpoint;
         0 = epoch ends only).
     :param keep_checkpoints: how many checkpoints to keep.
+    :param steps_per_loop: training steps per compiled call in the trainer (0: automatic, about
+        0.5 s of training per call); a call still ends at every checkpoint step and epoch end.
     :param mixed_precision: train in ``mixed_float16`` (GPUs with tensor cores).
     :param cache: where parsed examples are kept between epochs: ``auto`` (memory when they fit
         the container's memory budget, else a file on the work volume), ``memory``, ``file`` or
@@ -496,6 +498,7 @@ class TrainingConfig(_Section):
     seed: int = schema_default("training", "seed")
     checkpoint_every_steps: int = schema_default("training", "checkpoint_every_steps")
     keep_checkpoints: int = schema_default("training", "keep_checkpoints")
+    steps_per_loop: int = schema_default("training", "steps_per_loop")
     mixed_precision: bool = schema_default("training", "mixed_precision")
     cache: str = schema_default("training", "cache")
     shuffle_buffer: int = schema_default("training", "shuffle_buffer")

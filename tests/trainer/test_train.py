@@ -132,43 +132,144 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(ws, capsys):
         "resumed_from"]["step"] == 24
 
 
+def saved_steps(ckpt_dir):
+    """The step numbers of the checkpoints in ``ckpt_dir``, each checked against its step variable."""
+    steps = sorted(int(os.path.basename(p)[len("ckpt-"):-len(".index")])
+                   for p in glob.glob(os.path.join(ckpt_dir, "ckpt-*.index")))
+    for step in steps:
+        reader = tf.train.load_checkpoint(os.path.join(ckpt_dir, "ckpt-%d" % step))
+        assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == step
+    return steps
+
+
 @pytest.mark.resume
 @pytest.mark.reliability
-def test_sigterm_mid_epoch_saves_exactly_the_current_step(ws, monkeypatch, capsys):
-    """SIGTERM arrives 5 batches into epoch 2 (step 13 of 8-step epochs): the checkpoint is ckpt-13."""
+@pytest.mark.parametrize("steps_per_loop, stop", [(1, 13), (3, 14)])
+def test_sigterm_mid_epoch_saves_at_the_end_of_the_current_loop(ws, monkeypatch, capsys, steps_per_loop,
+                                                                  stop):
+    """SIGTERM arrives during step 13 (5 batches into epoch 2 of 8-step epochs): one step per call
+    saves ckpt-13; 3 steps per call (calls 1-3, 4-6, 7-8, 9-11, 12-14) finish their call: ckpt-14."""
     prep.run(ws.config("prep"))
-    settings = {"epochs": 3, "checkpoint_every_steps": 0}  # only epoch ends would checkpoint
+    # only epoch ends would checkpoint
+    settings = {"epochs": 3, "checkpoint_every_steps": 0, "steps_per_loop": steps_per_loop}
     original = train.Loop.__init__
 
     def init_then_signal_at_13(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        step_fn, count = self.train_step, [0]
+        loop_fn, count = self.train_loop, [0]
 
-        def step_and_maybe_signal(x, y):
-            loss = step_fn(x, y)
-            count[0] += 1
-            if count[0] == 13:  # the real signal, to this process: the real handler runs
+        def loop_and_maybe_signal(iterator, steps):
+            before = count[0]
+            loop_fn(iterator, steps)
+            count[0] += int(steps)
+            if before < 13 <= count[0]:  # the real signal, to this process: the real handler runs
                 os.kill(os.getpid(), signal.SIGTERM)
-            return loss
-        self.train_step = step_and_maybe_signal
+        self.train_loop = loop_and_maybe_signal
     monkeypatch.setattr(train.Loop, "__init__", init_then_signal_at_13)
     with pytest.raises(SystemExit) as info:
         train.run(ws.config("train", training=settings))
     assert info.value.code == 143
     out = capsys.readouterr().out
     ckpt_dir = os.path.join(ws.run_dir(), "train", "checkpoints")
-    assert "stopped at epoch 2 step 13 after checkpoint %s" % os.path.join(ckpt_dir, "ckpt-13") in out
-    assert tf.train.latest_checkpoint(ckpt_dir).endswith("ckpt-13")
-    assert sorted(os.path.basename(p)[:-len(".index")] for p in glob.glob(os.path.join(ckpt_dir, "*.index"))) \
-        == ["ckpt-13", "ckpt-8"]
-    reader = tf.train.load_checkpoint(os.path.join(ckpt_dir, "ckpt-13"))
-    assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 13
+    last = os.path.join(ckpt_dir, "ckpt-%d" % stop)
+    assert "stopped at epoch 2 step %d after checkpoint %s" % (stop, last) in out
+    assert tf.train.latest_checkpoint(ckpt_dir) == last
+    assert saved_steps(ckpt_dir) == [8, stop]
     attempt = ws.read("attempts.json")[0]
-    assert attempt["status"] == "interrupted" and attempt["steps_run"] == 13
-    assert attempt["last_checkpoint"].endswith("ckpt-13")
+    assert attempt["status"] == "interrupted" and attempt["steps_run"] == stop
+    assert attempt["last_checkpoint"] == last
     monkeypatch.setattr(train.Loop, "__init__", original)
     result = train.run(ws.config("train", try_number=2, training=settings))
-    assert result["resumed_from"]["step"] == 13 and result["steps"] == 24
+    assert result["resumed_from"]["step"] == stop and result["steps"] == 24
+
+
+@pytest.mark.resume
+def test_loops_of_several_steps_checkpoint_and_resume_on_the_exact_steps(ws, monkeypatch, capsys):
+    """3 steps per call, a checkpoint every 5 steps of 8-step epochs: calls end early at 5, 8 (the
+    epoch end), 10, 15 and 16, a crash after ckpt-10 resumes at step 10, and the final weights are
+    those of a run with one step per call."""
+    for run_id in ("straight", "looped"):
+        prep.run(ws.config("prep", run_id=run_id))
+    settings = {"epochs": 2, "checkpoint_every_steps": 5, "keep_checkpoints": 10}
+    train.run(ws.config("train", run_id="straight", training=dict(settings, steps_per_loop=1)))
+    expected = final_weights(ws, "straight")
+
+    original = checkpoints.TrainState.save
+
+    def save_then_crash(self):
+        path = original(self)
+        if int(self.step.numpy()) == 10:
+            raise Crash("simulated crash after %s" % path)
+        return path
+    monkeypatch.setattr(checkpoints.TrainState, "save", save_then_crash)
+    looped = dict(settings, steps_per_loop=3)
+    with pytest.raises(Crash):
+        train.run(ws.config("train", run_id="looped", training=looped))
+    monkeypatch.setattr(checkpoints.TrainState, "save", original)
+    ckpt_dir = os.path.join(ws.run_dir("looped"), "train", "checkpoints")
+    assert saved_steps(ckpt_dir) == [5, 8, 10]
+    capsys.readouterr()
+
+    result = train.run(ws.config("train", run_id="looped", try_number=2, training=looped))
+    assert "resumed from epoch 1 step 10 " in capsys.readouterr().out
+    assert result["steps"] == 16 and saved_steps(ckpt_dir) == [5, 8, 10, 15, 16]
+    resumed = final_weights(ws, "looped")
+    assert sorted(resumed) == sorted(expected)
+    for name in expected:
+        np.testing.assert_allclose(resumed[name], expected[name], rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_one_trace_per_step_function_and_one_divergence_check_per_save(ws, monkeypatch):
+    """245 train and 55 eval rows at batch 32 end in partial batches, yet each compiled function
+    traces once; the automatic loop length runs the 24 steps in a few calls; each save is
+    checked for NaN once (3 epoch-end saves, 3 checks: the code before checked twice per epoch
+    end and once more before the final weights)."""
+    prep.run(ws.config("prep"))
+    loops, calls, checks, saves = [], [], [0], [0]
+    init, run_loop = train.Loop.__init__, train.Loop._run_loop
+    check, save = train.Loop.check_finite, checkpoints.TrainState.save
+
+    def keep(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        loops.append(self)
+
+    def counted_loop(self, iterator, steps):
+        calls.append(steps)
+        return run_loop(self, iterator, steps)
+
+    def counted_check(self, *args):
+        checks[0] += 1
+        return check(self, *args)
+
+    def counted_save(self):
+        saves[0] += 1
+        return save(self)
+    monkeypatch.setattr(train.Loop, "__init__", keep)
+    monkeypatch.setattr(train.Loop, "_run_loop", counted_loop)
+    monkeypatch.setattr(train.Loop, "check_finite", counted_check)
+    monkeypatch.setattr(checkpoints.TrainState, "save", counted_save)
+    result = train.run(ws.config("train", training={"epochs": 3}))  # steps_per_loop: automatic
+    loop = loops[0]
+    assert result["steps"] == 24 and sum(calls) == 24
+    # the tracing call, a timed call, then longer ones (5 calls here; 12 leaves room for a slow,
+    # shared machine: a 24-step run in 12 calls needs steps under about 0.2 s)
+    assert calls[:2] == [1, 1] and max(calls) > 1 and len(calls) <= 12, calls
+    assert saves[0] == 3 and checks[0] == 3
+    for function in (loop.train_loop, loop.eval_loop, loop.all_finite):
+        assert function.experimental_get_tracing_count() == 1
+    assert loop.eval_steps == 2
+    # the one-step function (bench/in_image uses it) too: a full and a partial batch, one trace
+    for x, y in data.eval_dataset(loop.base_eval, 32):
+        loop.train_step(x, y)
+    assert loop.train_step.experimental_get_tracing_count() == 1
+
+
+@pytest.mark.parametrize("value", [-1, 10001, 2.5])
+def test_steps_per_loop_out_of_bounds_is_refused(ws, value):
+    from trainer import config as config_mod
+
+    with pytest.raises(BadInput, match=r"training\.steps_per_loop must be"):
+        config_mod.resolve(ws.config("train", training={"steps_per_loop": value}))
 
 
 @pytest.mark.resume

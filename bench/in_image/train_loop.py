@@ -1,0 +1,172 @@
+"""train_loop_ratio: the train stage's training loop / Keras ``model.fit`` at its best settings.
+
+Both arms train the same model (``trainer.models.build_model``: the ``mlp`` on the digits CSV, or
+the ``cnn`` on the synthetic images of make_images.py), on the same prepared TFRecords, batch
+size, epochs, optimizer and seed, with per-epoch validation, checkpoints (model + optimizer) every
+``--every`` steps and at every epoch end, and per-epoch TensorBoard scalars:
+
+- **A**: ``trainer.train.Loop.fit``: tfpipe's loop as the train stage runs it (steps per call
+  chosen automatically, as shipped; NaN checks, ``metrics.json``, ``attempts.json`` included).
+- **B**: ``model.fit`` over ``data.base_dataset`` (reshuffled every epoch, batched, repeated with
+  ``steps_per_epoch`` given, prefetched),
+  ``validation_data`` from the same eval split, a callback saving a
+  ``tf.train.CheckpointManager`` checkpoint when a multiple of ``--every`` steps has passed and at
+  every epoch end, and ``TensorBoard(update_freq="epoch")``. ``steps_per_execution`` is tuned
+  first: every value of ``--spe`` runs ``--tune-runs`` times (untimed for the ratio) and the one
+  with the least median CPU time is B.
+
+The timed span of both is the training call alone (``Loop.fit`` / ``model.fit``); the model is
+built and compiled outside it, tracing happens inside it for both. A and B alternate.
+"""
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import util  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--root", default="/bench")
+    parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--every", type=int, default=20, help="training.checkpoint_every_steps")
+    parser.add_argument("--spe", default="1,10,50,200", help="steps_per_execution values to tune B over")
+    parser.add_argument("--tune-runs", type=int, default=2)
+    args = parser.parse_args()
+
+    from trainer import checkpoints, common, data, models, prep, train
+    import tensorflow as tf
+
+    if args.model == "mlp":
+        data_section = {"path": "digits/digits.csv", "format": "csv", "label": "label",
+                        "eval_fraction": 0.2}
+        if not os.path.isdir(os.path.join(args.root, "work", "datasets")):
+            prep.run(util.stage_config(args.root, "prep", dag_id="bench", run_id="prep",
+                                       data=data_section))
+    dataset_dir, schema, stats = util.find_dataset(args.root)
+    if args.model == "cnn":
+        data_section = util.image_data_section(schema["image"]["height"], schema["image"]["channels"])
+    logging.getLogger("tfpipe").setLevel(logging.WARNING)  # no per-epoch lines
+    counter = [0]
+
+    def config_for(arm):
+        counter[0] += 1
+        training = {"model": args.model, "batch_size": args.batch_size, "epochs": args.epochs,
+                    "checkpoint_every_steps": args.every, "learning_rate": 0.002}
+        return common.begin(util.stage_config(
+            args.root, "train", dag_id="bench_train_loop", run_id="%s-%d-%d" % (arm, os.getpid(), counter[0]),
+            data=data_section, training=training), "train")
+
+    def loop_sample(i):
+        config = config_for("loop")
+        tf.keras.backend.clear_session()
+        strategy = common.setup_tensorflow(config["training"])
+        loop = train.Loop(config, strategy, schema, stats, dataset_dir)
+        loop.state.record_inputs(schema["fingerprint"], args.batch_size, loop.spe)
+        attempts = train.Attempts(loop.run_dir, {
+            "try_number": 1, "resumed_from": None, "warm_start": None,
+            "start_time": common.now_iso(), "end_time": None, "status": "running",
+            "start_step": 0, "epochs_run": 0, "steps_run": 0, "target_steps": loop.total_steps})
+        writer = tf.summary.create_file_writer(os.path.join(loop.train_dir, "tensorboard"))
+        started = time.perf_counter()
+        history = loop.fit(attempts, writer)
+        seconds = time.perf_counter() - started
+        writer.close()
+        loop_sample.steps, loop_sample.spe = loop.total_steps, loop.spe
+        loop_sample.val_accuracy = history[-1]["val_accuracy"]
+        return seconds
+
+    class Checkpointing(tf.keras.callbacks.Callback):
+        """Checkpoints as the loop takes them: model + optimizer, every ``every`` steps and at
+        epoch ends (with steps_per_execution > 1, Keras reports batches per execution, so a save
+        comes at the first report at or past each multiple)."""
+
+        def __init__(self, manager, every):
+            super().__init__()
+            self.manager, self.every, self.step, self.saved_at = manager, every, 0, 0
+            self.epoch_start = 0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch_start = self.step
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.step = self.epoch_start + batch + 1
+            if self.every and self.step // self.every > self.saved_at // self.every:
+                self.manager.save(checkpoint_number=self.step)
+                self.saved_at = self.step
+
+        def on_epoch_end(self, epoch, logs=None):
+            if self.saved_at != self.step:
+                self.manager.save(checkpoint_number=self.step)
+                self.saved_at = self.step
+
+    def fit_sample(i, steps_per_execution):
+        config = config_for("fit%d" % steps_per_execution)
+        training = config["training"]
+        tf.keras.backend.clear_session()
+        strategy = common.setup_tensorflow(training)
+        tf.random.set_seed(training["seed"])
+        with strategy.scope():
+            model = models.build_model(config, schema, stats)
+            optimizer = checkpoints.build_optimizer(training)
+            model.compile(optimizer=optimizer,
+                          loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          metrics=["accuracy"], steps_per_execution=steps_per_execution)
+        base_train = data.base_dataset(dataset_dir, schema, "train", training["cache"])
+        base_eval = data.base_dataset(dataset_dir, schema, "eval", training["cache"])
+        train_batches = base_train.shuffle(training["shuffle_buffer"], seed=training["seed"],
+                                           reshuffle_each_iteration=True)
+        # repeated, with the epoch length given: fit needs it for steps_per_execution > 1
+        train_batches = train_batches.batch(args.batch_size).repeat().prefetch(data.AUTOTUNE)
+        run_dir = config["paths"]["run_dir"]
+        manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=optimizer),
+                                             os.path.join(run_dir, "train", "checkpoints"),
+                                             max_to_keep=training["keep_checkpoints"])
+        callbacks = [Checkpointing(manager, args.every),
+                     tf.keras.callbacks.TensorBoard(os.path.join(run_dir, "train", "tensorboard"),
+                                                    update_freq="epoch", write_graph=False,
+                                                    profile_batch=0)]
+        started = time.perf_counter()
+        history = model.fit(train_batches, epochs=args.epochs, verbose=0, callbacks=callbacks,
+                            steps_per_epoch=data.steps_per_epoch(schema, args.batch_size),
+                            validation_data=data.eval_dataset(base_eval, args.batch_size),
+                            validation_steps=-(-schema["counts"]["eval"] // args.batch_size))
+        seconds = time.perf_counter() - started
+        fit_sample.val_accuracy = history.history["val_accuracy"][-1]
+        return seconds
+
+    started = time.time()
+    # B's steps_per_execution: the value with the least median CPU time over --tune-runs runs each
+    tuning = {}
+    for spe in [int(v) for v in args.spe.split(",")]:
+        cpu = []
+        for run in range(args.tune_runs):
+            t0 = time.process_time()
+            wall = fit_sample(-1, spe)
+            cpu.append(time.process_time() - t0)
+            util.log("tuning steps_per_execution=%d: %.3f s wall, %.3f s CPU", spe, wall, cpu[-1])
+        tuning[spe] = statistics.median(cpu)
+    best = min(tuning, key=tuning.get)
+    util.log("B uses steps_per_execution=%d", best)
+    samples = util.interleave(args.pairs, [("A", loop_sample), ("B", lambda i: fit_sample(i, best))],
+                              warmup=lambda: loop_sample(-1))
+    util.emit(dict(samples, unit="seconds per training run (Loop.fit / model.fit)", model=args.model,
+                   epochs=args.epochs, batch_size=args.batch_size, steps=loop_sample.steps,
+                   steps_per_epoch=loop_sample.spe, checkpoint_every_steps=args.every,
+                   steps_per_execution=best,
+                   tuning_cpu_s={str(k): round(v, 3) for k, v in sorted(tuning.items())},
+                   val_accuracy_a=round(loop_sample.val_accuracy, 4),
+                   val_accuracy_b=round(fit_sample.val_accuracy, 4),
+                   seconds=round(time.time() - started, 1)))
+
+
+if __name__ == "__main__":
+    main()
