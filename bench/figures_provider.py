@@ -23,7 +23,6 @@ from run import (
     BENCH,
     LOGS,
     REPO,
-    BenchError,
     Context,
     fresh_home,
     interleave,
@@ -32,6 +31,7 @@ from run import (
     median,
     ratio_stats,
     run_logged,
+    tfpipe_run_summary,
     timed,
 )
 
@@ -85,16 +85,7 @@ def provider_cost(ctx: Context) -> dict[str, Any]:
 
         wall, cpu = timed(run)
         proc = out["proc"]
-        with open(logfile, "a") as handle:
-            handle.write(f"\n$ {' '.join(cmd)}  (TFPIPE_HOME={home})\n{proc.stderr}\n{proc.stdout}\n")
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-        summary = json.loads(lines[-1]) if lines else {}
-        if proc.returncode != 0 or summary.get("state") != "success":
-            raise BenchError(f"tfpipe run {dag_id} ended {summary.get('state', 'without a summary')} "
-                             f"(exit {proc.returncode}; see {logfile})")
-        retried = [t for t, v in summary.get("tasks", {}).items() if v.get("try_number", 1) > 1]
-        if retried:
-            raise BenchError(f"{dag_id}: task(s) {retried} were retried: the timing is not comparable")
+        tfpipe_run_summary(proc, cmd, dag_id, home, logfile)
         for task, seconds in _task_seconds(proc.stderr).items():
             task_seconds[side].setdefault(task, []).append(seconds)
         shutil.rmtree(home, ignore_errors=True)

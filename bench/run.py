@@ -276,6 +276,23 @@ def run_logged(cmd: list[str], logfile: Path, *, timeout: float, env: dict[str, 
     return proc.stdout
 
 
+def tfpipe_run_summary(proc: subprocess.CompletedProcess, cmd: list[str], dag_id: str, home: Path,
+                       logfile: Path) -> dict[str, Any]:
+    """Log a finished ``tfpipe run``; return its summary, or BenchError unless it succeeded without retries
+    (a retried task makes a sample incomparable)."""
+    with open(logfile, "a") as handle:
+        handle.write(f"\n$ {' '.join(cmd)}  (TFPIPE_HOME={home})\n{proc.stderr}\n{proc.stdout}\n")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    summary = json.loads(lines[-1]) if lines else {}
+    if proc.returncode != 0 or summary.get("state") != "success":
+        raise BenchError(f"tfpipe run {dag_id} ended {summary.get('state', 'without a summary')} "
+                         f"(exit {proc.returncode}; see {logfile})")
+    retried = [t for t, v in summary.get("tasks", {}).items() if v.get("try_number", 1) != 1]
+    if retried:
+        raise BenchError(f"tfpipe run {dag_id}: task(s) {retried} were retried: the timing is not comparable")
+    return summary
+
+
 def interleave(ctx: Context, name: str, run_a: Callable[[int], Any], run_b: Callable[[int], Any],
                *, pairs: int | None = None, min_pairs: int = 5) -> tuple[list[float], list[float], list[str]]:
     """A, B, A, B, ...: return the seconds of each side and notes (e.g. stopped for time).
@@ -417,16 +434,7 @@ def orchestration(ctx: Context) -> dict[str, Any]:
         started = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
         seconds = time.perf_counter() - started
-        with open(logfile, "a") as handle:
-            handle.write(f"\n$ {' '.join(cmd)}  (TFPIPE_HOME={home})\n{proc.stderr}\n{proc.stdout}\n")
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-        summary = json.loads(lines[-1]) if lines else {}
-        if proc.returncode != 0 or summary.get("state") != "success":
-            raise BenchError(f"tfpipe run {dag_id} ended {summary.get('state', 'without a summary')} "
-                             f"(exit {proc.returncode}; see {logfile})")
-        retried = [t for t, v in summary.get("tasks", {}).items() if v.get("try_number", 1) != 1]
-        if retried:
-            raise BenchError(f"tfpipe run {dag_id}: task(s) {retried} were retried: the timing is not comparable")
+        tfpipe_run_summary(proc, cmd, dag_id, home, logfile)
         stamp = r"^(\d{4}-\d\d-\d\dT[\d:.]+)Z? "
         events = [(m.group(2), m.group(3), _utc(m.group(1))) for m in re.finditer(
             stamp + r".*\[DAG TEST\] (starting|end) task(?: task)?_id=(\w+)", proc.stderr, re.M)]

@@ -64,11 +64,7 @@ def main():
             loop.state.save = counted_save
         else:
             loop.state.save = lambda: "(checkpoint disabled by bench)"
-        attempts = train.Attempts(loop.run_dir, {
-            "try_number": 1, "resumed_from": None, "warm_start": None,
-            "start_time": common.now_iso(), "end_time": None, "status": "running",
-            "start_step": 0, "epochs_run": 0, "steps_run": 0, "target_steps": loop.total_steps})
-        writer = tf.summary.create_file_writer(os.path.join(loop.train_dir, "tensorboard"))
+        attempts, writer = util.first_try(loop, train, common)
         started = time.perf_counter()
         loop.fit(attempts, writer)
         seconds = time.perf_counter() - started

@@ -92,3 +92,14 @@ def interleave(pairs, arms, warmup=None):
             out[name.lower() + "_cpu"].append(cpu)
             log("round %d/%d %s: %.4f (cpu %.2f s)", i + 1, pairs, name, value, cpu)
     return out
+
+
+def first_try(loop, train, common):
+    """The attempt record and TensorBoard writer a first try of ``loop`` starts with: ``loop.fit(*first_try(...))``."""
+    import tensorflow as tf
+
+    attempts = train.Attempts(loop.run_dir, {
+        "try_number": 1, "resumed_from": None, "warm_start": None,
+        "start_time": common.now_iso(), "end_time": None, "status": "running",
+        "start_step": 0, "epochs_run": 0, "steps_run": 0, "target_steps": loop.total_steps})
+    return attempts, tf.summary.create_file_writer(os.path.join(loop.train_dir, "tensorboard"))
