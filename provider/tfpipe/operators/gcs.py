@@ -27,9 +27,6 @@ from tfpipe import contract
 from tfpipe.config import check_host_path, check_image_ref, check_name, check_relative_path
 from tfpipe.exceptions import TfpipeConfigError
 from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook, list_objects
-from tfpipe.lineage import capture
-from tfpipe.run_params import reject_unknown_conf
-from tfpipe.settings import resolve_image
 from tfpipe.specs import container_labels
 
 #: Where the stage-in helper mounts the data volume.
@@ -112,6 +109,8 @@ class _GcsTransferOperator(BaseOperator):
 
     def _run_uri(self, context: Mapping[str, Any], *, skip: str) -> GcsUri:
         """The URI of this run (the Param ``uri_param``, else the operator's); no URI skips with ``skip``."""
+        from tfpipe.run_params import reject_unknown_conf
+
         reject_unknown_conf(context, self.task_id)
         uri = _resolve_uri(context, self.uri_param, getattr(self, self.uri_field), self.task_id, self.uri_field)
         if uri is None:
@@ -122,6 +121,8 @@ class _GcsTransferOperator(BaseOperator):
     def _connect(self, context: Mapping[str, Any]) -> tuple[str, TfpipeGcsHook, Any, dict[str, str]]:
         """``(image, gcs hook, engine hook, labels)``; credentials are checked before the engine is
         touched, and helper containers an earlier try left behind are removed."""
+        from tfpipe.settings import resolve_image
+
         image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
         hook = TfpipeGcsHook(self.gcp_conn_id)
         hook.get_conn()  # credentials first: a bad key fails before any container starts
@@ -187,6 +188,8 @@ class GcsStageInOperator(_GcsTransferOperator):
                            role=self.helper_role, log=self.log) as helper:
             result = stage_in(hook, helper, uri, self.data_path, user=self.user, max_workers=self.max_workers,
                               log=self.log)
+        from tfpipe.lineage import capture
+
         self.lineage_inputs = capture(self, context, result, ())
         return result
 
@@ -288,6 +291,8 @@ class GcsPublishOperator(_GcsTransferOperator):
             info = {"model_name": self.model_name, "version": version, "dag_id": ti.dag_id, "run_id": ti.run_id}
             result = publish_version(hook, dest, files, info=info, max_workers=self.max_workers, log=self.log)
         result = {**result, "model_name": self.model_name, "version": version}
+        from tfpipe.lineage import capture
+
         self.lineage_inputs = capture(self, context, result, ("evaluate", "export"))
         return result
 

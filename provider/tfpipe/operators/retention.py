@@ -24,7 +24,6 @@ from airflow.providers.common.compat.sdk import AirflowFailException, BaseOperat
 from tfpipe import contract
 from tfpipe.config import RetentionConfig, check_host_path, check_image_ref, check_name
 from tfpipe.exceptions import StageFailedError
-from tfpipe.hooks.docker import TfpipeDockerHook
 from tfpipe.run_params import reject_unknown_conf
 from tfpipe.settings import resolve_image
 from tfpipe.specs import container_labels
@@ -121,6 +120,8 @@ class RetentionOperator(BaseOperator):
 
     def _run_helper(self, request: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
         image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
+        from tfpipe.hooks.docker import TfpipeDockerHook  # execute-only: kept out of the DAG file's parse
+
         hook = TfpipeDockerHook.for_deployment(self.docker_url)
         cli = hook.ping_or_raise(what=self.task_id)
         hook.remove_labelled({k: v for k, v in labels.items() if k != "tfpipe.try_number"}, role=ROLE, log=self.log)
