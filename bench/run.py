@@ -661,27 +661,55 @@ def resume_cost(ctx: Context) -> dict[str, Any]:
         return last_step + pace * max(0.0, when - last_t)
 
     calibration: list[float] = []
+    #: (seconds from container start to step 0, steps per second) of each uninterrupted run
+    paces: list[tuple[float, float]] = []
+
+    def pace_of(run_dir: Path, started_wall: float) -> tuple[float, float] | None:
+        """(start-up seconds, steps/s) of a finished try, from its checkpoints' write times."""
+        saved = checkpoint_times(run_dir)
+        if len(saved) < 2:
+            return None
+        (s0, t0), (s1, t1) = saved[0], saved[-1]
+        pace = (s1 - s0) / max(t1 - t0, 1e-6)
+        return max(0.0, t0 - started_wall - s0 / pace), pace
+
+    def kill_at_step(proc: subprocess.Popen, run_dir: Path, started_wall: float, target: float) -> None:
+        """Return once training is at step ``target`` (or the container ended): before the first
+        checkpoint by the uninterrupted runs' start-up and pace, after it by this try's own newest
+        checkpoint and its pace between checkpoints, so the moment follows the run's progress
+        whatever the machine's load does to its speed."""
+        startup, pace = (median([p[0] for p in paces]), median([p[1] for p in paces]))
+        while proc.poll() is None:
+            saved = checkpoint_times(run_dir)
+            if saved and saved[-1][0] > target:  # already past it (a checkpoint seen late)
+                return
+            before = [(s, w) for s, w in saved if s <= target]
+            if before and len(saved) >= 2:
+                (s0, t0), (s1, t1) = saved[0], saved[-1]
+                pace = (s1 - s0) / max(t1 - t0, 1e-6) if s1 > s0 else pace
+            step, when = before[-1] if before else (0, started_wall + startup)
+            if time.time() >= when + (target - step) / pace:
+                return
+            time.sleep(0.01)
 
     def interrupted(i: int) -> tuple[float, float]:
         run_id = f"bench__resume_{ctx.session}_{i}"
-        # A kill at a random moment, drawn uniformly over an uninterrupted run's length, with a
-        # fixed seed per pair: kills land before the first checkpoint, between checkpoints and
-        # right after one, as crashes do.
-        expected = median(calibration + b_seconds)
+        # A kill at a random step, drawn uniformly over the run's steps with a fixed seed per pair:
+        # kills land before the first checkpoint, between checkpoints and right after one, as
+        # crashes do. The moment follows the try's own progress (see kill_at_step).
         fraction = random.Random(f"resume_cost_ratio/{i}").random()
+        target = fraction * total_steps[0]
         cpu_started = machine_cpu_s()
         proc, name, run_dir, started = start(run_id, 1)
         wall_started = time.time()
-        kill_after = fraction * expected
-        while proc.poll() is None and time.perf_counter() - started < kill_after:
-            time.sleep(0.01)
+        kill_at_step(proc, run_dir, wall_started, target)
         killed_wall = time.time()
         if proc.poll() is None:
             subprocess.run(["docker", "kill", name], capture_output=True)
         code = finish(proc, name)
         first = time.perf_counter() - started
-        entry: dict[str, Any] = {"kill_fraction": round(fraction, 3), "killed_after_s": round(kill_after, 2),
-                                 "first_try_s": round(first, 2)}
+        entry: dict[str, Any] = {"kill_fraction": round(fraction, 3), "kill_target_step": round(target, 1),
+                                 "killed_after_s": round(killed_wall - wall_started, 2), "first_try_s": round(first, 2)}
         if code == 0:  # it finished before the drawn moment: nothing to resume, nothing lost
             entry.update(killed=False, steps_redone=0, second_try_s=0.0)
             kills.append(entry)
@@ -700,17 +728,26 @@ def resume_cost(ctx: Context) -> dict[str, Any]:
         kills.append(entry)
         return first + second, machine_cpu_s() - cpu_started
 
+    #: the job's steps, read from an uninterrupted run's attempt record
+    total_steps: list[int] = [0]
+
     b_seconds: list[float] = []
 
     def uninterrupted(i: int) -> tuple[float, float]:
         cpu_started = machine_cpu_s()
-        proc, name, _, started = start(f"bench__straight_{ctx.session}_{i}", 1)
+        proc, name, run_dir, started = start(f"bench__straight_{ctx.session}_{i}", 1)
+        wall_started = time.time()
         code = finish(proc, name)
         seconds = time.perf_counter() - started
+        cpu = machine_cpu_s() - cpu_started
         if code != 0:
             raise BenchError(f"the uninterrupted training run exited {code} (see {logfile})")
         b_seconds.append(seconds)
-        return seconds, machine_cpu_s() - cpu_started
+        measured = pace_of(run_dir, wall_started)
+        if measured:
+            paces.append(measured)
+        total_steps[0] = json.loads((run_dir / "attempts.json").read_text())[-1]["target_steps"]
+        return seconds, cpu
 
     # one untimed uninterrupted run first: the length over which pair 1's kill moment is drawn,
     # and the check that the job is long enough (more epochs, and once more, if it is not)
@@ -719,7 +756,10 @@ def resume_cost(ctx: Context) -> dict[str, Any]:
         epochs = int(epochs * RESUME_MIN_JOB_S * 1.15 / calibration[-1]) + 1
         log(f"resume_cost_ratio: {calibration[-1]:.0f} s is under {RESUME_MIN_JOB_S:.0f} s: {epochs} epochs")
         cfg, spec = plan(epochs)
+        paces.clear()
         calibration[:] = [uninterrupted(-2)[0]]
+    if not paces:
+        raise BenchError(f"the calibration run left fewer than two checkpoints (see {logfile})")
     b_seconds.clear()
     a, b, notes = interleave(ctx, "resume_cost_ratio", interrupted, uninterrupted)
     stats = ratio_stats(a, b, *ctx.cpu["resume_cost_ratio"])
@@ -737,8 +777,8 @@ def resume_cost(ctx: Context) -> dict[str, Any]:
     stats["epochs"] = epochs
     stats["workload"] = (f"cnn on 957 synthetic 64x64 RGB images, batch 32, {epochs} epochs x 30 steps, "
                          "checkpoint every 20 steps and every epoch; try 1 killed (docker kill, SIGKILL) at a "
-                         "moment drawn uniformly over an uninterrupted run's length (seed fixed per pair), "
-                         "then try 2 resumes")
+                         "step drawn uniformly over the run's steps (seed fixed per pair), the moment following "
+                         "the try's own checkpoints and pace; then try 2 resumes")
     stats["info"] = stats["why"] = (
         f"a kill at a random moment costs {median(lost):.1f} s (median of A-B; per pair "
         f"{', '.join(f'{x:.1f}' for x in lost)} s) and {median(redone):.0f} steps redone (median; per pair "
