@@ -72,8 +72,6 @@ def test_tensorboard_link_opens_tensorboard_with_the_run_s_scalars(ui_run):
             # TensorBoard's scalars dashboard names every tag it found in the run's event files
             for tag in ("val_accuracy", "loss"):
                 page.get_by_text(tag, exact=True).first.wait_for(timeout=300_000)
-            charts = page.locator("canvas, svg").count()
-            assert charts > 0, "no chart drawn"
             assert not [f for f in failed if "/tfpipe/" in f], failed
         finally:
             browser.close()
