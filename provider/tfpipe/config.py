@@ -20,12 +20,13 @@ import math
 import posixpath
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import datetime, timezone
 from typing import Any, ClassVar
 
 from tfpipe import contract
 from tfpipe.exceptions import TfpipeConfigError
+from tfpipe.frozen import frozen_dataclass
 
 GPU_FALLBACKS = ("fail", "cpu")
 
@@ -260,7 +261,7 @@ def check_schema_section(section: str, obj: Any) -> None:
             check_schema_field(section, name, getattr(obj, name))
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class GpuRequest:
     """GPUs for one container: a count (``-1`` = all) or explicit device ids."""
 
@@ -311,7 +312,7 @@ class GpuRequest:
         return "all GPUs" if self.count == -1 else f"{self.count} GPU(s)"
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class _Section:
     """Base of every config section: strict construction from mappings."""
 
@@ -352,7 +353,7 @@ def json_ready(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class ImageConfig(_Section):
     """The trainer image.
 
@@ -371,7 +372,7 @@ class ImageConfig(_Section):
             check_image_ref("image.ref", self.ref, allow_floating_tag=self.allow_floating_tag)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class VolumesConfig(_Section):
     """Host directories (on the Docker engine's host) mounted into every stage.
 
@@ -400,7 +401,7 @@ class VolumesConfig(_Section):
                 )
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class DataConfig(_Section):
     """Where the raw data is and how prep reads and splits it.
 
@@ -459,7 +460,7 @@ class DataConfig(_Section):
         check_schema_section("data", self)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class TrainingConfig(_Section):
     """Model and hyperparameters; the fields a run may override are the contract's ``override`` ones.
 
@@ -530,7 +531,7 @@ class TrainingConfig(_Section):
         name for name, spec in contract.SECTIONS["training"].items() if "override" in spec)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class EvaluationConfig(_Section):
     """The blessing gate.
 
@@ -550,7 +551,7 @@ class EvaluationConfig(_Section):
         check_schema_section("evaluation", self)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class ExportConfig(_Section):
     """Versioned SavedModel export.
 
@@ -601,7 +602,7 @@ def _check_tolerations(value: Any) -> tuple[dict[str, Any], ...]:
     return tuple(cleaned)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class RetentionConfig(_Section):
     """What the ``cleanup`` task keeps on the work volume after every run (see :mod:`tfpipe.operators.retention`).
 
@@ -629,7 +630,7 @@ class RetentionConfig(_Section):
                         "e.g. 60 (0 only where no other run can share the volume)")
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class ResourcesConfig(_Section):
     """Container resources and isolation.
 
@@ -737,7 +738,7 @@ BACKENDS = ("docker", "kubernetes")
 _K8S_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class KubernetesConfig(_Section):
     """Where the stages run when ``backend="kubernetes"`` (``pip install 'airflow-provider-tfpipe[kubernetes]'``).
 
@@ -833,7 +834,7 @@ def _check_schedule(value: Any) -> None:
                     "use minute hour day-of-month month day-of-week, e.g. '0 3 * * *'")
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class PipelineConfig:
     """A whole training pipeline: prep -> train -> evaluate -> export.
 

@@ -10,7 +10,6 @@ the task that checks, not the client.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -29,6 +28,8 @@ def unknown_run_params(conf: Mapping[str, Any] | None, known: Iterable[str]) -> 
     for key in sorted(str(k) for k in (conf or {})):
         if key in names:
             continue
+        import difflib  # only for a key that is wrong
+
         close = difflib.get_close_matches(key, names, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         problems.append(f"unknown run parameter {key!r}{hint}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from tfpipe import contract
@@ -25,6 +25,7 @@ from tfpipe.config import (
     json_ready,
 )
 from tfpipe.exceptions import TfpipeConfigError
+from tfpipe.frozen import frozen_dataclass
 
 #: Environment every stage container gets (GPU-safe TensorFlow defaults).
 #: Memory growth stops TF from grabbing all GPU memory at start; the CUDA cache on the work
@@ -54,7 +55,7 @@ def stage_environment(resources: Any) -> dict[str, str]:
     return {**env, **resources.environment}
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class MountSpec:
     """A bind mount: ``source`` on the engine's host, ``target`` in the container."""
 
@@ -69,7 +70,7 @@ class MountSpec:
         return Mount(target=self.target, source=self.source, type="bind", read_only=self.read_only)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class StageSpec:
     """Everything needed to run one stage, independent of the backend that runs it.
 
@@ -281,7 +282,7 @@ def stage_spec(
     )
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class TryPlan:
     """What one try of a stage runs with, on any backend (see :func:`resolve_try`).
 
@@ -331,7 +332,7 @@ def resolve_try(spec: StageSpec, ti: Any, params: Mapping[str, Any] | None = Non
     )
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class TryIdentity:
     """The identity of one try, where no task instance exists (shell tooling, the bench)."""
 

@@ -19,15 +19,19 @@ from __future__ import annotations
 import re
 import tempfile
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.common.compat.sdk import AirflowFailException, AirflowSkipException, BaseOperator
 
 from tfpipe import contract
 from tfpipe.config import check_host_path, check_image_ref, check_name, check_relative_path
 from tfpipe.exceptions import TfpipeConfigError
-from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook, list_objects
 from tfpipe.specs import container_labels
+
+# The Cloud Storage hook is imported where a task runs (or an operator is given a URI), not when a
+# DAG file builds these operators: most DAGs set no URI, and DAG files are parsed far more often.
+if TYPE_CHECKING:
+    from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook
 
 #: Where the stage-in helper mounts the data volume.
 DATA_MOUNT = "/vol"
@@ -43,6 +47,8 @@ def _resolve_uri(context: Mapping[str, Any], param: str | None, default: str | N
         value, source = default, f"the task's {what}"
     if value in (None, "", "None"):
         return None
+    from tfpipe.hooks.gcs import GcsUri
+
     try:
         return GcsUri.parse(value, field_name=source)
     except TfpipeConfigError as err:
@@ -79,19 +85,23 @@ class _GcsTransferOperator(BaseOperator):
     :param docker_url: the Docker engine, local or remote.
     :param max_workers: parallel transfers.
     :param allow_floating_tag: accept an unpinned ``image``.
-    :param kwargs: passed to ``BaseOperator``.
+
+    The arguments are those of :meth:`_init_transfer`, which each subclass's ``__init__`` calls.
     """
 
     #: The operator's URI argument (``source_uri`` / ``destination_uri``) and its stage label.
     uri_field = ""
     stage = ""
 
-    def __init__(self, *, image: str | None, uri: str | None, uri_param: str | None, gcp_conn_id: str,
-                 docker_url: str, max_workers: int, allow_floating_tag: bool, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    # Not ``__init__``: Airflow wraps every operator class's ``__init__`` in its default-argument
+    # merging, which deep-copies the DAG's Params each time; the subclasses' ``__init__`` does it once.
+    def _init_transfer(self, *, image: str | None, uri: str | None, uri_param: str | None, gcp_conn_id: str,
+                       docker_url: str, max_workers: int, allow_floating_tag: bool) -> None:
         if image is not None:  # None: the Airflow Variable tfpipe_image, read in execute()
             check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
         if uri is not None and "{{" not in str(uri):
+            from tfpipe.hooks.gcs import GcsUri
+
             GcsUri.parse(uri, field_name=self.uri_field)
         if not isinstance(max_workers, int) or isinstance(max_workers, bool) or not 1 <= max_workers <= 64:
             raise TfpipeConfigError(f"max_workers: must be a whole number in 1..64, got {max_workers!r}. Fix: e.g. 8.")
@@ -121,6 +131,7 @@ class _GcsTransferOperator(BaseOperator):
     def _connect(self, context: Mapping[str, Any]) -> tuple[str, TfpipeGcsHook, Any, dict[str, str]]:
         """``(image, gcs hook, engine hook, labels)``; credentials are checked before the engine is
         touched, and helper containers an earlier try left behind are removed."""
+        from tfpipe.hooks.gcs import TfpipeGcsHook
         from tfpipe.settings import resolve_image
 
         image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
@@ -167,9 +178,9 @@ class GcsStageInOperator(_GcsTransferOperator):
                  uri_param: str | None = "data_uri", gcp_conn_id: str = "google_cloud_default",
                  docker_url: str = "unix://var/run/docker.sock", user: str = "1000:1000", max_workers: int = 8,
                  allow_floating_tag: bool = False, **kwargs: Any) -> None:
-        super().__init__(image=image, uri=source_uri, uri_param=uri_param, gcp_conn_id=gcp_conn_id,
-                         docker_url=docker_url, max_workers=max_workers, allow_floating_tag=allow_floating_tag,
-                         **kwargs)
+        super().__init__(**kwargs)
+        self._init_transfer(image=image, uri=source_uri, uri_param=uri_param, gcp_conn_id=gcp_conn_id,
+                            docker_url=docker_url, max_workers=max_workers, allow_floating_tag=allow_floating_tag)
         check_relative_path("data_path", data_path)
         if not isinstance(user, str) or not re.fullmatch(r"\d+(:\d+)?", user):
             raise TfpipeConfigError(f"user: must be 'uid:gid' in numbers, got {user!r}. Fix: e.g. '1000:1000'.")
@@ -239,9 +250,9 @@ class GcsPublishOperator(_GcsTransferOperator):
                  version: int | str | None = None, gcp_conn_id: str = "google_cloud_default",
                  docker_url: str = "unix://var/run/docker.sock", max_workers: int = 8,
                  allow_floating_tag: bool = False, **kwargs: Any) -> None:
-        super().__init__(image=image, uri=destination_uri, uri_param=uri_param, gcp_conn_id=gcp_conn_id,
-                         docker_url=docker_url, max_workers=max_workers, allow_floating_tag=allow_floating_tag,
-                         **kwargs)
+        super().__init__(**kwargs)
+        self._init_transfer(image=image, uri=destination_uri, uri_param=uri_param, gcp_conn_id=gcp_conn_id,
+                            docker_url=docker_url, max_workers=max_workers, allow_floating_tag=allow_floating_tag)
         check_name("model_name", model_name)
         self.models_volume = check_host_path("models_volume", models_volume)
         self.model_name = model_name
@@ -267,6 +278,7 @@ class GcsPublishOperator(_GcsTransferOperator):
         base = self._run_uri(context, skip="no publish URI (the model stays in the models volume only)")
         from tfpipe.gcs import megabytes
         from tfpipe.gcs.publish import extract_version, local_files, publish_version, version_uri
+        from tfpipe.hooks.gcs import list_objects
 
         version = self._version(context)
         dest = version_uri(base, self.model_name, version)

@@ -24,8 +24,6 @@ from airflow.providers.common.compat.sdk import AirflowFailException, BaseOperat
 from tfpipe import contract
 from tfpipe.config import RetentionConfig, check_host_path, check_image_ref, check_name
 from tfpipe.exceptions import StageFailedError
-from tfpipe.run_params import reject_unknown_conf
-from tfpipe.settings import resolve_image
 from tfpipe.specs import container_labels
 
 #: The program the helper container runs, and the environment variable of its request.
@@ -106,6 +104,8 @@ class RetentionOperator(BaseOperator):
         self.docker_url = docker_url
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from tfpipe.run_params import reject_unknown_conf  # execute-only, as the hook below
+
         reject_unknown_conf(context, self.task_id)
         ti = context["ti"]
         active = active_run_ids(ti, ti.dag_id, self.log)
@@ -119,8 +119,10 @@ class RetentionOperator(BaseOperator):
         return self._run_helper(request, labels)
 
     def _run_helper(self, request: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
-        image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
         from tfpipe.hooks.docker import TfpipeDockerHook  # execute-only: kept out of the DAG file's parse
+        from tfpipe.settings import resolve_image
+
+        image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
 
         hook = TfpipeDockerHook.for_deployment(self.docker_url)
         cli = hook.ping_or_raise(what=self.task_id)

@@ -1,0 +1,126 @@
+"""``frozen_dataclass`` builds the same class ``@dataclass(frozen=True)`` does, without code generation."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pytest
+
+from tfpipe.config import PipelineConfig, ResourcesConfig, TrainingConfig
+from tfpipe.frozen import frozen_dataclass
+
+
+def _pair(*bases: type) -> tuple[type, type]:
+    """The same class body under ``@dataclass(frozen=True)`` and under ``@frozen_dataclass``."""
+
+    def body(decorate: Any, base: tuple[type, ...]) -> type:
+        class Example(*base):
+            """An example."""
+
+            kind: ClassVar[str] = "example"
+            name: str
+            count: int = 3
+            tags: tuple = ("a",)
+            extra: Mapping = field(default_factory=dict)
+            secret: str = field(default="s", repr=False)
+            seen: list = field(default_factory=list, compare=False)
+
+            def __post_init__(self) -> None:
+                object.__setattr__(self, "tags", tuple(self.tags))
+
+        return decorate(Example)
+
+    return body(dataclass(frozen=True), bases), body(frozen_dataclass, bases)
+
+
+def test_fields_defaults_and_signature_match_dataclasses():
+    real, fast = _pair()
+    describe = lambda cls: [(f.name, f.type, f.default, f.default_factory, f.init, f.repr, f.compare, f.hash)  # noqa: E731
+                            for f in dataclasses.fields(cls)]
+    assert describe(fast) == describe(real)
+    assert dataclasses.is_dataclass(fast) and fast.__match_args__ == real.__match_args__
+    assert str(inspect.signature(fast)) == str(inspect.signature(real))
+    assert fast.count == real.count == 3 and not hasattr(fast, "extra") and not hasattr(real, "extra")
+    assert fast.kind == "example" and fast.__doc__ == "An example."
+
+
+def test_instances_behave_alike():
+    real, fast = _pair()
+    for cls in (real, fast):
+        one = cls("x", 4, ["b"], {"k": "v"})
+        assert one.tags == ("b",), "__post_init__ ran"
+        assert one == cls(name="x", count=4, tags=("b",), extra={"k": "v"}, seen=[1]), "seen is not compared"
+        assert one != cls("y") and one.__eq__(object()) is NotImplemented
+        assert dataclasses.replace(one, count=5).count == 5
+        assert dataclasses.asdict(one) == {"name": "x", "count": 4, "tags": ("b",), "extra": {"k": "v"},
+                                           "secret": "s", "seen": []}
+        with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'count'"):
+            one.count = 1
+        with pytest.raises(dataclasses.FrozenInstanceError, match="cannot delete field 'count'"):
+            del one.count
+        assert cls("x").extra is not cls("x").extra, "a fresh dict from the factory each time"
+    assert repr(fast("x")).replace("Example", "E") == repr(real("x")).replace("Example", "E")
+    assert "secret" not in repr(fast("x"))
+    frozen_hashable = frozen_dataclass(type("H", (), {"__annotations__": {"a": "int", "b": "str"}}))
+    assert hash(frozen_hashable(1, "b")) == hash((1, "b")) == hash(frozen_hashable(a=1, b="b"))
+
+
+@pytest.mark.parametrize(("args", "kwargs"), [
+    ((), {}),                                 # a required argument missing
+    (("x", 1, (), {}, "s", [], "extra"), {}),  # too many positional arguments
+    (("x",), {"name": "y"}),                  # given twice
+    (("x",), {"colour": "red"}),              # unknown keyword
+])
+def test_wrong_arguments_raise_the_same_type_error(args, kwargs):
+    real, fast = _pair()
+    with pytest.raises(TypeError) as expected:
+        real(*args, **kwargs)
+    with pytest.raises(TypeError) as got:
+        fast(*args, **kwargs)
+    assert str(got.value) == str(expected.value)
+
+
+def test_missing_arguments_are_named_as_python_names_them():
+    two = frozen_dataclass(type("Two", (), {"__annotations__": {"a": "int", "b": "int", "c": "int"}}))
+    with pytest.raises(TypeError, match=r"missing 3 required positional arguments: 'a', 'b', and 'c'"):
+        two()
+    with pytest.raises(TypeError, match=r"missing 2 required positional arguments: 'b' and 'c'"):
+        two(1)
+
+
+def test_declaration_mistakes_are_refused_as_dataclasses_refuses_them():
+    with pytest.raises(ValueError, match="mutable default"):
+        frozen_dataclass(type("Bad", (), {"__annotations__": {"a": "list"}, "a": []}))
+    with pytest.raises(TypeError, match="non-default argument 'b' follows default argument"):
+        frozen_dataclass(type("Bad", (), {"__annotations__": {"a": "int", "b": "int"}, "a": 1}))
+
+
+def test_subclasses_inherit_fields_and_a_real_dataclass_may_extend_one():
+    _, base = _pair()
+
+    @frozen_dataclass
+    class Child(base):
+        more: int = 7
+
+    @dataclass(frozen=True)
+    class Real(base):
+        most: int = 8
+
+    assert [f.name for f in dataclasses.fields(Child)][-1] == "more" and Child("x").more == 7
+    assert Real("x").most == 8 and Real("x").count == 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Real("x").most = 1
+
+
+def test_the_config_classes_are_frozen_dataclasses():
+    cfg = PipelineConfig.from_dict({"dag_id": "d", "image": {"ref": "img:1.0"}, "data": {"path": "x.csv"},
+                                    "volumes": {"data": "/d", "work": "/w", "models": "/m"}})
+    assert dataclasses.replace(cfg, retries=1).retries == 1 and cfg.retries == 3
+    assert cfg == PipelineConfig.from_dict(dataclasses.asdict(cfg))
+    assert "private_environment" not in repr(ResourcesConfig(private_environment={"TOKEN": "x"}))
+    assert TrainingConfig(epochs=3) == TrainingConfig(epochs=3) != TrainingConfig(epochs=4)
+    assert hash(TrainingConfig.__dataclass_fields__["epochs"].default) == hash(10)
