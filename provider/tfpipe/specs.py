@@ -10,6 +10,7 @@ tests call them directly.
 from __future__ import annotations
 
 import hashlib
+import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import field
 from typing import Any
@@ -386,11 +387,15 @@ def container_labels(*, dag_id: str, run_id: str, task_id: str, try_number: int,
 
 
 def writable_dirs(stage: str, cfg_or_template: Mapping[str, Any] | PipelineConfig, run_dir: str) -> tuple[str, ...]:
-    """Container directories a stage writes, which must exist and belong to the stage's user."""
+    """Container directories a stage writes, which must exist and belong to the stage's user.
+
+    The DAG's runs directory (the run dir's parent) is one of them: owned by the stage's user, it
+    lets the stages of a later run create their new run dir themselves, with no helper container.
+    """
     model_name = (cfg_or_template.export.model_name if isinstance(cfg_or_template, PipelineConfig)
                   else cfg_or_template["export"]["model_name"])
     work, models = contract.CONTAINER_WORK, contract.CONTAINER_MODELS
-    dirs = [f"{work}/cache", f"{work}/cache/cuda", run_dir]
+    dirs = [f"{work}/cache", f"{work}/cache/cuda", posixpath.dirname(run_dir), run_dir]
     if stage == "prep":
         dirs.append(f"{work}/datasets")
     if stage == "export":

@@ -82,14 +82,14 @@ def test_volume_helper_runs_only_when_directories_are_not_ready(trainer_image, t
     run_id = f"manual__hygiene_{uuid.uuid4().hex[:8]}"
     run_dir = tfpipe_home / "work" / "runs" / "hygiene" / run_id
 
-    def helpers_created_by(action) -> int:
+    def helpers_created_by(action, of_run: str = run_id) -> int:
         events = CreatedContainers(docker_client, "hygiene")
         events.start()
         try:
             action()
         finally:
             created = events.stop()
-        return sum(1 for a in created if a.get("tfpipe.run_id") == run_id and a.get("tfpipe.role") == PREPARE_ROLE)
+        return sum(1 for a in created if a.get("tfpipe.run_id") == of_run and a.get("tfpipe.role") == PREPARE_ROLE)
 
     # a fresh host: work/ and models/ do not exist yet; one helper prepares every stage's directories
     assert helpers_created_by(lambda: _start_try(op, run_id)) == 1
@@ -98,6 +98,17 @@ def test_volume_helper_runs_only_when_directories_are_not_ready(trainer_image, t
         assert (path.stat().st_uid, path.stat().st_gid) == (1000, 1000), path
     # the next try (or the next stage) of the run finds them ready: no helper container at all
     assert helpers_created_by(lambda: _start_try(op, run_id, try_number=2)) == 0
+    # the helper handed the DAG's runs directory (not the whole tree) to the user, so a new run, whose
+    # run dir does not exist yet, needs no helper either: its stage creates the run dir itself
+    runs = run_dir.parent
+    assert (runs.stat().st_uid, runs.stat().st_gid) == (1000, 1000) and runs.parent.stat().st_uid == 0
+    next_run = f"manual__hygiene_{uuid.uuid4().hex[:8]}"
+    assert helpers_created_by(lambda: _start_try(op, next_run), of_run=next_run) == 0
+    assert not (runs / next_run).exists()
+    # ... unless one of those directories is not the user's: then the helper prepares them again
+    os.chown(runs, 0, 0)
+    assert helpers_created_by(lambda: _start_try(op, next_run), of_run=next_run) == 1
+    assert (runs.stat().st_uid, (runs / next_run).stat().st_uid) == (1000, 1000)
     # a directory taken away from the stage's user is handed back: the run dir on a first try, any
     # of them on a retry
     os.chown(run_dir, 0, 0)

@@ -108,8 +108,17 @@ def test_digits_pipeline_end_to_end(tfpipe_home: Path, trainer_image: str, docke
     # Same settings and seed as the first run: the same model, so it is blessed against version 1
     # (accuracy equal to the baseline, within the tolerance) and export always runs.
     v1_files = {p.relative_to(model_dir): p.read_bytes() for p in model_dir.rglob("*") if p.is_file()}
-    summary2, log2 = run_dag("tfpipe_digits", {}, home=tfpipe_home, image=trainer_image)
+    events = CreatedContainers(docker_client, "tfpipe_digits")
+    events.start()
+    try:
+        summary2, log2 = run_dag("tfpipe_digits", {}, home=tfpipe_home, image=trainer_image)
+    finally:
+        created2 = events.stop()
     assert summary2["state"] == "success", log2[-8000:]
+    created2 = [a for a in created2 if a.get("tfpipe.run_id") == summary2["run_id"]]
+    assert sorted(a.get("tfpipe.role", a.get("tfpipe.stage")) for a in created2) == \
+        ["evaluate", "export", "prep", "retention", "train"], \
+        "the first run handed the DAG's runs dir to the stages' user: the second run's prep makes its run dir itself"
     assert "cache hit" in log2
     assert summary2["run_id"] != summary["run_id"]
     assert summary2["blessed"] is True and summary2["tasks"]["export"]["state"] == "success"

@@ -18,7 +18,9 @@ DAG files parse fast and offline). ``execute()`` then, against the Docker engine
    belong to its user (the worker may not see the engine's disks; a first try checks the run
    directory, a retry all of them). Only when they do not does a
    short root container prepare them, for every stage of the run at once, so in a normal run
-   only the first stage pays for one. Then it starts the container and records its id;
+   only the first stage pays for one, and only in the first run: it also hands the DAG's runs
+   directory to the stage's user, so later runs' stages create their run directory themselves.
+   Then it starts the container and records its id;
 5. follows its output, waits for its exit, maps the exit code through the contract
    (:mod:`tfpipe.operators.exits`) and returns the stage's JSON result through XCom.
 
@@ -547,6 +549,10 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         directory: it is new in every run and made by the same helper call as all the others, so
         an earlier stage of this run left them all ready. A retry checks every one (a try may
         have failed because one of them was not).
+
+        A new run's first stage finds no run directory. When every other directory the run
+        writes (the DAG's runs directory among them) is already the user's, as the first run's
+        helper left them, no helper runs: the stage creates its run directory itself, as its user.
         """
         plan = self._plan
         owner = numeric_owner(self.user)
@@ -554,6 +560,10 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         checked = (plan.run_dir,) if first_try and plan.run_dir in plan.writable_dirs else plan.writable_dirs
         owners = self.hook.path_owners(container_id, checked) if owner else {}
         missing = [d for d in checked if owners.get(d) != owner]
+        if owner and first_try and missing == [plan.run_dir] and owners.get(plan.run_dir) is None:
+            others = tuple(d for d in run_writable_dirs(plan.config, plan.run_dir) if d != plan.run_dir)
+            others_owners = self.hook.path_owners(container_id, others)
+            missing = [d for d in others if others_owners.get(d) != owner]
         if missing:
             self.log.info("preparing the run's directories on the engine's host (%s not ready)", ", ".join(missing))
             self._prepare_dirs(run_writable_dirs(plan.config, plan.run_dir))
