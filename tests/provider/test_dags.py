@@ -23,8 +23,13 @@ mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
 elapsed = time.perf_counter() - t0
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras", "google.cloud"))
-print(json.dumps({"seconds": elapsed, "heavy": heavy, "dag_id": mod.dag.dag_id}))
+task_time = sorted(m for m in sys.modules if m in TASK_TIME)
+print(json.dumps({"seconds": elapsed, "heavy": heavy, "dag_id": mod.dag.dag_id, "task_time": task_time}))
 """
+#: tfpipe modules only a running task needs: a DAG file's parse imports none of them.
+TASK_TIME_MODULES = ("tfpipe.hooks.docker", "tfpipe.hooks.gcs", "tfpipe.engine", "tfpipe.lineage", "tfpipe.metrics",
+                     "tfpipe.run_params", "tfpipe.gcs.sync", "tfpipe.gcs.publish")
+PROBE = PROBE.replace("TASK_TIME", repr(TASK_TIME_MODULES))
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +106,7 @@ def test_dag_file_imports_without_tensorflow(path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     probe = json.loads(proc.stdout.strip().splitlines()[-1])
     assert probe["heavy"] == [], f"{path.name} imported {probe['heavy']}"
+    assert probe["task_time"] == [], f"parsing {path.name} imported {probe['task_time']}, which only tasks need"
     # How fast it parses is measured by `make bench` (dag_parse_ratio), not asserted here.
     assert probe["dag_id"] == path.stem
 
@@ -192,3 +198,33 @@ def test_tfpipe_run_rejects_bad_parameters_before_a_run():
     assert proc.stdout == ""
     assert "rejected the run parameters" in proc.stderr and "epochs" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_tfpipe_operators_copy_the_dag_params_no_more_often_than_a_docker_operator(monkeypatch):
+    """Airflow's ``__init__`` wrapper deep-copies the DAG's Params once per class layer that defines
+    ``__init__``: the GCS and cleanup operators pay it as often as a plain ``DockerOperator``."""
+    import airflow.sdk.bases.operator as base
+    from airflow.providers.docker.operators.docker import DockerOperator
+    from airflow.sdk import DAG, Param
+
+    from tfpipe.config import RetentionConfig
+    from tfpipe.operators.gcs import GcsPublishOperator, GcsStageInOperator
+    from tfpipe.operators.retention import RetentionOperator
+
+    copies = []
+    real = base._get_parent_defaults
+    monkeypatch.setattr(base, "_get_parent_defaults", lambda dag, group: copies.append(1) or real(dag, group))
+
+    def copied(make) -> int:
+        copies.clear()
+        with DAG("copies", schedule=None, params={"epochs": Param(3, type="integer")}):
+            make()
+        return len(copies)
+
+    plain = copied(lambda: DockerOperator(task_id="plain", image="img:1", command=["true"]))
+    assert plain >= 1, "the counter saw nothing: this test would prove nothing"
+    common = dict(image=None, docker_url="unix://var/run/docker.sock")
+    assert copied(lambda: GcsStageInOperator(task_id="s", data_volume="/d", data_path="x", **common)) <= plain
+    assert copied(lambda: GcsPublishOperator(task_id="p", models_volume="/m", model_name="m", **common)) <= plain
+    assert copied(lambda: RetentionOperator(task_id="c", work_volume="/w", models_volume="/m", model_name="m",
+                                            retention=RetentionConfig(), **common)) <= plain
