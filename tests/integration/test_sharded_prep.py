@@ -1,7 +1,7 @@
 """Sharded prep through Airflow (``tfpipe run`` = ``dag.test()``) with real containers.
 
 The digits CSV is cut into 5 files and prepared by 4 mapped ``prep_shard`` tasks and a
-``prep_merge``; the model trains one epoch on the merged data set. In the second scenario shard 1's
+``prep_merge``; the model trains one epoch on the merged data set. In the second scenario shard 3's
 container is SIGKILLed (``docker kill``) after it wrote its records but before it committed them
 (the ``TFPIPE_TEST_HOLD_SHARD`` hook holds it there on its first try): Airflow retries that task
 alone, and the parts the other shards committed are the ones the merge used, unchanged.
@@ -22,6 +22,9 @@ from tests.conftest import REPO, dag_command, parse_summary, run_dag, write_dag
 pytestmark = pytest.mark.integration
 
 SHARDS = 4
+#: The shard whose container is killed: the last, so that (when dag.test runs the instances in
+#: order, as it does here) the others' parts are committed before the kill.
+KILLED = 3
 TRAINING = {"model": "mlp", "epochs": 1, "batch_size": 64, "learning_rate": 0.002}
 
 
@@ -105,7 +108,7 @@ def test_a_killed_shard_is_retried_alone_and_the_others_parts_are_kept(tfpipe_ho
     _split_digits(tfpipe_home)
     dags = tmp_path / "dags"
     write_dag(dags, "sharded_kill", data={"path": "digits_parts", "shards": SHARDS}, training=TRAINING,
-              resources={"environment": {"TFPIPE_TEST_HOLD_SHARD": "1"}})
+              resources={"environment": {"TFPIPE_TEST_HOLD_SHARD": str(KILLED)}})
     cmd, env = dag_command("sharded_kill", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
     out_path, err_path = tmp_path / "out.log", tmp_path / "err.log"
     started = time.monotonic()
@@ -115,17 +118,17 @@ def test_a_killed_shard_is_retried_alone_and_the_others_parts_are_kept(tfpipe_ho
             deadline = time.monotonic() + 300
             container = None
             while time.monotonic() < deadline:
-                container = _shard_container(docker_client, "sharded_kill", 1)
+                container = _shard_container(docker_client, "sharded_kill", KILLED)
                 if container is not None and b"holds before committing" in container.logs():
                     break
                 assert proc.poll() is None, err_path.read_text()[-4000:]
                 time.sleep(0.2)
             else:
-                raise AssertionError("shard 1 never reached its hold point:\n" + err_path.read_text()[-4000:])
+                raise AssertionError(f"shard {KILLED} never reached its hold point:\n" + err_path.read_text()[-4000:])
             committed = _committed_parts(tfpipe_home, "sharded_kill")
-            (temp,) = (_run_dir(tfpipe_home, "sharded_kill") / "prep_shards").glob("*/.tmp-shard-00001-*")
+            (temp,) = (_run_dir(tfpipe_home, "sharded_kill") / "prep_shards").glob(f"*/.tmp-shard-{KILLED:05d}-*")
             assert any(temp.glob("train-*.tfrecord")), "killed after writing its records, before committing them"
-            assert "shard-00001-of-00004" not in committed
+            assert f"shard-{KILLED:05d}-of-{SHARDS:05d}" not in committed and committed, "others committed, not it"
             container.kill()  # SIGKILL, mid-work
             proc.wait(timeout=600)
         finally:
@@ -136,13 +139,13 @@ def test_a_killed_shard_is_retried_alone_and_the_others_parts_are_kept(tfpipe_ho
     log = err_path.read_text()
     assert summary["state"] == "success", log[-6000:]
     tasks = summary["tasks"]
-    assert tasks["prep_shard[1]"] == {"state": "success", "try_number": 2}
-    assert all(tasks[f"prep_shard[{k}]"] == {"state": "success", "try_number": 1} for k in (0, 2, 3))
+    assert tasks[f"prep_shard[{KILLED}]"] == {"state": "success", "try_number": 2}
+    assert all(tasks[f"prep_shard[{k}]"] == {"state": "success", "try_number": 1} for k in range(SHARDS) if k != KILLED)
     assert tasks["prep_merge"]["try_number"] == 1 and tasks["train"]["state"] == "success"
 
     parts = json.loads((_dataset(tfpipe_home, "sharded_kill") / "fingerprint.json").read_text())["parts"]
-    assert [p["try_number"] for p in parts] == [1, 2, 1, 1]
+    assert [p["try_number"] for p in parts] == [2 if k == KILLED else 1 for k in range(SHARDS)]
     by_name = {f"shard-{p['index']:05d}-of-{SHARDS:05d}": p for p in parts}
     for name, (_, digest) in committed.items():  # committed before the kill: merged as they were
-        assert by_name[name]["part_sha256"] == digest, f"{name} changed after shard 1 was killed"
+        assert by_name[name]["part_sha256"] == digest, f"{name} changed after shard {KILLED} was killed"
     assert "left by an earlier try of this shard" in log, "the retry removed its own leftover temp dir"
