@@ -76,10 +76,9 @@ def task_plan(task: Any, *, dag_id: str, run_id: str, try_number: int, params: M
     """
     from docker.utils import parse_bytes
 
-    spec = task.spec if hasattr(task, "spec") else task.partial_kwargs["spec"]  # a mapped task keeps it unexpanded
+    spec = task.spec
     image = image or spec.image
-    plan = resolve_try(spec, TryIdentity(dag_id, run_id, task.task_id, try_number, map_index), params, image=image,
-                       shard_index=map_index if spec.stage == "prep_shard" else None)
+    plan = resolve_try(spec, TryIdentity(dag_id, run_id, task.task_id, try_number, map_index), params, image=image)
     private = dict(spec.private_environment)
     environment = {k: str(v) for k, v in (task.environment or {}).items()
                    if k not in private and k != "AIRFLOW_TMP_DIR"}
