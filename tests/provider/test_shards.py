@@ -84,3 +84,18 @@ def test_bad_shards_are_refused_when_the_dag_is_parsed(change, words):
         training_pipeline(PipelineConfig.from_dict({**copy.deepcopy(GOOD), **change}))
     for word in words:
         assert word in str(err.value)
+
+
+def test_the_scheduler_reads_the_mapped_task_and_no_secret_is_serialized():
+    import json
+
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    resources = {"private_environment": {"TOKEN": "s3cr3t-value"}}
+    dag = training_pipeline(_cfg(4, resources=resources))
+    text = json.dumps(DagSerialization.to_dict(dag))
+    assert "s3cr3t-value" not in text
+    back = DagSerialization.from_dict(json.loads(text))
+    shard = back.get_task("prep_shard")
+    assert shard.expand_input.value == {"shard_index": [0, 1, 2, 3]}
+    assert back.get_task("prep_merge").upstream_task_ids == {"prep_shard"}
