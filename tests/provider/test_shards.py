@@ -89,7 +89,7 @@ def test_bad_shards_are_refused_when_the_dag_is_parsed(change, words):
 def test_the_scheduler_reads_the_mapped_task_and_no_secret_is_serialized():
     import json
 
-    from airflow.serialization.serialized_objects import DagSerialization
+    from tfpipe.compat import DagSerialization
 
     resources = {"private_environment": {"TOKEN": "s3cr3t-value"}}
     dag = training_pipeline(_cfg(4, resources=resources))
