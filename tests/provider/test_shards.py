@@ -99,3 +99,19 @@ def test_the_scheduler_reads_the_mapped_task_and_no_secret_is_serialized():
     shard = back.get_task("prep_shard")
     assert shard.expand_input.value == {"shard_index": [0, 1, 2, 3]}
     assert back.get_task("prep_merge").upstream_task_ids == {"prep_shard"}
+
+
+def test_the_merge_stands_for_prep_in_gauges_and_lineage():
+    from tfpipe.lineage import stage_lineage
+    from tfpipe.metrics import stage_gauges
+
+    merged = {"fingerprint": "ab" * 32, "dataset_dir": "/work/datasets/" + "ab" * 32,
+              "examples": {"train": 30, "eval": 10}, "shards": 4}
+    assert stage_gauges("prep_merge", merged) == {"examples": 40.0}
+    volumes = _cfg(4).volumes
+    merge = stage_lineage("prep_merge", volumes=volumes, docker_url=None, image=None, data_path="digits",
+                          result=merged, upstream={})
+    assert [d.name for d in merge.outputs] == [f"/srv/tfpipe/work/datasets/{'ab' * 32}"]
+    train = stage_lineage("train", volumes=volumes, docker_url=None, image=None, data_path="digits",
+                          result={}, upstream={"prep_merge": merged})
+    assert [d.name for d in train.inputs] == [f"/srv/tfpipe/work/datasets/{'ab' * 32}"]
