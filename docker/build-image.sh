@@ -42,6 +42,34 @@ debian_mirror() {
   printf '%s\n' "${mirror%/}"
 }
 
+# The lock of this variant: the cpu variant leaves every CUDA wheel out.
+variant_lock() {
+  if [ "$variant" = cpu ]; then grep -v '^nvidia-' "$here/requirements.lock"; else cat "$here/requirements.lock"; fi
+}
+# Download the variant's locked wheels for Python $1 into the cache's wheelhouse (pip skips wheels
+# already there). One pip per large CUDA wheel, beside one for the rest: a single connection to the
+# index is the bottleneck, so parallel downloads fill the line.
+fetch_wheels() {
+  local pyver=$1 wheels="$cache/wheelhouse-py$1" lock req pid pids=()
+  lock=$(variant_lock)
+  mkdir -p "$wheels"
+  download() {
+    python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      --python-version "$pyver" --implementation cp \
+      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2010_x86_64 --platform manylinux_2_12_x86_64 \
+      --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64 \
+      -d "$wheels" "$@" 2> >(grep -v "^WARNING: Location" >&2)
+  }
+  download -r <(printf '%s\n' "$lock" | grep -v -e '^nvidia-' -e '^#' -e '^$') & pids+=($!)
+  for req in $(printf '%s\n' "$lock" | grep '^nvidia-'); do
+    download "$req" & pids+=($!)
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid" || return 1
+  done
+}
+
 case $variant in gpu|cpu) ;; *) die "TFPIPE_IMAGE_VARIANT=$variant: must be gpu or cpu. Fix: unset it (gpu) or set cpu" ;; esac
 docker info >/dev/null 2>&1 || die "no Docker engine answers (run 'make docker' or start dockerd)"
 
@@ -73,6 +101,10 @@ if [ "$root_choice" = offline ]; then
         die "debootstrap is missing: sudo apt-get install -y debootstrap (needed to build the offline base)"
       fi
     fi
+    # A new root means a new deps image, so its wheels are needed: download them (network) while
+    # debootstrap unpacks (mostly disk and CPU) instead of after it.
+    say "deps: downloading the $variant variant's locked wheels for Python $pyver (beside debootstrap)"
+    fetch_wheels "$pyver" & prefetch=$!
     mirror=$(debian_mirror)
     rootfs="$cache/rootfs-$suite"
     rm -rf "$rootfs"
@@ -106,38 +138,22 @@ fi
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
 mkdir "$ctx/wheels" "$ctx/debs"
-if [ "$variant" = cpu ]; then
-  grep -v '^nvidia-' "$here/requirements.lock" >"$ctx/requirements.lock"
-else
-  cp "$here/requirements.lock" "$ctx/requirements.lock"
-fi
+variant_lock >"$ctx/requirements.lock"
 cp "$here/finish-deps.sh" "$ctx/"
 deps_image="tfpipe/tf29-deps:$(cat "$ctx/requirements.lock" "$here/deps.Dockerfile" "$here/finish-deps.sh" \
   "$here/debs.lock" | { cat; printf '%s %s %s %s' "$root_id" "$pyver" "$root_kind" "$root_digest"; } | sha)"
 if have_image "$deps_image"; then
   say "deps: $deps_image (cached)"
+  if [ -n "${prefetch:-}" ]; then wait "$prefetch" || true; fi
 else
   wheels="$cache/wheelhouse-py$pyver"
-  say "deps: downloading the $variant variant's locked wheels for Python $pyver into $wheels"
-  mkdir -p "$wheels"
-  download() {
-    python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
-      --python-version "$pyver" --implementation cp \
-      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-      --platform manylinux2010_x86_64 --platform manylinux_2_12_x86_64 \
-      --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64 \
-      -d "$wheels" "$@" 2> >(grep -v "^WARNING: Location" >&2)
-  }
-  # One pip per large CUDA wheel, beside one for the rest: a single connection to the index is
-  # the bottleneck, so parallel downloads fill the line (pip skips wheels already in the cache).
-  pids=()
-  download -r <(grep -v -e '^nvidia-' -e '^#' -e '^$' "$ctx/requirements.lock") & pids+=($!)
-  for req in $(grep '^nvidia-' "$ctx/requirements.lock"); do
-    download "$req" & pids+=($!)
-  done
-  for pid in "${pids[@]}"; do
-    wait "$pid" || die "pip download of docker/requirements.lock failed (is the package index reachable?)"
-  done
+  if [ -n "${prefetch:-}" ]; then
+    wait "$prefetch" || die "pip download of docker/requirements.lock failed (is the package index reachable?)"
+    prefetch=
+  else
+    say "deps: downloading the $variant variant's locked wheels for Python $pyver into $wheels"
+    fetch_wheels "$pyver" || die "pip download of docker/requirements.lock failed (is the package index reachable?)"
+  fi
   for whl in "$wheels"/*.whl; do
     case ${whl##*/} in nvidia_*) [ "$variant" = cpu ] && continue ;; esac
     ln "$whl" "$ctx/wheels/" 2>/dev/null || cp "$whl" "$ctx/wheels/"

@@ -1,4 +1,4 @@
-"""Command line of the trainer image: ``python3 -m trainer {prep,train,evaluate,export}``.
+"""Command line of the trainer image: ``python3 -m trainer {prep,train,evaluate,export,prep_shard,prep_merge}``.
 
 The stage config is read from ``--config FILE`` (``-`` for stdin) or, by default, from the
 environment variable ``TFPIPE_CONFIG``. On success the last stdout line is
@@ -23,7 +23,7 @@ def _parser():
         epilog="Exit codes: 0 ok, %d not blessed, %d bad input, %d diverged, 1 other failure."
         % (contract.ExitCode.NOT_BLESSED, contract.ExitCode.BAD_INPUT,
            contract.ExitCode.DIVERGED))
-    parser.add_argument("stage", choices=contract.STAGES)
+    parser.add_argument("stage", choices=contract.RUNNABLE_STAGES)
     parser.add_argument("--config", metavar="FILE",
                         help="stage config JSON file, '-' for stdin (default: $%s)"
                         % contract.CONFIG_ENV)

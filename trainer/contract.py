@@ -26,6 +26,14 @@ RESULT_PREFIX = "TFPIPE_RESULT "
 
 #: The pipeline's stages, in order; ``python -m trainer <stage>`` runs one.
 STAGES = ("prep", "train", "evaluate", "export")
+#: With ``data.shards`` above 1, prep is these two stages instead: one ``prep_shard`` task per
+#: slice of the input files (its index in the config's :data:`SHARD_INDEX_KEY`), then
+#: ``prep_merge``, which makes the one data set the later stages read.
+SHARDED_PREP_STAGES = ("prep_shard", "prep_merge")
+#: Every stage the trainer runs.
+RUNNABLE_STAGES = STAGES + SHARDED_PREP_STAGES
+#: Top-level key of a ``prep_shard`` config: which slice of the input files (0 .. shards - 1).
+SHARD_INDEX_KEY = "shard_index"
 
 #: Where the three volumes are mounted inside every stage container.
 CONTAINER_DATA = "/data"
@@ -84,6 +92,9 @@ SECTIONS = {
                           "doc": "share of examples held out for evaluation"},
         "split_seed": {"kind": "int", "default": 42, "doc": "salt of the split hash"},
         "shard_size": {"kind": "int", "default": 1000, "minimum": 1, "doc": "examples per TFRecord shard"},
+        "shards": {"kind": "int", "default": 1, "minimum": 1, "parse_maximum": 1024,
+                   "doc": "prep tasks (csv): 1 = one prep task; N = N mapped prep_shard tasks, each over "
+                          "its slice of the input files, then a prep_merge task"},
     },
     "training": {
         "model": {"kind": "str", "default": "mlp", "override": "param",
@@ -246,8 +257,8 @@ def validate_stage_config(config):
             "build the trainer image from the same tfpipe version as the provider"
             % (config["schema_version"], SCHEMA_VERSION)
         )
-    if config["stage"] not in STAGES:
-        raise ContractError("stage %r is not one of %s" % (config["stage"], ", ".join(STAGES)))
+    if config["stage"] not in RUNNABLE_STAGES:
+        raise ContractError("stage %r is not one of %s" % (config["stage"], ", ".join(RUNNABLE_STAGES)))
     for key in _RUN_KEYS:
         if key not in config["run"]:
             raise ContractError("stage config run.%s is missing" % key)

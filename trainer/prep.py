@@ -190,7 +190,7 @@ class Moments(object):
                 "min": float(self.min[i]), "max": float(self.max[i])}
 
 
-class _LabelsNeedScan(Exception):
+class LabelsNeedScan(Exception):
     """A label that is not a class id (a name, or negative): the mapping needs every label."""
 
 
@@ -214,10 +214,10 @@ def prepare_batch(task):
                 try:
                     value = ids[raw] = int(raw)
                 except ValueError:
-                    raise _LabelsNeedScan()
+                    raise LabelsNeedScan()
                 if value < 0:
                     if not plan["labels_known"]:
-                        raise _LabelsNeedScan()
+                        raise LabelsNeedScan()
                     raise BadInput("%s line %d column %r: class id %d is negative (expected 0 or "
                                    "more)" % (batch[1], line, plan["layout"]["label"], value))
             label_ids.append(value)
@@ -296,7 +296,19 @@ class Workers(object):
             self._pool.join()
 
 
-def _merge_hist(total, part):
+def worker_count(files, layout, scans):
+    """Parse workers for ``files``: one per usable CPU, but no more than there are batches."""
+    count = sum(1 for _ in sources.csv_batches(
+        [f for f in files if not scans[f[0]]["quoted"]], layout, scans, BATCH_BYTES))
+    count += sum(int(math.ceil(scans[rel]["bytes"] / float(BATCH_BYTES)))
+                 for rel, _ in files if scans[rel]["quoted"])
+    workers = max(1, min(usable_cpus(), count))
+    LOG.info("prep: about %d batch(es) on %d worker process(es)", count, workers)
+    return workers
+
+
+def merge_hist(total, part):
+    """Add the label histogram ``part`` to ``total`` (either may be the longer); return the sum."""
     import numpy as np
 
     if len(part) > len(total):
@@ -312,18 +324,13 @@ def _prep_csv(config, files, scans, tmp):
 
     def batches():  # a generator: a quoted file's batches hold rows, made only as needed
         return sources.csv_batches(files, layout, scans, BATCH_BYTES)
-    count = sum(1 for _ in sources.csv_batches(
-        [f for f in files if not scans[f[0]]["quoted"]], layout, scans, BATCH_BYTES))
-    count += sum(int(math.ceil(scans[rel]["bytes"] / float(BATCH_BYTES)))
-                 for rel, _ in files if scans[rel]["quoted"])
-    workers = max(1, min(usable_cpus(), count))
-    LOG.info("prep: about %d batch(es) on %d worker process(es)", count, workers)
+    workers = worker_count(files, layout, scans)
     plan = {"layout": layout, "seed": data["split_seed"], "fraction": data["eval_fraction"],
             "ids": None, "labels_known": False}
     with Workers(workers) as pool:
         try:
             return _write_csv(pool, batches(), plan, layout, data, scans, tmp)
-        except _LabelsNeedScan:
+        except LabelsNeedScan:
             pass
         LOG.info("prep: labels are not all class ids: reading every label first")
         distinct = set()
@@ -354,7 +361,7 @@ def _write_csv(pool, batches, plan, layout, data, scans, tmp, class_names=None):
         for result in pool.map(prepare_batch, ((b, plan) for b in batches)):
             for split, writer in writers.items():
                 writer.write(result[split])
-                hist[split] = _merge_hist(hist[split], result["hist"][split])
+                hist[split] = merge_hist(hist[split], result["hist"][split])
             moments.merge(result["moments"])
             distinct |= result["labels"]
             reading.add(result["lines"])
@@ -366,15 +373,26 @@ def _write_csv(pool, batches, plan, layout, data, scans, tmp, class_names=None):
     reading.finish()
     writing.total = writing.done
     writing.finish()
-    if class_names is None:
-        class_names, _ = sources.label_mapping(distinct) if distinct else ([], None)
     counts = {split: writer.count for split, writer in writers.items()}
     shards = {split: writer.close() for split, writer in writers.items()}
-    where = ", ".join(sorted(scans))
+    return finish_csv(layout, ", ".join(sorted(scans)), counts, shards, hist, moments, distinct,
+                      class_names)
+
+
+def finish_csv(layout, where, counts, shards, hist, moments, distinct, class_names=None):
+    """The class names, checks and stats of a CSV data set whose shards are written.
+
+    ``hist`` maps each split to its label-id histogram, ``moments`` is the train split's
+    :class:`Moments`, ``distinct`` the label texts seen. Returns ``(parsed, counts, shards,
+    stats)``; shared by one-task prep and the merge of sharded prep (:mod:`trainer.prep_merge`).
+    """
+    import numpy as np
+
+    if class_names is None:
+        class_names, _ = sources.label_mapping(distinct) if distinct else ([], None)
     if not counts["train"] + counts["eval"]:
         raise BadInput("the data set is empty: %s contain(s) a header but no data rows" % where)
-    for split in hist:
-        hist[split] = _merge_hist(np.zeros(len(class_names), np.int64), hist[split])
+    hist = {split: merge_hist(np.zeros(len(class_names), np.int64), part) for split, part in hist.items()}
     sources.check_classes(class_names, list(hist["train"] + hist["eval"]), where)
     stats = {"class_histogram": {s: [int(c) for c in h] for s, h in hist.items()},
              "features": {name: moments.summary(i)
@@ -435,53 +453,76 @@ def run(config):
     files = sources.input_files(config)
     scans = {}
     fp, inputs = fingerprint(data, files, scans if data["format"] == "csv" else None)
+    LOG.info("prep: %d input file(s), fingerprint %s", len(files), fp)
+    hit = reuse_cached(config, fp)
+    if hit is not None:
+        return hit
+    root = common.datasets_root(config)
+    with atomic.temp_dir(root) as tmp:
+        if data["format"] == "csv":
+            parsed, counts, shards, stats = _prep_csv(config, files, scans, tmp)
+        else:
+            parsed, counts, shards, stats = _prep_images(config, tmp)
+        return commit_dataset(config, fp, inputs, tmp, (parsed, counts, shards, stats))
+
+
+def reuse_cached(config, fp):
+    """The stage result of the data set ``fp`` when it is already prepared (a cache hit), else None.
+
+    Also removes temporary directories a killed prep left, and points this run at a hit.
+    """
     root = common.datasets_root(config)
     dataset_dir = os.path.join(root, fp)
     for name in atomic.clean_stale_temps(root):  # left by a killed prep
         LOG.info("removed stale temporary directory %s/%s", root, name)
-    LOG.info("prep: %d input file(s), fingerprint %s", len(files), fp)
-    if os.path.exists(os.path.join(dataset_dir, "_SUCCESS")):
-        LOG.info("cache hit: data set %s already prepared, nothing to do", dataset_dir)
-        _mark_used(dataset_dir)
-        schema = atomic.read_json(os.path.join(dataset_dir, "schema.json"))
-        _use(config, fp, dataset_dir)
-        return _result(fp, dataset_dir, schema, True)
+    if not os.path.exists(os.path.join(dataset_dir, "_SUCCESS")):
+        return None
+    LOG.info("cache hit: data set %s already prepared, nothing to do", dataset_dir)
+    _mark_used(dataset_dir)
+    schema = atomic.read_json(os.path.join(dataset_dir, "schema.json"))
+    _use(config, fp, dataset_dir)
+    return _result(fp, dataset_dir, schema, True)
 
-    fmt = data["format"]
-    with atomic.temp_dir(root) as tmp:
-        if fmt == "csv":
-            parsed, counts, shards, stats = _prep_csv(config, files, scans, tmp)
-        else:
-            parsed, counts, shards, stats = _prep_images(config, tmp)
-        total = sum(counts.values())
-        for split, count in counts.items():
-            if not count:
-                raise BadInput("the %s split is empty: %d example(s) with data.eval_fraction %s; "
-                               "add data or change data.eval_fraction"
-                               % (split, total, data["eval_fraction"]))
-        class_names = parsed["class_names"]
-        schema = {
-            "format": fmt, "label": data["label"], "key": data["key"],
-            "class_names": class_names, "num_classes": len(class_names),
-            "counts": counts, "fingerprint": fp, "prep_version": PREP_VERSION,
-        }
-        if fmt == "csv":
-            schema["features"] = [{"name": n, "type": t} for n, t in
-                                  zip(parsed["feature_names"], parsed["feature_types"])]
-            schema["image"] = None
-        else:
-            height, width = data["image_size"]
-            schema["features"] = []
-            schema["image"] = {"height": height, "width": width, "channels": data["channels"]}
-        schema["shards"] = shards
-        atomic.write_json(os.path.join(tmp, "schema.json"), schema)
-        atomic.write_json(os.path.join(tmp, "stats.json"), stats)
-        atomic.write_json(os.path.join(tmp, "fingerprint.json"), {
-            "fingerprint": fp, "settings": prep_settings(data), "inputs": inputs,
-            "created": common.now_iso(), "run": config["run"]})
-        with open(os.path.join(tmp, "_SUCCESS"), "w") as handle:
-            handle.write(common.now_iso() + "\n")
-        _publish(tmp, dataset_dir)
+
+def commit_dataset(config, fp, inputs, tmp, prepared, provenance=None):
+    """Write schema, stats, fingerprint and ``_SUCCESS`` into ``tmp``, publish it as the data set
+    ``fp`` and point this run at it; return the stage result.
+
+    ``prepared`` is ``(parsed, counts, shards, stats)``; ``provenance`` (a dict) is added to
+    ``fingerprint.json`` (sharded prep records the parts it merged there).
+    """
+    parsed, counts, shards, stats = prepared
+    data, fmt = config["data"], config["data"]["format"]
+    dataset_dir = os.path.join(common.datasets_root(config), fp)
+    total = sum(counts.values())
+    for split, count in counts.items():
+        if not count:
+            raise BadInput("the %s split is empty: %d example(s) with data.eval_fraction %s; "
+                           "add data or change data.eval_fraction"
+                           % (split, total, data["eval_fraction"]))
+    class_names = parsed["class_names"]
+    schema = {
+        "format": fmt, "label": data["label"], "key": data["key"],
+        "class_names": class_names, "num_classes": len(class_names),
+        "counts": counts, "fingerprint": fp, "prep_version": PREP_VERSION,
+    }
+    if fmt == "csv":
+        schema["features"] = [{"name": n, "type": t} for n, t in
+                              zip(parsed["feature_names"], parsed["feature_types"])]
+        schema["image"] = None
+    else:
+        height, width = data["image_size"]
+        schema["features"] = []
+        schema["image"] = {"height": height, "width": width, "channels": data["channels"]}
+    schema["shards"] = shards
+    atomic.write_json(os.path.join(tmp, "schema.json"), schema)
+    atomic.write_json(os.path.join(tmp, "stats.json"), stats)
+    atomic.write_json(os.path.join(tmp, "fingerprint.json"), dict(provenance or {}, **{
+        "fingerprint": fp, "settings": prep_settings(data), "inputs": inputs,
+        "created": common.now_iso(), "run": config["run"]}))
+    with open(os.path.join(tmp, "_SUCCESS"), "w") as handle:
+        handle.write(common.now_iso() + "\n")
+    _publish(tmp, dataset_dir)
     LOG.info("prep: wrote %s: %d train / %d eval examples, %d classes", dataset_dir,
              schema["counts"]["train"], schema["counts"]["eval"], len(class_names))
     _use(config, fp, dataset_dir)

@@ -417,6 +417,8 @@ class DataConfig(_Section):
     :param eval_fraction: share of examples held out for evaluation.
     :param split_seed: salt of the split hash (change it to draw another split).
     :param shard_size: examples per TFRecord shard.
+    :param shards: prep tasks: 1 (one ``prep`` task) or N > 1 (csv only): N mapped ``prep_shard``
+        tasks, each over a contiguous slice of the sorted input files, then ``prep_merge``.
     """
 
     section: ClassVar[str] = "data"
@@ -430,6 +432,7 @@ class DataConfig(_Section):
     eval_fraction: float = schema_default("data", "eval_fraction")
     split_seed: int = schema_default("data", "split_seed")
     shard_size: int = schema_default("data", "shard_size")
+    shards: int = schema_default("data", "shards")
 
     def __post_init__(self) -> None:
         check_relative_path("data.path", self.path)
@@ -458,6 +461,9 @@ class DataConfig(_Section):
                                "e.g. [64, 64]")
         object.__setattr__(self, "image_size", tuple(size))
         check_schema_section("data", self)
+        if self.shards > 1 and self.format != "csv":
+            raise config_error("data.shards", f"sharded prep reads CSV files, data.format is {self.format!r}",
+                               "set data.shards to 1 for image folders")
 
 
 @frozen_dataclass
@@ -952,6 +958,9 @@ class PipelineConfig:
         if gpus and (gpus.count == -1 or gpus.device_ids):
             raise config_error("resources.gpus", f"{self.resources.gpus!r} cannot be asked of Kubernetes, which "
                                "schedules GPUs by count (nvidia.com/gpu)", "give a count such as 1 or 2")
+        if self.data.shards > 1:
+            raise config_error("data.shards", f"{self.data.shards} needs the Docker backend: the Kubernetes backend "
+                               "has no prep_shard and prep_merge pods", "set data.shards to 1 with backend='kubernetes'")
         for name in ("data_uri", "publish_uri"):
             if getattr(self, name) is not None:
                 raise config_error(name, "Cloud Storage stage-in and publish run through a Docker engine's helper "

@@ -178,8 +178,10 @@ def operator_from_spec(spec: StageSpec, cfg: PipelineConfig) -> Any:
         from tfpipe.operators.kubernetes import POD_OPERATORS  # the optional extra, only when chosen
 
         return POD_OPERATORS[spec.stage](kubernetes=cfg.kubernetes, **common)
-    return OPERATORS[spec.stage](docker_url=cfg.docker_url, allow_floating_tag=cfg.image.allow_floating_tag,
-                                 **common)
+    docker = dict(docker_url=cfg.docker_url, allow_floating_tag=cfg.image.allow_floating_tag, **common)
+    if spec.stage == "prep_shard":  # one mapped task instance per slice of the input files
+        return OPERATORS[spec.stage].partial(**docker).expand(shard_index=list(range(spec.config["data"]["shards"])))
+    return OPERATORS[spec.stage](**docker)
 
 
 def training_pipeline(cfg: PipelineConfig, **dag_kwargs: Any) -> DAG:
@@ -256,8 +258,9 @@ def _add_gcs_tasks(cfg: PipelineConfig, operators: dict[str, Any]) -> None:
     publish = GcsPublishOperator(
         task_id="publish", models_volume=cfg.volumes.models, model_name=cfg.export.model_name,
         destination_uri=cfg.publish_uri, export_task_id="export", doc_md=GCS_DOCS["publish"], **common)
-    operators["prep"].trigger_rule = TriggerRule.NONE_FAILED
-    stage_in >> operators["prep"]
+    prep = operators["prep"] if "prep" in operators else operators["prep_shard"]
+    prep.trigger_rule = TriggerRule.NONE_FAILED
+    stage_in >> prep
     operators["export"] >> publish
 
 

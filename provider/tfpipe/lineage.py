@@ -124,12 +124,12 @@ def stage_lineage(stage: str, *, volumes: Any, docker_url: str | None, image: st
         host = container_to_host(container_path, volumes)
         return volume_dataset(ns, host, **facets) if host else None
 
-    prep = upstream.get("prep") or {}
+    prep = upstream.get("prep") or upstream.get("prep_merge") or {}  # sharded prep: the merge made the data set
     train = upstream.get("train") or {}
     evaluation = upstream.get("evaluate") or {}
     inputs: list[LineageDataset | None] = []
     outputs: list[LineageDataset | None] = []
-    if stage == "prep":
+    if stage in ("prep", "prep_merge"):
         fingerprint = fingerprint_facet(result.get("fingerprint"))
         inputs.append(at(f"{contract.CONTAINER_DATA}/{data_path}" if data_path else None,
                          tfpipe_fingerprint=fingerprint))

@@ -44,7 +44,7 @@ def stage_gauges(stage: str, result: Mapping[str, Any] | None) -> dict[str, floa
         found["blessed"] = result.get("blessed")
     elif stage == "export":
         found = {"version": result.get("version")}
-    elif stage == "prep":
+    elif stage in ("prep", "prep_merge"):
         examples = result.get("examples")
         found = {"examples": sum(examples.values()) if isinstance(examples, Mapping) else None}
     gauges = {}

@@ -145,6 +145,17 @@ STAGE_DOCS = {
         "splits it by a hash of each example's key and writes sharded TFRecords, `schema.json`, "
         "`stats.json` and a fingerprint to `work/datasets/<fingerprint>/`. Unchanged data is a cache hit."
     ),
+    "prep_shard": (
+        "**prep_shard** is prep for one slice of the input files (`data.shards` > 1): mapped task k reads the "
+        "k-th contiguous slice of the sorted CSV files, validates, splits and encodes it, and commits its part "
+        "under `work/runs/<dag>/<run>/prep_shards/` on its own, so a retry redoes only its slice. Unchanged data "
+        "is a cache hit: no shard parses anything."
+    ),
+    "prep_merge": (
+        "**prep_merge** makes the one data set of sharded prep from the shards' parts: the same records, split, "
+        "`schema.json`, `stats.json` and fingerprint under `work/datasets/<fingerprint>/` as a single prep task "
+        "writes for the same input, then removes the parts."
+    ),
     "train": (
         "**train** streams the TFRecords through tf.data and trains the model, checkpointing every "
         "epoch and every N steps under `work/runs/<dag>/<run>/train/checkpoints`. A retried or cleared "
@@ -165,8 +176,9 @@ STAGE_DOCS = {
 
 def stage_command(stage: str) -> tuple[str, ...]:
     """The container command of a stage; the config travels in :data:`contract.CONFIG_ENV`."""
-    if stage not in contract.STAGES:
-        raise TfpipeConfigError(f"stage: unknown stage {stage!r}. Fix: use one of {', '.join(contract.STAGES)}.")
+    if stage not in contract.RUNNABLE_STAGES:
+        raise TfpipeConfigError(f"stage: unknown stage {stage!r}. "
+                                f"Fix: use one of {', '.join(contract.RUNNABLE_STAGES)}.")
     return ("python3", "-m", "trainer", stage)
 
 
@@ -307,12 +319,14 @@ class TryPlan:
 
 
 def resolve_try(spec: StageSpec, ti: Any, params: Mapping[str, Any] | None = None, *,
-                image: str | None = None) -> TryPlan:
+                image: str | None = None, shard_index: int | None = None) -> TryPlan:
     """Resolve one try of ``spec``: config, GPUs, name, labels and the directories it writes.
 
     ``ti`` is anything with ``dag_id``, ``run_id``, ``task_id``, ``try_number`` and ``map_index``
     (a task instance, or a :class:`TryIdentity`); ``params`` the run's params (the DAG's defaults
     updated with ``dag_run.conf``); ``image`` replaces the spec's (an image a run recorded).
+    ``shard_index``: the slice a ``prep_shard`` try prepares (0 .. ``data.shards`` - 1), carried in
+    the config as :data:`contract.SHARD_INDEX_KEY`; required for that stage, refused for others.
     Bad run parameters raise :class:`~tfpipe.exceptions.TfpipeConfigError`. Pure: the Docker and
     Kubernetes operators, the shell tooling and the bench all call it.
     """
@@ -322,6 +336,8 @@ def resolve_try(spec: StageSpec, ti: Any, params: Mapping[str, Any] | None = Non
     config = resolve_stage_config(
         {**spec.config, "stage": spec.stage}, dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
         try_number=ti.try_number, image=image or spec.image, overrides=params)
+    if spec.stage == "prep_shard" or shard_index is not None:
+        config[contract.SHARD_INDEX_KEY] = check_shard_index(spec, shard_index)
     gpus = spec.gpus
     if spec.gpu_param and params.get("gpus") not in (None, ""):
         gpus = GpuRequest.parse(params["gpus"], field_name="params.gpus")
@@ -331,6 +347,26 @@ def resolve_try(spec: StageSpec, ti: Any, params: Mapping[str, Any] | None = Non
                                 try_number=ti.try_number, stage=spec.stage, map_index=map_index),
         writable_dirs=writable_dirs(spec.stage, config, config["paths"]["run_dir"]),
     )
+
+
+def check_shard_index(spec: StageSpec, shard_index: Any) -> int:
+    """``shard_index`` when it names a slice of ``spec``'s ``data.shards``; a config error otherwise."""
+    count = spec.config["data"].get("shards", 1)
+    if spec.stage != "prep_shard":
+        raise TfpipeConfigError(f"shard_index: only a prep_shard task prepares a slice, this is {spec.stage!r}. "
+                                "Fix: leave shard_index out.")
+    if not isinstance(shard_index, int) or isinstance(shard_index, bool) or not 0 <= shard_index < count:
+        raise TfpipeConfigError(f"shard_index: must be a slice index in 0..{count - 1} (data.shards is {count}), "
+                                f"got {shard_index!r}. Fix: map the prep_shard task over range(data.shards).")
+    return shard_index
+
+
+def pipeline_stages(cfg: PipelineConfig) -> tuple[str, ...]:
+    """The stages of ``cfg``'s pipeline in order: prep is ``prep_shard`` + ``prep_merge`` when
+    ``data.shards`` is above 1."""
+    if cfg.data.shards > 1:
+        return contract.SHARDED_PREP_STAGES + contract.STAGES[1:]
+    return contract.STAGES
 
 
 @frozen_dataclass
@@ -396,7 +432,7 @@ def writable_dirs(stage: str, cfg_or_template: Mapping[str, Any] | PipelineConfi
                   else cfg_or_template["export"]["model_name"])
     work, models = contract.CONTAINER_WORK, contract.CONTAINER_MODELS
     dirs = [f"{work}/cache", f"{work}/cache/cuda", posixpath.dirname(run_dir), run_dir]
-    if stage == "prep":
+    if stage in ("prep", "prep_merge"):
         dirs.append(f"{work}/datasets")
     if stage == "export":
         dirs.append(f"{models}/{model_name}")
@@ -446,13 +482,14 @@ def volume_mounts(volumes: VolumesConfig) -> tuple[MountSpec, ...]:
 
 
 def plan_pipeline(cfg: PipelineConfig) -> list[StageSpec]:
-    """The pipeline as plain specs, in order: prep -> train -> evaluate -> export."""
+    """The pipeline as plain specs, in order: prep -> train -> evaluate -> export (prep is
+    prep_shard -> prep_merge with ``data.shards`` > 1: :func:`pipeline_stages`)."""
     gpus = GpuRequest.parse(cfg.resources.gpus, field_name="resources.gpus")
     mounts = volume_mounts(cfg.volumes)
     resources = cfg.resources
     specs = []
     previous: tuple[str, ...] = ()
-    for stage in contract.STAGES:
+    for stage in pipeline_stages(cfg):
         specs.append(
             StageSpec(
                 stage=stage,

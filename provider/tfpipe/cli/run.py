@@ -53,8 +53,10 @@ def summarize(dag: Any, dag_run: Any) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with create_session() as session:
         for ti in dag_run.get_task_instances(session=session):
-            tasks[ti.task_id] = {"state": str(ti.state.value if hasattr(ti.state, "value") else ti.state),
-                                 "try_number": ti.try_number}
+            mapped = ti.map_index is not None and ti.map_index >= 0  # prep_shard[k]: one entry per instance
+            key = f"{ti.task_id}[{ti.map_index}]" if mapped else ti.task_id
+            tasks[key] = {"state": str(ti.state.value if hasattr(ti.state, "value") else ti.state),
+                          "try_number": ti.try_number}
         query = XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag.dag_id, key="return_value")
         for row in session.scalars(query):
             results[row.task_id] = XComModel.deserialize_value(row)

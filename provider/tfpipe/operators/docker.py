@@ -62,7 +62,7 @@ _NO_BIND_SOURCE = "bind source path does not exist"
 #: ``tfpipe.role`` of the short container that prepares a stage's directories.
 PREPARE_ROLE = "prepare-volumes"
 #: Upstream stages whose results a stage's OpenLineage event names (dataset dir, model, blessing).
-_LINEAGE_STAGES = ("prep", "train", "evaluate")
+_LINEAGE_STAGES = ("prep", "prep_merge", "train", "evaluate")
 
 
 def docker_mount(mount: MountSpec) -> Any:
@@ -157,6 +157,8 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
     """
 
     stage: ClassVar[str] = ""
+    #: The slice of the input a prep_shard task prepares (:class:`PrepShardOperator`); None elsewhere.
+    shard_index: int | None = None
     #: task_state_store key of the stage container's id. Renaming it breaks re-attaching for tries
     #: already in flight when a new version is deployed.
     external_id_key = "tfpipe_container_id"
@@ -263,7 +265,8 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         reject_unknown_conf(context, self.task_id)
         self.image = resolve_image(self.spec.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
         try:
-            plan = resolve_try(self.spec, context["ti"], context.get("params"), image=self.image)
+            plan = resolve_try(self.spec, context["ti"], context.get("params"), image=self.image,
+                               shard_index=self.shard_index)
         except (TfpipeConfigError, contract.ContractError) as err:
             raise AirflowFailException(f"{self.task_id}: invalid run parameters: {err}") from err
         try:
@@ -621,6 +624,25 @@ class PrepOperator(TfpipeStageOperator):
     stage = "prep"
 
 
+class PrepShardOperator(TfpipeStageOperator):
+    """Prep one slice of the input files (``data.shards`` > 1); mapped over the slice indexes.
+
+    :param shard_index: the slice, 0 .. ``data.shards`` - 1 (``.expand(shard_index=range(n))``).
+    """
+
+    stage = "prep_shard"
+
+    def __init__(self, *, shard_index: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.shard_index = shard_index
+
+
+class PrepMergeOperator(TfpipeStageOperator):
+    """Merge the prep_shard parts into the one data set train and evaluate read (cached)."""
+
+    stage = "prep_merge"
+
+
 class TrainOperator(TfpipeStageOperator):
     """Train with checkpoints; a retried or cleared try resumes from the newest checkpoint."""
 
@@ -644,5 +666,6 @@ class ExportOperator(TfpipeStageOperator):
 
 
 OPERATORS: dict[str, type[TfpipeStageOperator]] = {
-    op.stage: op for op in (PrepOperator, TrainOperator, EvaluateOperator, ExportOperator)
+    op.stage: op for op in (PrepOperator, TrainOperator, EvaluateOperator, ExportOperator, PrepShardOperator,
+                            PrepMergeOperator)
 }

@@ -1,0 +1,151 @@
+"""Sharded prep through Airflow (``tfpipe run`` = ``dag.test()``) with real containers.
+
+The digits CSV is cut into 5 files and prepared by 4 mapped ``prep_shard`` tasks and a
+``prep_merge``; the model trains one epoch on the merged data set. In the second scenario shard 3's
+container is SIGKILLed (``docker kill``) after it wrote its records but before it committed them
+(the ``TFPIPE_TEST_HOLD_SHARD`` hook holds it there on its first try): Airflow retries that task
+alone, and the parts the other shards committed are the ones the merge used, unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, dag_command, parse_summary, run_dag, write_dag
+
+pytestmark = pytest.mark.integration
+
+SHARDS = 4
+#: The shard whose container is killed: the last, so that (when dag.test runs the instances in
+#: order, as it does here) the others' parts are committed before the kill.
+KILLED = 3
+TRAINING = {"model": "mlp", "epochs": 1, "batch_size": 64, "learning_rate": 0.002}
+
+
+def _split_digits(home: Path, pieces: int = 5) -> list[str]:
+    """Cut data/digits/digits.csv into ``pieces`` files under data/digits_parts (a header in each)."""
+    header, *rows = (home / "data" / "digits" / "digits.csv").read_text().splitlines()
+    folder = home / "data" / "digits_parts"
+    folder.mkdir()
+    step = -(-len(rows) // pieces)
+    for i in range(pieces):
+        (folder / f"part-{i}.csv").write_text("\n".join([header] + rows[i * step:(i + 1) * step]) + "\n")
+    return sorted(p.name for p in folder.iterdir())
+
+
+def _expected_fingerprint(home: Path, shards: int) -> str:
+    """The fingerprint one (unsharded) prep task computes for the same files and data settings."""
+    from tfpipe.config import DataConfig
+    from trainer import prep
+
+    data = DataConfig(path="digits_parts", shards=shards).to_dict()
+    files = [(p.name, str(p)) for p in sorted((home / "data" / "digits_parts").iterdir())]
+    return prep.fingerprint(data, files)[0]
+
+
+def _run_dir(home: Path, dag_id: str) -> Path:
+    (run,) = (home / "work" / "runs" / dag_id).iterdir()
+    return run
+
+
+def _dataset(home: Path, dag_id: str) -> Path:
+    pointer = json.loads((_run_dir(home, dag_id) / "dataset.json").read_text())
+    return home / "work" / "datasets" / pointer["fingerprint"]
+
+
+def test_four_shards_make_the_unsharded_data_set_and_train_on_it(tfpipe_home, trainer_image, tmp_path):
+    files = _split_digits(tfpipe_home)
+    dags = tmp_path / "dags"
+    write_dag(dags, "sharded_prep", data={"path": "digits_parts", "shards": SHARDS}, training=TRAINING)
+    started = time.monotonic()
+    summary, log = run_dag("sharded_prep", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    print(f"sharded run: {time.monotonic() - started:.0f} s")
+    assert summary["state"] == "success", log[-6000:]
+    tasks = summary["tasks"]
+    assert {f"prep_shard[{k}]" for k in range(SHARDS)} | {"prep_merge", "train"} <= set(tasks)
+    assert "prep" not in tasks
+    assert all(tasks[f"prep_shard[{k}]"] == {"state": "success", "try_number": 1} for k in range(SHARDS))
+
+    dataset = _dataset(tfpipe_home, "sharded_prep")
+    assert dataset.name == _expected_fingerprint(tfpipe_home, SHARDS), \
+        "the fingerprint of an unsharded prep of the same files"
+    schema = json.loads((dataset / "schema.json").read_text())
+    assert sum(schema["counts"].values()) == 1797 and schema["num_classes"] == 10
+    parts = json.loads((dataset / "fingerprint.json").read_text())["parts"]
+    assert [f for p in parts for f in p["files"]] == files, "the shards' slices cover the files once, in order"
+    assert not (_run_dir(tfpipe_home, "sharded_prep") / "prep_shards").exists(), "the parts are removed"
+    # training read the merged data set
+    train_config = json.loads((_run_dir(tfpipe_home, "sharded_prep") / "config" / "train.json").read_text())
+    assert train_config["data"]["shards"] == SHARDS
+    history = json.loads((_run_dir(tfpipe_home, "sharded_prep") / "metrics.json").read_text())
+    assert [h["epoch"] for h in history] == [1]
+    assert summary["model_dir"] and Path(summary["model_dir"]).is_dir()
+
+
+def _shard_container(client, dag_id: str, index: int):
+    found = client.containers.list(filters={"label": [f"tfpipe.dag_id={dag_id}", "tfpipe.task_id=prep_shard",
+                                                      f"tfpipe.map_index={index}"], "status": "running"})
+    return found[0] if found else None
+
+
+def _committed_parts(home: Path, dag_id: str) -> dict[str, tuple[int, str]]:
+    """``{part dir name: (inode, sha256 of part.json)}`` of the parts committed so far."""
+    found = {}
+    for part in (_run_dir(home, dag_id) / "prep_shards").glob("*/shard-*"):
+        if (part / "_SUCCESS").exists():
+            found[part.name] = (part.stat().st_ino, hashlib.sha256((part / "part.json").read_bytes()).hexdigest())
+    return found
+
+
+def test_a_killed_shard_is_retried_alone_and_the_others_parts_are_kept(tfpipe_home, trainer_image, docker_client,
+                                                                       tmp_path):
+    _split_digits(tfpipe_home)
+    dags = tmp_path / "dags"
+    write_dag(dags, "sharded_kill", data={"path": "digits_parts", "shards": SHARDS}, training=TRAINING,
+              resources={"environment": {"TFPIPE_TEST_HOLD_SHARD": str(KILLED)}})
+    cmd, env = dag_command("sharded_kill", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    out_path, err_path = tmp_path / "out.log", tmp_path / "err.log"
+    started = time.monotonic()
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=out, stderr=err, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            container = None
+            while time.monotonic() < deadline:
+                container = _shard_container(docker_client, "sharded_kill", KILLED)
+                if container is not None and b"holds before committing" in container.logs():
+                    break
+                assert proc.poll() is None, err_path.read_text()[-4000:]
+                time.sleep(0.2)
+            else:
+                raise AssertionError(f"shard {KILLED} never reached its hold point:\n" + err_path.read_text()[-4000:])
+            committed = _committed_parts(tfpipe_home, "sharded_kill")
+            (temp,) = (_run_dir(tfpipe_home, "sharded_kill") / "prep_shards").glob(f"*/.tmp-shard-{KILLED:05d}-*")
+            assert any(temp.glob("train-*.tfrecord")), "killed after writing its records, before committing them"
+            assert f"shard-{KILLED:05d}-of-{SHARDS:05d}" not in committed and committed, "others committed, not it"
+            container.kill()  # SIGKILL, mid-work
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    print(f"killed-shard run: {time.monotonic() - started:.0f} s; parts committed before the kill: {sorted(committed)}")
+    summary = parse_summary(out_path.read_text(), err_path.read_text(), proc.returncode)
+    log = err_path.read_text()
+    assert summary["state"] == "success", log[-6000:]
+    tasks = summary["tasks"]
+    assert tasks[f"prep_shard[{KILLED}]"] == {"state": "success", "try_number": 2}
+    assert all(tasks[f"prep_shard[{k}]"] == {"state": "success", "try_number": 1} for k in range(SHARDS) if k != KILLED)
+    assert tasks["prep_merge"]["try_number"] == 1 and tasks["train"]["state"] == "success"
+
+    parts = json.loads((_dataset(tfpipe_home, "sharded_kill") / "fingerprint.json").read_text())["parts"]
+    assert [p["try_number"] for p in parts] == [2 if k == KILLED else 1 for k in range(SHARDS)]
+    by_name = {f"shard-{p['index']:05d}-of-{SHARDS:05d}": p for p in parts}
+    for name, (_, digest) in committed.items():  # committed before the kill: merged as they were
+        assert by_name[name]["part_sha256"] == digest, f"{name} changed after shard {KILLED} was killed"
+    assert "left by an earlier try of this shard" in log, "the retry removed its own leftover temp dir"

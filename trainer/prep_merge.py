@@ -1,0 +1,81 @@
+"""The ``prep_merge`` stage: the one data set of sharded prep, made from the shards' parts.
+
+It fingerprints the input files as one prep task does (a data set already prepared is a cache
+hit, as there), checks every CSV header against the config, then reads the committed parts in
+shard order (:mod:`trainer.shards`): records are cut again into ``data.shard_size`` TFRecord
+files, label histograms and distinct labels are added up, and the per-batch moments are merged
+in the order one prep task merges them. The data set is therefore the one a single prep task
+writes for the same input: same fingerprint, records, split, ``schema.json`` and ``stats.json``.
+``fingerprint.json`` also lists the parts it was made from (which try wrote each).
+"""
+
+import os
+
+from trainer import atomic, common, prep, shards, sources
+from trainer.common import LOG
+from trainer.errors import BadInput
+
+
+def run(config):
+    """Merge the parts of every shard; return the prep result (``fingerprint``, ``dataset_dir``, ...)."""
+    config = common.begin(config, "prep_merge")
+    data = config["data"]
+    count = data["shards"]
+    files = sources.input_files(config)
+    fp, inputs = prep.fingerprint(data, files)
+    LOG.info("prep_merge: %d input file(s), %d shard(s), fingerprint %s", len(files), count, fp)
+    result = prep.reuse_cached(config, fp)
+    if result is None:
+        result = _merge(config, fp, inputs, files)
+    shards.remove_parts(config)
+    return dict(result, shards=count)
+
+
+def _merge(config, fp, inputs, files):
+    import numpy as np
+
+    data = config["data"]
+    count = data["shards"]
+    layout = sources.csv_layout(config, files)  # one header for all files, as one prep task checks
+    sizes = [f["bytes"] for f in inputs]
+    parts = []
+    for index in range(count):
+        part_dir, part, digest = shards.read_part(config, fp, index, count)
+        expected = [files[i][0] for i in shards.slice_positions(sizes, index, count)]
+        if part["files"] != expected:
+            raise BadInput("prep_merge: shard %d read %s, but its slice of the input is %s. Fix: clear this "
+                           "run's prep_shard tasks so every shard prepares the current input"
+                           % (index, part["files"], expected))
+        parts.append((part_dir, part, digest))
+    width = len(layout["index"])
+    root = common.datasets_root(config)
+    with atomic.temp_dir(root) as tmp:
+        writers = {split: prep.ShardWriter(tmp, split, data["shard_size"]) for split in ("train", "eval")}
+        hist = {"train": np.zeros(0, np.int64), "eval": np.zeros(0, np.int64)}
+        moments, distinct = prep.Moments(width), set()
+        try:
+            for part_dir, part, _ in parts:
+                for split, writer in writers.items():
+                    before = writer.count
+                    for name in part["shards"][split]:
+                        for records in shards.read_tfrecords(os.path.join(part_dir, name)):
+                            writer.write(records)
+                    if writer.count - before != part["counts"][split]:
+                        raise BadInput("prep_merge: %s holds %d %s records, its part.json says %d"
+                                       % (part_dir, writer.count - before, split, part["counts"][split]))
+                    hist[split] = prep.merge_hist(hist[split], np.asarray(part["hist"][split], np.int64))
+                for batch in part["moments"]:
+                    moments.merge(shards.moments_from_json(batch, width))
+                distinct.update(part["labels"])
+        finally:
+            for writer in writers.values():
+                writer.close_shard()
+        counts = {split: writer.count for split, writer in writers.items()}
+        names = {split: writer.close() for split, writer in writers.items()}
+        prepared = prep.finish_csv(layout, ", ".join(sorted(rel for rel, _ in files)), counts, names, hist,
+                                   moments, distinct)
+        provenance = {"parts": [
+            {"index": part["index"], "files": part["files"], "examples": part["counts"], "id": part["id"],
+             "try_number": part["run"]["try_number"], "task_id": part["run"]["task_id"],
+             "part_sha256": digest} for _, part, digest in parts]}
+        return prep.commit_dataset(config, fp, inputs, tmp, prepared, provenance)
