@@ -25,9 +25,9 @@ from run import BENCH, LOGS, REPO, BenchError, Context, free_port, interleave, l
     ratio_stats, run_logged
 
 #: The conf both sides run with (the plain DAG bakes it into its stage configs at parse time). At it
-#: neither side blesses, so export is skipped on both: a lower threshold would not make it fair,
-#: since tfpipe_digits' evaluate also compares with the 15-epoch model version that the scheduled
-#: run created on unpausing it exports, which a 2-epoch candidate never matches.
+#: neither side blesses, so export is skipped on both. A lower threshold would not make it fair:
+#: unpausing tfpipe_digits creates a scheduled run, whose 15-epoch model version its evaluate then
+#: compares with, and a 2-epoch candidate never matches it.
 CONF = {"epochs": 2, "batch_size": 100}
 PLAIN_DAG = "bench_plain_docker_digits"
 TFPIPE_DAG = "tfpipe_digits"
