@@ -1073,78 +1073,6 @@ def gpu_resnet50(ctx: Context) -> dict[str, Any]:
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# deployment_overhead_ratio
-
-def _iso(stamp: str | None) -> float | None:
-    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
-
-
-def scheduler_latencies(tis: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
-    """Per task of one run: upstream end -> queued (scheduler) and queued -> start (executor, worker)."""
-    ran = sorted((t for t in tis if t.get("try_number") and t.get("start_date") and t.get("end_date")),
-                 key=lambda t: _iso(t["start_date"]))
-    scheduling = [_iso(nxt["queued_when"]) - _iso(prev["end_date"])
-                  for prev, nxt in zip(ran, ran[1:]) if nxt.get("queued_when")]
-    pickup = [_iso(t["start_date"]) - _iso(t["queued_when"]) for t in ran if t.get("queued_when")]
-    return scheduling, pickup
-
-
-def deployment_overhead(ctx: Context) -> dict[str, Any]:
-    """A: tfpipe_digits under ``make up``'s stack (REST trigger to success); B: the same containers as
-    four plain DockerOperators (``bench/dags/plain_docker_digits.py``) in the same stack."""
-    sys.path.insert(0, str(REPO))
-    from deploy import stack as stack_module
-    from deploy.rest import AirflowRest
-
-    conf = {"epochs": 2, "batch_size": 100}
-    # The deployment tests' state dir: its registry and engine already hold the image.
-    env = {**os.environ, "TFPIPE_STACK_DIR": str(REPO / ".cache" / "stack-test"),
-           "TFPIPE_STACK_EXTRA_DAGS": str(BENCH / "dags"), "TFPIPE_BENCH_CONF": json.dumps(conf),
-           "TFPIPE_STACK_BRIDGE": "tfpbench1", "TFPIPE_STACK_SUBNET": "10.216.0.1/24"}
-    for name in ("API", "PG", "REDIS", "REGISTRY", "ENGINE"):
-        env[f"TFPIPE_STACK_{name}_PORT"] = str(free_port())
-    logfile = LOGS / "deployment_overhead_ratio.log"
-    run_logged([sys.executable, str(REPO / "deploy" / "stack.py"), "up", "--fresh"], logfile, timeout=1800, env=env)
-    stack = stack_module.Stack(env)
-    try:
-        rest = AirflowRest(stack.api_url, stack_module.ADMIN_USER, stack.admin_password())
-        latencies: dict[str, list[float]] = {"scheduling": [], "pickup": []}
-
-        def one(dag_id: str, run_conf: dict[str, Any], record: bool) -> float:
-            t0 = time.monotonic()
-            run_id = rest.trigger(dag_id, conf=run_conf, run_id=f"bench-{uuid.uuid4().hex[:10]}")
-            run = rest.wait_for_run(dag_id, run_id, timeout=900)
-            took = time.monotonic() - t0
-            if run["state"] != "success":
-                raise BenchError(f"{dag_id} run {run_id} ended {run['state']} (logs under {stack.airflow_home})")
-            if record:
-                scheduling, pickup = scheduler_latencies(rest.task_instances(dag_id, run_id))
-                latencies["scheduling"] += scheduling
-                latencies["pickup"] += pickup
-            return took
-
-        rest.wait_for_dag("bench_plain_docker_digits")
-        # Untimed warm-up of each side: the first run after `up` also makes the prep cache (which the
-        # other side would then hit) and pays the workers' first imports.
-        one("tfpipe_digits", conf, False)
-        one("bench_plain_docker_digits", {}, False)
-        a, b, notes = interleave(ctx, "deployment_overhead_ratio",
-                                 lambda i: one("tfpipe_digits", conf, True),
-                                 lambda i: one("bench_plain_docker_digits", {}, False))
-        result = ratio_stats(a, b)
-        result["scheduler_latency_s"] = round(median(latencies["scheduling"]), 3) if latencies["scheduling"] else None
-        result["executor_pickup_s"] = round(median(latencies["pickup"]), 3) if latencies["pickup"] else None
-        result["notes"] = notes + [
-            "A = REST trigger to success of tfpipe_digits (stage_in, prep, train, evaluate, export, publish; conf "
-            f"{json.dumps(conf)}); B = the same four containers as plain DockerOperators, same engine (TLS), "
-            "same stack (CeleryExecutor, 2 workers). scheduler_latency_s: median upstream end -> queued per task; "
-            "executor_pickup_s: median queued -> running. One untimed warm-up run of each side first."]
-        return result
-    finally:
-        run_logged([sys.executable, str(REPO / "deploy" / "stack.py"), "down"], logfile, timeout=300, env=env)
-
-
 def free_port() -> int:
     import socket
 
@@ -1157,6 +1085,7 @@ def free_port() -> int:
 
 sys.modules.setdefault("run", sys.modules[__name__])  # the figure modules import their helpers from here
 from figures_provider import dag_parse, provider_cost  # noqa: E402
+from figures_deployment import deployment_overhead  # noqa: E402
 
 FIGURES = [
     Figure("dag_parse_ratio", 1.05,

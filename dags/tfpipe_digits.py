@@ -1,9 +1,10 @@
 """Airflow DAG: nightly retraining of the digits classifier (cron): the pipeline ``make demo`` runs.
 
 prep -> train -> evaluate -> export, every stage a container of the pinned trainer image.
-Trigger it from the UI to change epochs, batch size, learning rate, model, GPUs and more; the
-run parameters ``data_uri`` (``gs://...``, staged into the data path before prep) and
-``publish_uri`` (``gs://...``, where a blessed model is published) add Google Cloud Storage.
+Trigger it from the UI to change epochs, batch size, learning rate, model, GPUs and more. Its data
+is on the data volume: a pipeline whose data is in a bucket sets ``data_uri`` (and ``publish_uri``
+for its models) in its config, and gets the ``stage_in`` (``publish``) task for it
+(``tfpipe_digits_manual`` shows the per-run form).
 
 The trainer image is the deployment's: each task reads the Airflow Variable ``tfpipe_image`` when
 it runs (``make image`` sets it here; elsewhere ``airflow variables set tfpipe_image REF``), so this

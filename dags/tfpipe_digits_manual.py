@@ -3,6 +3,9 @@
 No schedule: trigger it from the UI (the form shows epochs, batch size, learning rate, model,
 optimizer, seed, mixed precision, warm start and GPUs, and rejects bad values) or with
 ``make run DAG=tfpipe_digits_manual CONF='{"epochs": 5, "learning_rate": 0.01}'``.
+``gcs_tasks=True`` gives it the Cloud Storage tasks: a run's ``data_uri`` (``gs://...``) is staged
+into the data path before prep, and a blessed model is published under its ``publish_uri``; a run
+that sets neither skips both.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ dag = training_pipeline(
         # experiments publish under their own name, never over the production model
         export={"model_name": "digits_experiments"},
         evaluation={"threshold": 0.9},
+        gcs_tasks=True,  # stage_in and publish, with the buckets chosen per run (data_uri, publish_uri)
         retry_delay_seconds=float(os.environ.get("TFPIPE_RETRY_DELAY", "30")),
     )
 )

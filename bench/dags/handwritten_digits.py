@@ -1,9 +1,9 @@
 """Bench only: ``dags/tfpipe_digits.py`` as a user would write it by hand, without tfpipe.
 
 ``dag_parse_ratio`` times the parse of this file against the parse of ``dags/tfpipe_digits.py``:
-the same tasks (stage_in, prep, train, evaluate, export, publish and the cleanup teardown, each
+the same tasks (prep, train, evaluate, export and the cleanup teardown beside training, each
 a ``DockerOperator`` of the trainer image), the same schedule, retries and trigger rules, the
-same thirteen Params (schemas, titles, descriptions) and docs of about the same size, all
+same eleven Params (schemas, titles, descriptions) and docs of about the same size, all
 written out literally. Nothing here is deployed: its dag_id says so.
 """
 
@@ -56,21 +56,14 @@ Trigger parameters (the run's `conf` overrides them; empty keeps the configured 
 | `metric` | `accuracy` | Metric of the blessing gate (higher is better). One of: `accuracy`, `macro_precision`, `macro_recall`, `macro_f1`. |
 | `threshold` | `0.95` | Absolute minimum of the metric for a blessing. |
 | `gpus` | (as configured) | Empty = as configured; 'none' = CPU; 'all'; a count such as '2'; or ids '0,1'. |
-| `data_uri` | (as configured) | gs://bucket/prefix synced to the data path before prep. Empty = none (use the data volume as it is). |
-| `publish_uri` | (as configured) | gs://bucket/prefix a blessed export is published under (&lt;prefix&gt;/digits/&lt;version&gt;/). Empty = none. |
 
-Google Cloud Storage: `stage_in` syncs `data_uri` to the data path before prep, `publish` uploads
-a blessed export to `publish_uri`; each skips itself when no URI is set.
+`cleanup` applies the work volume's retention (keep the newest 10 runs' dirs) once the run's data set is ready, beside training, in every run.
 
 Seeing and reproducing a run: `train`, `evaluate` and `export` write a run report and TensorBoard
 events under the run directory; open a shell in a container of the image to look at them.
 """
 
 TASK_DOCS = {
-    "stage_in": "**stage_in** syncs the run's `data_uri` from Google Cloud Storage to the data path on the data "
-                "volume: only new or changed objects are downloaded, deleted ones are removed. Does nothing "
-                "when no URI is set; prep then reads the volume as it is. Runs as uid 1000 with the data volume mounted "
-                "read-write.",
     "prep": "**prep** validates the raw CSV and writes sharded TFRecords, the schema, statistics and the data "
             "fingerprint under `/work/datasets/<fingerprint>/`; a data set already prepared is reused. Bad rows fail "
             "the task without a retry.",
@@ -83,12 +76,11 @@ TASK_DOCS = {
     "export": "**export** writes a new versioned SavedModel with a raw-feature serving signature, its metadata "
               "and report under `/models/digits/<version>/`, renamed into place when complete. Older versions are "
               "never overwritten.",
-    "publish": "**publish** uploads the exported version to `<publish_uri>/digits/<version>/` and writes the "
-               "`_COMPLETE` marker last. Does nothing when no URI is set or nothing was exported. A retry completes an "
-               "interrupted upload.",
-    "cleanup": "**cleanup** applies the work volume's retention after every run, also a failed one: it keeps the "
-               "run dirs of the newest runs and of runs whose model version is still kept, and the data sets "
-               "they use plus the newest; it removes the rest from a container on the engine.",
+    "cleanup": "**cleanup** applies the work volume's retention in every run, also one that fails: once the run's "
+               "data set is ready it runs beside training and keeps the run dirs of the newest runs, of runs whose "
+               "model version is still kept and of active runs, and the data sets they use plus the newest; it "
+               "removes the rest from a container on the engine. A version this run's export replaces frees its "
+               "run's dir at the next run's cleanup.",
 }
 
 mounts = [Mount("/data", f"{HOME}/data", type="bind", read_only=True),
@@ -118,12 +110,6 @@ params = {
                        description="Absolute minimum of the metric for a blessing."),
     "gpus": Param(None, type=["null", "string"], pattern=GPUS, title="GPUs",
                   description="Empty = as configured; 'none' = CPU; 'all'; a count such as '2'; or ids '0,1'."),
-    "data_uri": Param(None, type=["null", "string"], pattern=r"^gs://", title="Data URI",
-                      description="gs://bucket/prefix synced to the data path before prep. Empty = none (use the "
-                                  "data volume as it is)."),
-    "publish_uri": Param(None, type=["null", "string"], pattern=r"^gs://", title="Publish URI",
-                         description="gs://bucket/prefix a blessed export is published under "
-                                     "(<prefix>/digits/<version>/). Empty = none."),
 }
 
 
@@ -138,12 +124,11 @@ def container(task_id: str, command: list[str], **kwargs) -> DockerOperator:
 with DAG("bench_handwritten_digits", description="Nightly retraining of the UCI digits classifier",
          schedule="0 3 * * *", start_date=datetime(2024, 1, 1), catchup=False, max_active_runs=1,
          params=params, doc_md=DOC, tags=["tfpipe", "bench"]) as dag:
-    stage_in = container("stage_in", ["python3", "-m", "trainer.volume_ops", "stage-in"], retries=2)
-    prep = container("prep", ["python3", "-m", "trainer", "prep"], retries=1, trigger_rule="none_failed")
+    prep = container("prep", ["python3", "-m", "trainer", "prep"], retries=1)
     train = container("train", ["python3", "-m", "trainer", "train"], retries=3, retry_exponential_backoff=True,
                       max_retry_delay=timedelta(hours=1))
     evaluate = container("evaluate", ["python3", "-m", "trainer", "evaluate"], retries=1, skip_on_exit_code=10)
     export = container("export", ["python3", "-m", "trainer", "export"], retries=1)
-    publish = container("publish", ["python3", "-m", "trainer.volume_ops", "publish"], retries=2)
     cleanup = container("cleanup", ["python3", "-m", "trainer.volume_ops", "retention"], retries=1).as_teardown()
-    stage_in >> prep >> train >> evaluate >> export >> publish >> cleanup
+    prep >> train >> evaluate >> export
+    prep >> cleanup

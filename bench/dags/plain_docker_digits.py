@@ -3,8 +3,8 @@
 ``deployment_overhead_ratio`` runs it beside ``tfpipe_digits`` in the same ``make up`` stack: the
 same image, commands, stage configs (built here once, at parse time, as a user would paste them),
 mounts and TLS engine. It leaves out what the provider adds: the volume-preparing helper
-container, leftover clean-up, the engine ping, the result parsing, and the skipping
-``stage_in``/``publish`` tasks. The containers run as root, since nothing prepares the run dir
+container, leftover clean-up, the engine ping, the result parsing, and the ``cleanup`` teardown
+(retention, beside training). The containers run as root, since nothing prepares the run dir
 for the image's user, unless ``TFPIPE_BENCH_USER`` names one (``provider_cost_ratio`` runs them as
 uid 1000, as tfpipe does, on volumes it prepared for that user beforehand). The run's ``run_id``
 reaches the configs through templating.

@@ -871,6 +871,10 @@ class PipelineConfig:
         ``<prefix>/<model_name>/<version>/`` (a run's ``publish_uri`` Param overrides it); ``None`` = no publish.
     :param gcp_conn_id: Airflow connection with the Google credentials (missing: Application Default
         Credentials; with ``STORAGE_EMULATOR_HOST`` set: anonymous).
+    :param gcs_tasks: give the DAG both Cloud Storage tasks (``stage_in``, ``publish``) and their run
+        Params even where ``data_uri``/``publish_uri`` are not set, so each run can name its buckets.
+        Without it the DAG has ``stage_in`` only with a ``data_uri``, ``publish`` only with a
+        ``publish_uri``, and neither otherwise.
     :param backend: ``"docker"`` (DockerOperators against ``docker_url``) or ``"kubernetes"``
         (KubernetesPodOperators, see :class:`KubernetesConfig`); the stages are the same specs.
     :param kubernetes: namespace, claims and connection of the Kubernetes backend.
@@ -899,6 +903,7 @@ class PipelineConfig:
     data_uri: str | None = None
     publish_uri: str | None = None
     gcp_conn_id: str = "google_cloud_default"
+    gcs_tasks: bool = False
     backend: str = "docker"
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
 
@@ -948,6 +953,8 @@ class PipelineConfig:
         if not isinstance(self.gcp_conn_id, str) or not self.gcp_conn_id.strip():
             raise config_error("gcp_conn_id", f"must name an Airflow connection, got {self.gcp_conn_id!r}",
                         "e.g. 'google_cloud_default'")
+        if not isinstance(self.gcs_tasks, bool):
+            raise config_error("gcs_tasks", f"must be true or false, got {self.gcs_tasks!r}", "e.g. true")
         check_choice("backend", self.backend, BACKENDS)
         if self.backend == "kubernetes":
             self._check_kubernetes()
@@ -961,8 +968,8 @@ class PipelineConfig:
         if self.data.shards > 1:
             raise config_error("data.shards", f"{self.data.shards} needs the Docker backend: the Kubernetes backend "
                                "has no prep_shard and prep_merge pods", "set data.shards to 1 with backend='kubernetes'")
-        for name in ("data_uri", "publish_uri"):
-            if getattr(self, name) is not None:
+        for name in ("data_uri", "publish_uri", "gcs_tasks"):
+            if getattr(self, name) not in (None, False):
                 raise config_error(name, "Cloud Storage stage-in and publish run through a Docker engine's helper "
                                    "containers, which the Kubernetes backend has not",
                                    "leave it unset with backend='kubernetes' (or use backend='docker')")

@@ -76,17 +76,30 @@ def pipeline_params(cfg: PipelineConfig) -> dict[str, Param]:
         "gpus": Param(None, type=["null", "string"], pattern=GPU_PARAM_PATTERN, title="GPUs",
                       description="Empty = as configured; 'none' = CPU; 'all'; a count such as '2'; or ids '0,1'."),
     }
-    if cfg.backend == "docker":
-        params.update({
-            # Google Cloud Storage: empty = the config's data_uri / publish_uri
-            "data_uri": Param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN, title="Data URI",
-                              description="gs://bucket/prefix synced to the data path before prep. Empty = "
-                              f"{cfg.data_uri or 'none (use the data volume as it is)'}."),
-            "publish_uri": Param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN, title="Publish URI",
-                                 description="gs://bucket/prefix a blessed export is published under "
-                                 f"(<prefix>/{cfg.export.model_name}/<version>/). Empty = {cfg.publish_uri or 'none'}."),
-        })
+    stage_in, publish = bucket_tasks(cfg)
+    # Google Cloud Storage, only where the DAG has the task: empty = the config's data_uri / publish_uri
+    if stage_in:
+        params["data_uri"] = Param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN, title="Data URI",
+                                   description="gs://bucket/prefix synced to the data path before prep. Empty = "
+                                   f"{cfg.data_uri or 'none (use the data volume as it is)'}.")
+    if publish:
+        params["publish_uri"] = Param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN, title="Publish URI",
+                                      description="gs://bucket/prefix a blessed export is published under "
+                                      f"(<prefix>/{cfg.export.model_name}/<version>/). Empty = "
+                                      f"{cfg.publish_uri or 'none'}.")
     return params
+
+
+def bucket_tasks(cfg: PipelineConfig) -> tuple[bool, bool]:
+    """Whether the DAG of ``cfg`` has ``stage_in`` and ``publish``: each where its URI is configured, both
+    with ``gcs_tasks`` (each run then names its buckets); never off Docker (they work through its engine).
+
+    A pipeline without a bucket has neither task nor their Params: each would cost every run a task
+    execution on its critical path only to skip itself.
+    """
+    if cfg.backend != "docker":
+        return False, False
+    return cfg.gcs_tasks or cfg.data_uri is not None, cfg.gcs_tasks or cfg.publish_uri is not None
 
 
 def _doc_md(cfg: PipelineConfig, params: dict[str, Param]) -> str:
@@ -112,13 +125,30 @@ Trigger parameters (the run's `conf` overrides them; empty keeps the configured 
 
 {_params_table(params)}
 
-Google Cloud Storage: `stage_in` syncs `data_uri` to the data path before prep, `publish` uploads
-a blessed export to `publish_uri`; each skips itself when no URI is set.
-
+{_gcs_doc(cfg)}{_cleanup_doc(cfg)}
 Seeing and reproducing a run: `train`, `evaluate` and `export` link to the **Run report** and
 **TensorBoard** (serve it with `tfpipe tensorboard {cfg.dag_id} <run_id>`); `tfpipe shell
 {cfg.dag_id} <task> --run <run_id>` opens a shell in a container set up as that task's.
 """
+
+
+def _gcs_doc(cfg: PipelineConfig) -> str:
+    stage_in, publish = bucket_tasks(cfg)
+    lines = []
+    if stage_in:
+        lines.append("`stage_in` syncs `data_uri` to the data path before prep")
+    if publish:
+        lines.append("`publish` uploads a blessed export to `publish_uri`")
+    if not lines:
+        return ""
+    return f"Google Cloud Storage: {'; '.join(lines)}; each skips itself when no URI is set.\n\n"
+
+
+def _cleanup_doc(cfg: PipelineConfig) -> str:
+    if not (cfg.retention.enabled and cfg.backend == "docker"):
+        return ""
+    return (f"`cleanup` applies the work volume's retention (keep the newest {cfg.retention.keep_runs} runs' "
+            "dirs) once the run's data set is ready, beside training, in every run.\n\n")
 
 
 def _image_doc(cfg: PipelineConfig) -> str:
@@ -209,59 +239,70 @@ def training_pipeline(cfg: PipelineConfig, **dag_kwargs: Any) -> DAG:
         for spec in specs:
             for upstream in spec.upstream:
                 operators[upstream] >> operators[spec.task_id]
-        if cfg.backend == "docker":  # stage-in and publish work through a Docker engine's helpers
-            _add_gcs_tasks(cfg, operators)
+        _add_gcs_tasks(cfg, operators)
         if cfg.retention.enabled and cfg.backend == "docker":  # the cleanup helper needs a Docker engine
             add_cleanup_task(cfg, dag)
     return dag
 
 
 def add_cleanup_task(cfg: PipelineConfig, dag: DAG) -> BaseOperator:
-    """``cleanup`` after every leaf: a teardown, so it runs whatever happened before it (all done)
-    and its outcome leaves the run's state to the work tasks (see :mod:`tfpipe.operators.retention`)."""
+    """``cleanup`` once the run's data set is ready (after the tasks ``train`` waits for), beside
+    training: a teardown, so it runs whatever happened before it (all done) and its outcome leaves
+    the run's state to the work tasks (see :mod:`tfpipe.operators.retention`).
+
+    Not after every leaf: there it cost every run a task execution on its critical path. After the
+    data set is ready, not at the run's start: by then the run's dir names its data set
+    (``dataset.json``), so retention can never remove the data set this run is about to train on.
+    """
     from tfpipe.operators.retention import RetentionOperator
 
-    leaves = [task for task in dag.tasks if not task.downstream_list]
+    ready = dag.get_task("train").upstream_list or [task for task in dag.tasks if not task.upstream_list]
     cleanup = RetentionOperator(
         task_id="cleanup", image=cfg.image.ref, allow_floating_tag=cfg.image.allow_floating_tag,
         work_volume=cfg.volumes.work, models_volume=cfg.volumes.models, model_name=cfg.export.model_name,
         retention=cfg.retention, docker_url=cfg.docker_url, retries=1,
         retry_delay=timedelta(seconds=cfg.retry_delay_seconds), doc_md=CLEANUP_DOC,
     ).as_teardown()
-    leaves >> cleanup
+    ready >> cleanup
     return cleanup
 
 
 CLEANUP_DOC = (
-    "**cleanup** applies the work volume's retention after every run, also a failed one: it keeps the run dirs "
-    "of the newest `retention.keep_runs` runs, of runs whose model version is still kept and of runs still "
-    "active, and the data sets they use plus the newest; it removes the rest (checkpoints and TensorBoard "
-    "events with their run) from a helper container on the engine, and logs each removal and the bytes freed."
+    "**cleanup** applies the work volume's retention in every run, also one that fails: once the run's data set "
+    "is ready it runs beside training (off the run's critical path) and keeps the run dirs of the newest "
+    "`retention.keep_runs` runs, of runs whose model version is still kept and of runs still active (this "
+    "one included), and the data sets they use plus the newest; it removes the rest (checkpoints and "
+    "TensorBoard events with their run) from a helper container on the engine, and logs each removal and "
+    "the bytes freed. A version this run's export replaces frees its run's dir at the next run's cleanup."
 )
 
 
 # --- Google Cloud Storage -------------------------------------------------------------------------
 
 def _add_gcs_tasks(cfg: PipelineConfig, operators: dict[str, Any]) -> None:
-    """``stage_in >> prep`` and ``export >> publish``; each skips itself without a URI.
+    """``stage_in >> prep`` and ``export >> publish`` where :func:`bucket_tasks` says so; each skips
+    itself when the run has no URI.
 
     Prep gets ``trigger_rule="none_failed"`` so a skipped stage-in does not skip it; publish keeps
     ``all_success``, so it runs only after a successful export (a not-blessed run skips it too).
     """
+    with_stage_in, with_publish = bucket_tasks(cfg)
     common: dict[str, Any] = dict(
         image=cfg.image.ref, allow_floating_tag=cfg.image.allow_floating_tag, gcp_conn_id=cfg.gcp_conn_id,
         docker_url=cfg.docker_url, retries=2, retry_delay=timedelta(seconds=cfg.retry_delay_seconds),
     )
-    stage_in = GcsStageInOperator(
-        task_id="stage_in", data_volume=cfg.volumes.data, data_path=cfg.data.path, source_uri=cfg.data_uri,
-        user=cfg.resources.user, doc_md=GCS_DOCS["stage_in"], **common)
-    publish = GcsPublishOperator(
-        task_id="publish", models_volume=cfg.volumes.models, model_name=cfg.export.model_name,
-        destination_uri=cfg.publish_uri, export_task_id="export", doc_md=GCS_DOCS["publish"], **common)
-    prep = operators["prep"] if "prep" in operators else operators["prep_shard"]
-    prep.trigger_rule = TriggerRule.NONE_FAILED
-    stage_in >> prep
-    operators["export"] >> publish
+    if with_stage_in:
+        stage_in = GcsStageInOperator(
+            task_id="stage_in", data_volume=cfg.volumes.data, data_path=cfg.data.path, source_uri=cfg.data_uri,
+            user=cfg.resources.user, doc_md=GCS_DOCS["stage_in"], **common)
+        prep = operators["prep"] if "prep" in operators else operators["prep_shard"]
+        prep.trigger_rule = TriggerRule.NONE_FAILED
+        stage_in >> prep
+    if with_publish:
+        publish = GcsPublishOperator(
+            task_id="publish", models_volume=cfg.volumes.models, model_name=cfg.export.model_name,
+            destination_uri=cfg.publish_uri, export_task_id="export", doc_md=GCS_DOCS["publish"], **common)
+        operators["export"] >> publish
 
 
 GCS_DOCS = {

@@ -21,6 +21,13 @@ def conf_only_keys() -> frozenset[str]:
     return frozenset(contract.overridable())
 
 
+#: Run parameters only some pipelines have, and how a pipeline gets them.
+OPTIONAL_PARAMS = {
+    "data_uri": "this DAG has no stage_in task: give its PipelineConfig data_uri or gcs_tasks=True",
+    "publish_uri": "this DAG has no publish task: give its PipelineConfig publish_uri or gcs_tasks=True",
+}
+
+
 def unknown_run_params(conf: Mapping[str, Any] | None, known: Iterable[str]) -> list[str]:
     """The messages for every key of ``conf`` that is not in ``known`` (empty: all keys known)."""
     names = sorted(set(known))
@@ -32,6 +39,8 @@ def unknown_run_params(conf: Mapping[str, Any] | None, known: Iterable[str]) -> 
 
         close = difflib.get_close_matches(key, names, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
+        if key in OPTIONAL_PARAMS:
+            hint = f" ({OPTIONAL_PARAMS[key]})"
         problems.append(f"unknown run parameter {key!r}{hint}")
     return problems
 

@@ -151,7 +151,7 @@ def test_a_misspelt_run_parameter_fails_before_any_container_starts(stack, rest)
     states = {k: (v["state"], v["try_number"]) for k, v in tis.items()}
     # The first task and the cleanup teardown refuse the conf (once each, no retry); the rest never start.
     failed = sorted(k for k, v in tis.items() if v["state"] == "failed")
-    assert failed == ["cleanup", "stage_in"] and all(tis[k]["try_number"] == 1 for k in failed), states
+    assert failed == ["cleanup", "prep"] and all(tis[k]["try_number"] == 1 for k in failed), states
     assert all(v["state"] == "upstream_failed" for k, v in tis.items() if k not in failed), states
     for task_id in failed:
         text = rest.task_log(DIGITS, run_id, task_id, 1)

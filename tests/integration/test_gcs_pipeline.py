@@ -1,4 +1,5 @@
-"""The example DAG through Airflow: raw data staged in from gs://, the blessed model published to gs://."""
+"""The example DAG with Cloud Storage tasks through Airflow: raw data staged in from gs://, the blessed model
+published to gs:// (``tfpipe_digits_manual``: ``gcs_tasks=True``, the buckets chosen per run)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from tfpipe.gcs.publish import MARKER_NAME, list_published_versions
 
 pytestmark = [pytest.mark.gcs, pytest.mark.integration]
 
+DAG_ID = "tfpipe_digits_manual"
+MODEL = "digits_experiments"  # its export.model_name
+
 
 def test_digits_dag_stages_in_and_publishes(tmp_path: Path, trainer_image, bucket, gcs_client, emulator_env):
     if not DIGITS_CSV.exists():
@@ -21,7 +25,7 @@ def test_digits_dag_stages_in_and_publishes(tmp_path: Path, trainer_image, bucke
     home = tmp_path / "home"  # an empty data volume: the data comes from the bucket only
     conf = {"data_uri": f"gs://{bucket.name}/raw/digits.csv", "publish_uri": f"gs://{bucket.name}/models"}
 
-    summary, log = run_dag("tfpipe_digits", conf, home=home, image=trainer_image,
+    summary, log = run_dag(DAG_ID, conf, home=home, image=trainer_image,
                            extra_env={"STORAGE_EMULATOR_HOST": emulator_env}, timeout=600)
     assert summary["state"] == "success", log[-8000:]
     assert {t: s["state"] for t, s in summary["tasks"].items()} == {
@@ -36,7 +40,7 @@ def test_digits_dag_stages_in_and_publishes(tmp_path: Path, trainer_image, bucke
 
     # the version is in the bucket: every exported file, and the marker listing them with CRC32Cs
     version = Path(summary["model_dir"]).name
-    prefix = f"models/digits/{version}/"
+    prefix = f"models/{MODEL}/{version}/"
     model_dir = Path(summary["model_dir"])
     exported = sorted(p.relative_to(model_dir).as_posix() for p in model_dir.rglob("*") if p.is_file())
     assert "saved_model.pb" in exported and "metadata.json" in exported
@@ -47,12 +51,12 @@ def test_digits_dag_stages_in_and_publishes(tmp_path: Path, trainer_image, bucke
     assert [f["name"] for f in marker["files"]] == exported
     assert all(blobs[prefix + f["name"]].crc32c == f["crc32c"] for f in marker["files"])
     assert marker["run_id"] == summary["run_id"]
-    assert list_published_versions(conf["publish_uri"], "digits") == [int(version)]
+    assert list_published_versions(conf["publish_uri"], MODEL) == [int(version)]
     assert summary["published"] == f"gs://{bucket.name}/{prefix}"
 
     # a second run on the unchanged bucket: stage-in moves nothing, so prep finds the same
     # fingerprint and reuses its data set (a cache hit); no new data set is written
-    again, log2 = run_dag("tfpipe_digits", conf, home=home, image=trainer_image,
+    again, log2 = run_dag(DAG_ID, conf, home=home, image=trainer_image,
                           extra_env={"STORAGE_EMULATOR_HOST": emulator_env}, timeout=600)
     assert again["state"] == "success", log2[-8000:]
     assert again["tasks"]["stage_in"]["state"] == "success" and again["tasks"]["prep"]["state"] == "success"

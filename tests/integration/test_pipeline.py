@@ -50,10 +50,9 @@ def test_digits_pipeline_end_to_end(tfpipe_home: Path, trainer_image: str, docke
     finally:
         created = events.stop()
     assert summary["state"] == "success", log[-8000:]
-    assert summary["tasks"] == {**{t: {"state": "success", "try_number": 1}
-                                   for t in ("prep", "train", "evaluate", "export")},
-                                **{t: {"state": "skipped", "try_number": 1} for t in ("stage_in", "publish")},
-                                "cleanup": {"state": "success", "try_number": 1}}
+    # no bucket configured: no stage_in/publish tasks at all
+    assert summary["tasks"] == {t: {"state": "success", "try_number": 1}
+                                for t in ("prep", "train", "evaluate", "export", "cleanup")}
     assert summary["metrics"]["accuracy"] >= 0.95
 
     model_dir = Path(summary["model_dir"])

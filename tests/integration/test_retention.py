@@ -55,12 +55,18 @@ def test_cleanup_keeps_active_runs_and_removes_them_once_finished(tfpipe_home, t
     assert (run_dir(first) / "train" / "checkpoints").is_dir(), "an active run's dir was removed"
     assert run_dir(second).is_dir()
 
-    # once it has failed for good it is an old run like any other: removed, and the bytes reported
+    # once it has failed for good it is an old run like any other: removed, and the bytes reported.
+    # Cleanup runs beside training, before this run's export replaces the second run's version
+    # (keep_versions=1): so the second run stays, for its kept version, until the next run.
     _set_states(first["run_id"], "failed", {"train": "failed", "evaluate": "upstream_failed",
                                             "export": "upstream_failed"})
     third, log3 = run()
-    assert sorted(p.name for p in runs_dir.iterdir()) == [run_dir(third).name]
+    assert sorted(p.name for p in runs_dir.iterdir()) == sorted([run_dir(second).name, run_dir(third).name])
     assert re.search(r"retention: removed run runs/%s/\S+ \([0-9.]+ [KM]iB\)" % DAG_ID, log3)
-    assert re.search(r"retention: removed 2 run dir\(s\) and 0 data set\(s\), freed [0-9.]+ [KM]iB", log3)
+    assert re.search(r"retention: removed 1 run dir\(s\) and 0 data set\(s\), freed [0-9.]+ [KM]iB", log3)
+    assert not run_dir(first).exists()
+    fourth, log4 = run()
+    assert sorted(p.name for p in runs_dir.iterdir()) == sorted([run_dir(third).name, run_dir(fourth).name])
+    assert re.search(r"retention: removed 1 run dir\(s\) and 0 data set\(s\), freed [0-9.]+ [KM]iB", log4)
     datasets = [p.name for p in (tfpipe_home / "work" / "datasets").iterdir() if not p.name.startswith(".")]
     assert len(datasets) == 1, "one data set (unchanged data): kept as the newest and as the kept run's"

@@ -120,9 +120,13 @@ def _scheduled(dag):
 
 def test_digits_dag_shape(dagbag):
     dag = dagbag.get_dag("tfpipe_digits")
-    assert [t.task_id for t in dag.topological_sort()] == ["stage_in", "prep", "train", "evaluate", "export",
-                                                            "publish", "cleanup"]
-    assert dag.get_task("prep").trigger_rule == "none_failed", "a skipped stage_in must not skip prep"
+    # No bucket configured: no Cloud Storage tasks, no Params for them; cleanup beside training.
+    stages = ["prep", "train", "evaluate", "export"]
+    assert [t.task_id for t in dag.topological_sort() if t.task_id != "cleanup"] == stages
+    assert set(dag.task_ids) == {*stages, "cleanup"}
+    assert dag.get_task("cleanup").upstream_task_ids == {"prep"}
+    assert not {"data_uri", "publish_uri"} & set(dag.params.keys())
+    assert dag.get_task("prep").trigger_rule == "all_success"
     assert dag.max_active_runs == 1 and dag.catchup is False
     assert _scheduled(dag).summary == "0 3 * * *"
     train = dag.get_task("train")
@@ -148,6 +152,10 @@ def test_trigger_form_params(dagbag):
     for name in ("epochs", "batch_size", "learning_rate", "model", "optimizer", "gpus", "warm_start", "data_uri",
                  "publish_uri"):
         assert name in params, name
+    # gcs_tasks: the buckets are chosen per run, so both tasks are there
+    assert {"stage_in", "publish"} <= set(dag.task_ids)
+    assert dag.get_task("stage_in").downstream_task_ids == {"prep"}
+    assert dag.get_task("publish").upstream_task_ids == {"export"}
     schema = params.get_param("epochs").schema
     assert schema["type"] == "integer" and schema["minimum"] == 1
 

@@ -169,12 +169,35 @@ def test_prep_inputs_exclude_the_manifest(tmp_path: Path):
 
 # -- DAG wiring -------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("settings,tasks", [
+    ({}, set()),
+    ({"data_uri": "gs://raw-data/digits/"}, {"stage_in"}),
+    ({"publish_uri": "gs://models-x/prod"}, {"publish"}),
+    ({"gcs_tasks": True}, {"stage_in", "publish"}),
+])
+def test_bucket_tasks_and_params_only_where_a_bucket_is_used(settings, tasks):
+    """Each Cloud Storage task, with its run Param, exists where its URI is configured, or with gcs_tasks."""
+    from tfpipe import training_pipeline
+
+    dag = training_pipeline(PipelineConfig.from_dict({**BASE, **settings}))
+    assert set(dag.task_ids) - {"prep", "train", "evaluate", "export", "cleanup"} == tasks
+    params = {"stage_in": "data_uri", "publish": "publish_uri"}
+    assert {p for p in params.values() if p in dag.params} == {params[t] for t in tasks}
+    assert dag.get_task("prep").trigger_rule == ("none_failed" if "stage_in" in tasks else "all_success")
+    assert ("Google Cloud Storage" in dag.doc_md) == bool(tasks)
+
+
+def test_gcs_tasks_must_be_a_bool():
+    with pytest.raises(TfpipeConfigError, match="^gcs_tasks: must be true or false"):
+        PipelineConfig.from_dict({**BASE, "gcs_tasks": "yes"})
+
+
 def test_pipeline_has_stage_in_and_publish():
     from tfpipe import training_pipeline
 
-    dag = training_pipeline(PipelineConfig.from_dict({**BASE, "publish_uri": "gs://models-x/prod"}))
-    assert [t.task_id for t in dag.topological_sort()] == ["stage_in", "prep", "train", "evaluate", "export",
-                                                            "publish", "cleanup"]
+    dag = training_pipeline(PipelineConfig.from_dict({**BASE, "publish_uri": "gs://models-x/prod", "gcs_tasks": True}))
+    assert [t.task_id for t in dag.topological_sort() if t.task_id != "cleanup"] == [
+        "stage_in", "prep", "train", "evaluate", "export", "publish"]
     assert dag.get_task("prep").trigger_rule == "none_failed", "a skipped stage-in must not skip prep"
     assert dag.get_task("publish").trigger_rule == "all_success", "publish only after a successful export"
     assert dag.get_task("publish").destination_uri == "gs://models-x/prod"

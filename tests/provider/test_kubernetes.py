@@ -142,6 +142,7 @@ def test_gpus_only_on_gpu_stages_and_the_run_can_change_them():
     ({"kubernetes": {"claims": {"scratch": "x"}}}, ["kubernetes.claims", "Fix:"]),
     ({"kubernetes": {"namespace": "ML Training"}}, ["kubernetes.namespace", "Fix:"]),
     ({"publish_uri": "gs://bucket/models"}, ["publish_uri", "Docker engine", "Fix:"]),
+    ({"gcs_tasks": True}, ["gcs_tasks", "Docker engine", "Fix:"]),
     ({"backend": "nomad"}, ["backend", "'kubernetes'", "Fix:"]),
 ])
 def test_what_kubernetes_cannot_do_is_a_parse_time_error(overrides, words):

@@ -35,7 +35,7 @@ def _cfg(**overrides) -> PipelineConfig:
 
 @pytest.fixture(scope="module")
 def dag():
-    return training_pipeline(_cfg())
+    return training_pipeline(_cfg(gcs_tasks=True))  # with the Cloud Storage tasks, which carry no links
 
 
 def _key(task_id: str, run_id: str = RUN_ID):

@@ -155,7 +155,7 @@ def ui_run(tmp_path_factory, trainer_image, request):
     shutil.copy(source_db, airflow_home / "airflow.db")
     (home / "data").mkdir(parents=True)
     write_dag(dags, DAG_ID, training={"model": "mlp", "epochs": 2, "batch_size": 64},
-              evaluation={"threshold": 0.5, "tolerance": 1.0})
+              evaluation={"threshold": 0.5, "tolerance": 1.0}, gcs_tasks=True)
     passwords = airflow_home / "passwords.json"
     passwords.write_text(json.dumps(PASSWORDS))
     lineage = root / "openlineage.jsonl"
