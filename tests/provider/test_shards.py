@@ -45,8 +45,10 @@ def test_shards_make_a_mapped_prep_then_a_merge_before_training():
     assert shard.partial_kwargs["spec"].stage == "prep_shard"
     assert shard.partial_kwargs["retries"] == 1, "a failed shard is retried on its own"
     assert merge.upstream_task_ids == {"prep_shard"} and train.upstream_task_ids == {"prep_merge"}
-    # Cloud Storage stage-in comes before the shards; its skip must not skip them
-    stage_in = dag.get_task("stage_in")
+    assert shard.upstream_task_ids == set(), "a pipeline without a bucket has no stage-in"
+    # With a bucket, Cloud Storage stage-in comes before the shards; its skip must not skip them
+    dag = training_pipeline(_cfg(4, gcs_tasks=True))
+    shard, stage_in = dag.get_task("prep_shard"), dag.get_task("stage_in")
     assert shard.upstream_task_ids == {"stage_in"} and stage_in.downstream_task_ids == {"prep_shard"}
     assert shard.trigger_rule == "none_failed"
 
