@@ -25,6 +25,7 @@ Outputs: ``train/tensorboard`` (scalars), ``metrics.json`` (per-epoch history of
 import math
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -86,6 +87,43 @@ def _append_history(run_dir, record):
     return history
 
 
+class StartupClock(object):
+    """Seconds each start-up phase of this try took: what a retried try pays again before it
+    trains. ``phases`` (in order) is kept in the attempt's entry of ``attempts.json`` as
+    ``startup_s`` and logged once the first compiled call returned; ``process`` (interpreter
+    start to the stage: Python, TensorFlow and trainer imports) only under ``python -m trainer``.
+    """
+
+    def __init__(self):
+        self.started_at = common.process_started_at()
+        self.phases = {}
+        self._last = time.time()
+        main = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if self.started_at is not None and getattr(main, "name", "") == "trainer.__main__":
+            self.phases["process"] = round(self._last - self.started_at, 3)
+
+    def mark(self, phase):
+        """End ``phase`` now (it began when the previous one ended)."""
+        now = time.time()
+        self.phases[phase] = round(now - self._last, 3)
+        self._last = now
+
+    def first(self, phase, function, *args):
+        """Call ``function(*args)``; the first time ``phase`` is seen, record its seconds (a
+        one-off such as tracing that every try pays)."""
+        if phase in self.phases:
+            return function(*args)
+        started = time.time()
+        try:
+            return function(*args)
+        finally:
+            self.phases[phase] = round(time.time() - started, 3)
+
+    def describe(self):
+        """``process 3.10 s, dataset 0.05 s, ...``: the phases in order, for the log."""
+        return ", ".join("%s %.2f s" % item for item in self.phases.items())
+
+
 #: With ``training.steps_per_loop`` 0, a compiled call runs about this long: long enough that the
 #: per-call dispatch (about 0.5 ms) is noise next to it, short enough that SIGTERM, checked
 #: between calls, is answered well inside ``docker stop``'s 10 s grace period.
@@ -102,8 +140,9 @@ EPOCHS_PER_ITERATOR = 16
 class Loop(object):
     """The training loop for one attempt; the same code runs under any tf.distribute strategy."""
 
-    def __init__(self, config, strategy, schema, stats, dataset_dir):
+    def __init__(self, config, strategy, schema, stats, dataset_dir, startup=None):
         self.config = config
+        self.startup = startup or StartupClock()
         self.training = training = config["training"]
         self.strategy = strategy
         self.schema = schema
@@ -208,7 +247,8 @@ class Loop(object):
         """Loss and accuracy on the eval split (one pass of the eval iterator built once)."""
         self.val_loss.reset_state()
         self.val_acc.reset_state()
-        self.eval_loop(self.eval_iterator, tf.constant(self.eval_steps))
+        self.startup.first("first_eval", self.eval_loop, self.eval_iterator,
+                           tf.constant(self.eval_steps))
         return float(self.val_loss.result().numpy()), float(self.val_acc.result().numpy())
 
     def loop_length(self, step, epoch_end):
@@ -223,7 +263,12 @@ class Loop(object):
     def _run_loop(self, iterator, steps):
         """One compiled call of ``steps`` steps; with steps_per_loop 0, adapt the next length."""
         started = time.perf_counter()
-        self.train_loop(iterator, tf.constant(steps))
+        if self._auto_calls:
+            self.train_loop(iterator, tf.constant(steps))
+        else:  # the first call traces: the last phase of a try's start-up
+            self.startup.first("first_call", self.train_loop, iterator,
+                               tf.constant(steps))
+            LOG.info("start-up of this try: %s", self.startup.describe())
         self._auto_calls += 1
         if not self.steps_per_loop and self._auto_calls > 1:  # the first call also traces
             per_step = (time.perf_counter() - started) / steps
@@ -236,7 +281,7 @@ class Loop(object):
         if SIGTERM asked to."""
         if not checked:
             self.check_finite(epoch, step)
-        path = self.state.save()
+        path = self.startup.first("first_save", self.state.save)
         attempts.entry.update(steps_run=step - first_step, last_checkpoint=path)
         attempts.save()
         if stop:
@@ -274,6 +319,8 @@ class Loop(object):
         step = int(self.state.step.numpy())
         first_step, started = step, time.time()
         history = atomic.read_json(os.path.join(self.run_dir, contract.METRICS_FILE), [])
+        attempts.entry.update(startup_s=self.startup.phases,
+                              process_started_at=self.startup.started_at)
         iterator, iterator_end = None, 0
         for epoch in range(int(self.state.epoch.numpy()), training["epochs"]):
             done = step - epoch * self.spe
@@ -336,16 +383,20 @@ def _write_final(loop, summary):
 def run(config):
     """Run the train stage; return ``{epochs, steps, resumed_from, final_loss, ...}``."""
     config = common.begin(config, "train")
+    clock = StartupClock()
     training, run_info = config["training"], config["run"]
     dataset_dir, schema, stats = common.load_dataset(config)
     strategy = common.setup_tensorflow(training)
-    loop = Loop(config, strategy, schema, stats, dataset_dir)
+    clock.mark("dataset")
+    loop = Loop(config, strategy, schema, stats, dataset_dir, startup=clock)
+    clock.mark("model")
     final = os.path.join(loop.run_dir, contract.FINAL_SUBDIR)
     if os.path.exists(final):
         atomic.remove_dir(final)  # stale until this attempt reaches the target
     atomic.clean_stale_temps(loop.train_dir, max_age_s=0)  # one attempt at a time per run
 
     restored = loop.state.restore_newest()
+    clock.mark("restore")
     resumed_from, warm = None, None
     if restored:
         epoch, step = int(loop.state.epoch.numpy()), int(loop.state.step.numpy())

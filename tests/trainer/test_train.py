@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -55,7 +56,9 @@ def test_rerun_with_more_epochs_resumes_from_the_last_epoch(ws, capsys):
     prep.run(ws.config("prep"))
     train.run(ws.config("train", training={"epochs": 2}))
     capsys.readouterr()
+    started = time.time()
     result = train.run(ws.config("train", try_number=2, training={"epochs": 4}))
+    elapsed = time.time() - started
     out = capsys.readouterr().out
     ckpt = os.path.join(ws.run_dir(), "train", "checkpoints", "ckpt-16")
     assert "resumed from epoch 2 step 16 (checkpoint %s)" % ckpt in out
@@ -65,6 +68,12 @@ def test_rerun_with_more_epochs_resumes_from_the_last_epoch(ws, capsys):
     attempts = ws.read("attempts.json")
     assert [a["try_number"] for a in attempts] == [1, 2]
     assert attempts[1]["resumed_from"]["step"] == 16 and attempts[1]["epochs_run"] == 2
+    # the resumed try's start-up, phase by phase (no "process" phase: pytest, not python -m trainer)
+    startup = attempts[1]["startup_s"]
+    assert sorted(startup) == sorted(["dataset", "model", "restore", "first_call", "first_save", "first_eval"])
+    assert all(v >= 0 for v in startup.values()) and startup["first_call"] > 0
+    assert sum(startup.values()) <= elapsed
+    assert "start-up of this try: dataset " in out
     assert [(h["epoch"], h["try_number"]) for h in ws.read("metrics.json")] == [
         (1, 1), (2, 1), (3, 2), (4, 2)]
 
@@ -281,6 +290,7 @@ def test_sigterm_to_the_training_process_saves_where_it_stopped(ws):
     config = ws.config("train", training={"epochs": 400, "checkpoint_every_steps": 0})
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env[contract.CONFIG_ENV] = json.dumps(config)
+    launched = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "trainer", "train"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             universal_newlines=True)
@@ -299,6 +309,9 @@ def test_sigterm_to_the_training_process_saves_where_it_stopped(ws):
     attempt = ws.read("attempts.json")[0]
     assert attempt["status"] == "interrupted"
     assert attempt["last_checkpoint"].endswith("ckpt-%d" % step) and step >= 16
+    # the process's start on this clock (/proc tick resolution), and its imports as a phase
+    assert launched - 1 <= attempt["process_started_at"] <= launched + 60
+    assert 0 < attempt["startup_s"]["process"] < 120 and "start-up of this try: process " in output
     ckpt_dir = os.path.join(ws.run_dir(), "train", "checkpoints")
     assert tf.train.latest_checkpoint(ckpt_dir).endswith("ckpt-%d" % step), "nothing saved after the stop"
     reader = tf.train.load_checkpoint(os.path.join(ckpt_dir, "ckpt-%d" % step))
