@@ -196,7 +196,9 @@ def test_sigterm_mid_epoch_saves_at_the_end_of_the_current_loop(ws, monkeypatch,
 def test_loops_of_several_steps_checkpoint_and_resume_on_the_exact_steps(ws, monkeypatch, capsys):
     """3 steps per call, a checkpoint every 5 steps of 8-step epochs: calls end early at 5, 8 (the
     epoch end), 10, 15 and 16, a crash after ckpt-10 resumes at step 10, and the final weights are
-    those of a run with one step per call."""
+    those of a run with one step per call. Two eager saves, then traced ones: ckpt-10, the one
+    resumed from, is a traced write."""
+    monkeypatch.setattr(checkpoints, "EAGER_SAVES", 2)
     for run_id in ("straight", "looped"):
         prep.run(ws.config("prep", run_id=run_id))
     settings = {"epochs": 2, "checkpoint_every_steps": 5, "keep_checkpoints": 10}
@@ -405,8 +407,9 @@ def test_cnn_on_images_and_resnet50_builds(ws):
 
 
 @pytest.mark.resume
-def test_mixed_precision_trains_and_resumes_with_the_loss_scale_optimizer(ws):
+def test_mixed_precision_trains_and_resumes_with_the_loss_scale_optimizer(ws, monkeypatch):
     prep.run(ws.config("prep"))
+    monkeypatch.setattr(checkpoints, "EAGER_SAVES", 1)  # the second save is traced: it must fall back
     mixed = {"mixed_precision": True, "checkpoint_every_steps": 5}
     try:
         first = train.run(ws.config("train", training=dict(mixed, epochs=1)))
