@@ -57,15 +57,33 @@ class _Stop(object):
 class Attempts(object):
     """``attempts.json``: a list with one entry per training attempt, written atomically."""
 
-    def __init__(self, run_dir, entry):
+    def __init__(self, run_dir, entry, steps_per_epoch=None):
         self.path = os.path.join(run_dir, contract.ATTEMPTS_FILE)
         self.entries = atomic.read_json(self.path, [])
         for old in self.entries:
             if old.get("status") == "running":
                 old["status"] = "interrupted"
+        if self.entries and steps_per_epoch and entry.get("resumed_from"):
+            self._catch_up(self.entries[-1], entry["resumed_from"], steps_per_epoch)
         self.entry = entry
         self.entries.append(entry)
         self.save()
+
+    @staticmethod
+    def _catch_up(killed, resumed, steps_per_epoch):
+        """Bring the killed try's record up to the checkpoint this try resumed from.
+
+        A SIGKILL between writing a checkpoint and recording it leaves the record one checkpoint
+        behind; the checkpoint restored says how far that try really got.
+        """
+        start = killed.get("start_step") or 0
+        recorded = killed.get("last_checkpoint")
+        recorded_step = int(recorded.rsplit("-", 1)[1]) if recorded else start
+        if killed.get("status") != "interrupted" or resumed["step"] <= max(recorded_step, start):
+            return
+        killed.update(last_checkpoint=resumed["checkpoint"], steps_run=resumed["step"] - start,
+                      epochs_run=killed.get("epochs_run", 0) + resumed["step"] // steps_per_epoch
+                      - recorded_step // steps_per_epoch)
 
     def save(self, durable=True):
         """Write the file atomically (``durable``: fsynced, see :func:`trainer.atomic.write_json`)."""
@@ -437,7 +455,7 @@ def run(config):
         "try_number": run_info["try_number"], "resumed_from": resumed_from, "warm_start": warm,
         "start_time": common.now_iso(), "end_time": None, "status": "running",
         "start_step": int(loop.state.step.numpy()), "epochs_run": 0, "steps_run": 0,
-        "target_steps": loop.total_steps})
+        "target_steps": loop.total_steps}, steps_per_epoch=loop.spe)
     writer = tf.summary.create_file_writer(os.path.join(loop.run_dir, contract.TENSORBOARD_SUBDIR))
     previous = _Stop.install()
     try:

@@ -78,6 +78,27 @@ def test_rerun_with_more_epochs_resumes_from_the_last_epoch(ws, capsys):
         (1, 1), (2, 1), (3, 2), (4, 2)]
 
 
+@pytest.mark.resume
+def test_a_killed_tries_record_catches_up_with_the_checkpoint_it_left(ws):
+    """A SIGKILL between writing a checkpoint and recording it leaves attempts.json one checkpoint
+    behind; the next try resumes from that checkpoint and completes the killed try's record."""
+    prep.run(ws.config("prep"))
+    settings = {"epochs": 2, "checkpoint_every_steps": 3}  # checkpoints 3, 6, 8, 9, 12, 15, 16
+    train.run(ws.config("train", training=settings))
+    ckpt_dir = os.path.join(ws.run_dir(), "train", "checkpoints")
+    attempts = ws.read("attempts.json")  # as a kill right after ckpt-16 (epoch 2's end) leaves it
+    attempts[0].update(status="running", last_checkpoint=os.path.join(ckpt_dir, "ckpt-15"), steps_run=15,
+                       epochs_run=1, end_time=None)
+    with open(os.path.join(ws.run_dir(), "attempts.json"), "w") as handle:
+        json.dump(attempts, handle)
+    result = train.run(ws.config("train", try_number=2, training=dict(settings, epochs=3)))
+    assert result["resumed_from"]["step"] == 16
+    first, second = ws.read("attempts.json")
+    assert first["status"] == "interrupted" and first["last_checkpoint"] == os.path.join(ckpt_dir, "ckpt-16")
+    assert (first["steps_run"], first["epochs_run"]) == (16, 2)
+    assert first["epochs_run"] + second["epochs_run"] == 3
+
+
 class Crash(Exception):
     pass
 
