@@ -8,7 +8,7 @@ newest readable checkpoint; mid-epoch it replays the rest of that epoch's batche
 nothing is saved. SIGTERM (``docker stop``) saves a checkpoint at the end of the current loop
 and exits 143.
 
-Several steps run per compiled call (a while loop over the data iterator inside one
+Several steps run per compiled call (a ``tf.range`` loop over the data iterator inside one
 ``tf.function``), as Keras' ``steps_per_execution`` does: ``training.steps_per_loop`` steps, or,
 when it is 0, as many as take about :data:`AUTO_LOOP_SECONDS` (measured as training runs: the
 first call runs one step, later calls grow at most 8-fold each). A loop always ends early at a
@@ -155,14 +155,6 @@ MAX_STEPS_PER_LOOP = contract.SECTIONS["training"]["steps_per_loop"]["maximum"]
 EPOCHS_PER_ITERATOR = 16
 
 
-def _repeat(steps, body):
-    """``body()`` ``steps`` times (a scalar tensor) as one while loop in the graph being traced."""
-    def loop_body(i):
-        body()
-        return (i + 1,)
-    tf.while_loop(lambda i: i < steps, loop_body, (tf.zeros([], steps.dtype),))
-
-
 class Loop(object):
     """The training loop for one attempt; the same code runs under any tf.distribute strategy."""
 
@@ -199,11 +191,9 @@ class Loop(object):
         # The batch dimension of this spec is unknown: one trace serves full and partial batches.
         signature = list(self.eval_iterator.element_spec)
         self.train_step = tf.function(self._train_step, input_signature=signature)
-        # Built without autograph (the loops are explicit while loops, the rest plain Python over
-        # Python values): converting the source costs every try, a resumed one too, at its start.
-        self.train_loop = tf.function(self._train_loop, autograph=False)
-        self.eval_loop = tf.function(self._eval_loop, autograph=False)
-        self.all_finite = tf.function(self._all_finite, autograph=False)
+        self.train_loop = tf.function(self._train_loop)
+        self.eval_loop = tf.function(self._eval_loop)
+        self.all_finite = tf.function(self._all_finite)
         self.steps_per_loop = training["steps_per_loop"]
         self._auto_loop = 1  # the automatic length of the next call (steps_per_loop 0)
         self._auto_calls = 0
@@ -237,11 +227,10 @@ class Loop(object):
         return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
     def _train_loop(self, iterator, steps):
-        # a while loop in the graph: one Python call for ``steps`` steps
-        def step():
+        # a tf.range loop (a while loop in the graph): one Python call for ``steps`` steps
+        for _ in tf.range(steps):
             x, y = next(iterator)
             self._train_step(x, y)
-        _repeat(steps, step)
 
     def _replica_eval(self, x, y):
         logits = self.model(x, training=False)
@@ -249,10 +238,9 @@ class Loop(object):
         self.val_acc.update_state(y, logits)
 
     def _eval_loop(self, iterator, steps):
-        def step():
+        for _ in tf.range(steps):
             x, y = next(iterator)
             self.strategy.run(self._replica_eval, args=(x, y))
-        _repeat(steps, step)
 
     def _all_finite(self):
         ok = tf.math.is_finite(self.train_loss.result())
