@@ -240,6 +240,9 @@ def test_loops_of_several_steps_checkpoint_and_resume_on_the_exact_steps(ws, mon
     monkeypatch.setattr(checkpoints.TrainState, "save", original)
     ckpt_dir = os.path.join(ws.run_dir("looped"), "train", "checkpoints")
     assert saved_steps(ckpt_dir) == [5, 8, 10]
+    # the two eager saves write one data file; the traced write one per device it sees (two here)
+    shards = {step: len(glob.glob(os.path.join(ckpt_dir, "ckpt-%d.data-*" % step))) for step in (5, 8, 10)}
+    assert shards[5] == shards[8] == 1 and shards[10] > 1, shards
     capsys.readouterr()
 
     result = train.run(ws.config("train", run_id="looped", try_number=2, training=looped))
