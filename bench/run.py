@@ -63,6 +63,8 @@ from figures_gcs import gcs_stage_in  # noqa: E402  (bench/ is on sys.path: this
 
 from figures_train_loop import train_loop  # noqa: E402
 
+import resume_breakdown  # noqa: E402
+
 
 # --------------------------------------------------------------------------------------------
 # small helpers
@@ -707,6 +709,7 @@ def resume_cost(ctx: Context) -> dict[str, Any]:
         if proc.poll() is None:
             subprocess.run(["docker", "kill", name], capture_output=True)
         code = finish(proc, name)
+        kill_to_exit = time.time() - killed_wall
         first = time.perf_counter() - started
         entry: dict[str, Any] = {"kill_fraction": round(fraction, 3), "kill_target_step": round(target, 1),
                                  "killed_after_s": round(killed_wall - wall_started, 2), "first_try_s": round(first, 2)}
@@ -715,6 +718,7 @@ def resume_cost(ctx: Context) -> dict[str, Any]:
             kills.append(entry)
             return first, machine_cpu_s() - cpu_started
         reached = step_at(run_dir, killed_wall, wall_started)
+        launched = time.time()
         proc, name, _, started = start(run_id, 2)
         code = finish(proc, name)
         second = time.perf_counter() - started
@@ -722,9 +726,12 @@ def resume_cost(ctx: Context) -> dict[str, Any]:
             raise BenchError(f"try 2 of {run_id} (the resume) exited {code} (see {logfile})")
         attempts = json.loads((run_dir / "attempts.json").read_text())
         resumed = (attempts[-1].get("resumed_from") or {}).get("step") or 0  # 0: killed before any checkpoint
+        redone = max(0.0, reached - resumed)
         entry.update(killed=True, killed_at_step=round(reached, 1), resumed_from_step=resumed,
-                     steps_redone=round(max(0.0, reached - resumed), 1), target_steps=attempts[-1]["target_steps"],
-                     second_try_s=round(second, 2))
+                     steps_redone=round(redone, 1), target_steps=attempts[-1]["target_steps"],
+                     second_try_s=round(second, 2), kill_to_exit_s=round(kill_to_exit, 2),
+                     steps_redone_s=round(redone / median([p[1] for p in paces]), 2),
+                     second_try_startup_s=resume_breakdown.try_startup(run_dir, launched))
         kills.append(entry)
         return first + second, machine_cpu_s() - cpu_started
 
@@ -733,8 +740,12 @@ def resume_cost(ctx: Context) -> dict[str, Any]:
 
     b_seconds: list[float] = []
 
+    #: start-up phases of each timed uninterrupted run (what the resumed try pays once more)
+    b_startups: list[dict[str, float]] = []
+
     def uninterrupted(i: int) -> tuple[float, float]:
         cpu_started = machine_cpu_s()
+        launched = time.time()
         proc, name, run_dir, started = start(f"bench__straight_{ctx.session}_{i}", 1)
         wall_started = time.time()
         code = finish(proc, name)
@@ -747,6 +758,8 @@ def resume_cost(ctx: Context) -> dict[str, Any]:
         if measured:
             paces.append(measured)
         total_steps[0] = json.loads((run_dir / "attempts.json").read_text())[-1]["target_steps"]
+        if i >= 0:
+            b_startups.append(resume_breakdown.try_startup(run_dir, launched))
         return seconds, cpu
 
     # one untimed uninterrupted run first: the length over which pair 1's kill moment is drawn,
@@ -774,6 +787,11 @@ def resume_cost(ctx: Context) -> dict[str, Any]:
     stats["steps_redone_median"] = round(median(redone), 1)
     stats["steps_redone"] = redone
     stats["restart_cost_s"] = stats["seconds_lost_median"]
+    breakdown = resume_breakdown.summarize(kills, lost)
+    stats["restart_breakdown_s"] = breakdown
+    stats["uninterrupted_startup_s"] = {
+        key: round(median([s[key] for s in b_startups if key in s]), 2)
+        for key in ("container", *resume_breakdown.STAGE_PHASES) if any(key in s for s in b_startups)}
     stats["epochs"] = epochs
     stats["workload"] = (f"cnn on 957 synthetic 64x64 RGB images, batch 32, {epochs} epochs x 30 steps, "
                          "checkpoint every 20 steps and every epoch; try 1 killed (docker kill, SIGKILL) at a "
@@ -785,7 +803,9 @@ def resume_cost(ctx: Context) -> dict[str, Any]:
         f"{', '.join(f'{x:.0f}' for x in redone)}; the step at the kill is the newest checkpoint plus the pace "
         f"measured between this try's checkpoints): a second container start, TensorFlow import, set-up and "
         f"tracing, plus the steps since the last checkpoint (at most 20 here); machine CPU time A/B "
-        f"{stats.get('cpu_ratio')}, uninterrupted job {stats['b_median_s']:.0f} s ({epochs} epochs)")
+        f"{stats.get('cpu_ratio')}, uninterrupted job {stats['b_median_s']:.0f} s ({epochs} epochs)"
+        + (f"; where the seconds lost go (medians, from the resumed try's own start-up record): "
+           f"{resume_breakdown.describe(breakdown)}" if breakdown else ""))
     return stats
 
 

@@ -46,8 +46,13 @@ def share_tree(path):
                 os.chmod(sub, FILE_MODE)
 
 
-def _write_file(path, write, binary=False, suffix=""):
-    """Write ``path`` atomically: ``write(handle)`` fills a ``0644`` temp file, then rename."""
+def _write_file(path, write, binary=False, suffix="", durable=True):
+    """Write ``path`` atomically: ``write(handle)`` fills a ``0644`` temp file, then rename.
+
+    ``durable=False`` skips the fsync: the rename alone is atomic for every reader and survives
+    the writer being killed (the page cache keeps the data); only a crash of the machine itself
+    could then leave the old file or an empty one.
+    """
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=suffix, dir=directory)
@@ -56,19 +61,21 @@ def _write_file(path, write, binary=False, suffix=""):
         with os.fdopen(fd, "wb" if binary else "w") as handle:
             write(handle)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         _remove(tmp)
         raise
 
 
-def write_json(path, obj):
-    """Write ``obj`` as JSON to ``path`` atomically (readers see the old or the new file)."""
+def write_json(path, obj, durable=True):
+    """Write ``obj`` as JSON to ``path`` atomically (readers see the old or the new file);
+    ``durable``: see :func:`_write_file`."""
     def write(handle):
         # one write of the whole text: json.dump writes each token separately
         handle.write(json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
-    _write_file(path, write, suffix=".json")
+    _write_file(path, write, suffix=".json", durable=durable)
 
 
 def write_bytes(path, data):

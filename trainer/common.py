@@ -198,6 +198,24 @@ def peak_rss_mb():
     return None
 
 
+def process_started_at():
+    """The wall-clock time (epoch seconds) this process started, from ``/proc``; None without it.
+
+    ``/proc/uptime`` is the host's in a container too, as is the boot-relative start time in
+    ``/proc/self/stat``, so the result is on the host's clock: a runner can subtract the moment
+    it launched the container to get the container's own start-up.
+    """
+    try:
+        with open("/proc/self/stat") as f:
+            after_name = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    start_ticks = int(after_name[19])  # field 22 of stat(5); the fields after the name start at 3
+    return time.time() - uptime + start_ticks / float(os.sysconf("SC_CLK_TCK"))
+
+
 def datasets_root(config):
     """``<work>/datasets``: prep outputs shared by all runs."""
     return os.path.join(config["paths"]["work"], "datasets")

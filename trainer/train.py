@@ -25,6 +25,7 @@ Outputs: ``train/tensorboard`` (scalars), ``metrics.json`` (per-epoch history of
 import math
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -56,19 +57,37 @@ class _Stop(object):
 class Attempts(object):
     """``attempts.json``: a list with one entry per training attempt, written atomically."""
 
-    def __init__(self, run_dir, entry):
+    def __init__(self, run_dir, entry, steps_per_epoch=None):
         self.path = os.path.join(run_dir, contract.ATTEMPTS_FILE)
         self.entries = atomic.read_json(self.path, [])
         for old in self.entries:
             if old.get("status") == "running":
                 old["status"] = "interrupted"
+        if self.entries and steps_per_epoch and entry.get("resumed_from"):
+            self._catch_up(self.entries[-1], entry["resumed_from"], steps_per_epoch)
         self.entry = entry
         self.entries.append(entry)
         self.save()
 
-    def save(self):
-        """Write the file atomically."""
-        atomic.write_json(self.path, self.entries)
+    @staticmethod
+    def _catch_up(killed, resumed, steps_per_epoch):
+        """Bring the killed try's record up to the checkpoint this try resumed from.
+
+        A SIGKILL between writing a checkpoint and recording it leaves the record one checkpoint
+        behind; the checkpoint restored says how far that try really got.
+        """
+        start = killed.get("start_step") or 0
+        recorded = killed.get("last_checkpoint")
+        recorded_step = int(recorded.rsplit("-", 1)[1]) if recorded else start
+        if killed.get("status") != "interrupted" or resumed["step"] <= max(recorded_step, start):
+            return
+        killed.update(last_checkpoint=resumed["checkpoint"], steps_run=resumed["step"] - start,
+                      epochs_run=killed.get("epochs_run", 0) + resumed["step"] // steps_per_epoch
+                      - recorded_step // steps_per_epoch)
+
+    def save(self, durable=True):
+        """Write the file atomically (``durable``: fsynced, see :func:`trainer.atomic.write_json`)."""
+        atomic.write_json(self.path, self.entries, durable=durable)
 
     def finish(self, status, **fields):
         """Record the end of this attempt."""
@@ -84,6 +103,43 @@ def _append_history(run_dir, record):
     history.sort(key=lambda h: h["epoch"])
     atomic.write_json(path, history)
     return history
+
+
+class StartupClock(object):
+    """Seconds each start-up phase of this try took: what a retried try pays again before it
+    trains. ``phases`` (in order) is kept in the attempt's entry of ``attempts.json`` as
+    ``startup_s`` and logged once the first compiled call returned; ``process`` (interpreter
+    start to the stage: Python, TensorFlow and trainer imports) only under ``python -m trainer``.
+    """
+
+    def __init__(self):
+        self.started_at = common.process_started_at()
+        self.phases = {}
+        self._last = time.time()
+        main = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if self.started_at is not None and getattr(main, "name", "") == "trainer.__main__":
+            self.phases["process"] = round(self._last - self.started_at, 3)
+
+    def mark(self, phase):
+        """End ``phase`` now (it began when the previous one ended)."""
+        now = time.time()
+        self.phases[phase] = round(now - self._last, 3)
+        self._last = now
+
+    def first(self, phase, function, *args):
+        """Call ``function(*args)``; the first time ``phase`` is seen, record its seconds (a
+        one-off such as tracing that every try pays)."""
+        if phase in self.phases:
+            return function(*args)
+        started = time.time()
+        try:
+            return function(*args)
+        finally:
+            self.phases[phase] = round(time.time() - started, 3)
+
+    def describe(self):
+        """``process 3.10 s, dataset 0.05 s, ...``: the phases in order, for the log."""
+        return ", ".join("%s %.2f s" % item for item in self.phases.items())
 
 
 #: With ``training.steps_per_loop`` 0, a compiled call runs about this long: long enough that the
@@ -102,8 +158,9 @@ EPOCHS_PER_ITERATOR = 16
 class Loop(object):
     """The training loop for one attempt; the same code runs under any tf.distribute strategy."""
 
-    def __init__(self, config, strategy, schema, stats, dataset_dir):
+    def __init__(self, config, strategy, schema, stats, dataset_dir, startup=None):
         self.config = config
+        self.startup = startup or StartupClock()
         self.training = training = config["training"]
         self.strategy = strategy
         self.schema = schema
@@ -208,7 +265,8 @@ class Loop(object):
         """Loss and accuracy on the eval split (one pass of the eval iterator built once)."""
         self.val_loss.reset_state()
         self.val_acc.reset_state()
-        self.eval_loop(self.eval_iterator, tf.constant(self.eval_steps))
+        self.startup.first("first_eval", self.eval_loop, self.eval_iterator,
+                           tf.constant(self.eval_steps))
         return float(self.val_loss.result().numpy()), float(self.val_acc.result().numpy())
 
     def loop_length(self, step, epoch_end):
@@ -223,7 +281,12 @@ class Loop(object):
     def _run_loop(self, iterator, steps):
         """One compiled call of ``steps`` steps; with steps_per_loop 0, adapt the next length."""
         started = time.perf_counter()
-        self.train_loop(iterator, tf.constant(steps))
+        if self._auto_calls:
+            self.train_loop(iterator, tf.constant(steps))
+        else:  # the first call traces: the last phase of a try's start-up
+            self.startup.first("first_call", self.train_loop, iterator,
+                               tf.constant(steps))
+            LOG.info("start-up of this try: %s", self.startup.describe())
         self._auto_calls += 1
         if not self.steps_per_loop and self._auto_calls > 1:  # the first call also traces
             per_step = (time.perf_counter() - started) / steps
@@ -236,9 +299,11 @@ class Loop(object):
         if SIGTERM asked to."""
         if not checked:
             self.check_finite(epoch, step)
-        path = self.state.save()
+        path = self.startup.first("first_save", self.state.save)
         attempts.entry.update(steps_run=step - first_step, last_checkpoint=path)
-        attempts.save()
+        # Not fsynced: TensorFlow does not fsync the checkpoint files this record names either,
+        # so the sync bought no safety, only a wait on the disk at every checkpoint.
+        attempts.save(durable=False)
         if stop:
             self._stop_if_asked(attempts, epoch, step)
         return path
@@ -274,6 +339,8 @@ class Loop(object):
         step = int(self.state.step.numpy())
         first_step, started = step, time.time()
         history = atomic.read_json(os.path.join(self.run_dir, contract.METRICS_FILE), [])
+        attempts.entry.update(startup_s=self.startup.phases,
+                              process_started_at=self.startup.started_at)
         iterator, iterator_end = None, 0
         for epoch in range(int(self.state.epoch.numpy()), training["epochs"]):
             done = step - epoch * self.spe
@@ -336,16 +403,20 @@ def _write_final(loop, summary):
 def run(config):
     """Run the train stage; return ``{epochs, steps, resumed_from, final_loss, ...}``."""
     config = common.begin(config, "train")
+    clock = StartupClock()
     training, run_info = config["training"], config["run"]
     dataset_dir, schema, stats = common.load_dataset(config)
     strategy = common.setup_tensorflow(training)
-    loop = Loop(config, strategy, schema, stats, dataset_dir)
+    clock.mark("dataset")
+    loop = Loop(config, strategy, schema, stats, dataset_dir, startup=clock)
+    clock.mark("model")
     final = os.path.join(loop.run_dir, contract.FINAL_SUBDIR)
     if os.path.exists(final):
         atomic.remove_dir(final)  # stale until this attempt reaches the target
     atomic.clean_stale_temps(loop.train_dir, max_age_s=0)  # one attempt at a time per run
 
     restored = loop.state.restore_newest()
+    clock.mark("restore")
     resumed_from, warm = None, None
     if restored:
         epoch, step = int(loop.state.epoch.numpy()), int(loop.state.step.numpy())
@@ -372,7 +443,7 @@ def run(config):
         "try_number": run_info["try_number"], "resumed_from": resumed_from, "warm_start": warm,
         "start_time": common.now_iso(), "end_time": None, "status": "running",
         "start_step": int(loop.state.step.numpy()), "epochs_run": 0, "steps_run": 0,
-        "target_steps": loop.total_steps})
+        "target_steps": loop.total_steps}, steps_per_epoch=loop.spe)
     writer = tf.summary.create_file_writer(os.path.join(loop.run_dir, contract.TENSORBOARD_SUBDIR))
     previous = _Stop.install()
     try:

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -55,7 +56,9 @@ def test_rerun_with_more_epochs_resumes_from_the_last_epoch(ws, capsys):
     prep.run(ws.config("prep"))
     train.run(ws.config("train", training={"epochs": 2}))
     capsys.readouterr()
+    started = time.time()
     result = train.run(ws.config("train", try_number=2, training={"epochs": 4}))
+    elapsed = time.time() - started
     out = capsys.readouterr().out
     ckpt = os.path.join(ws.run_dir(), "train", "checkpoints", "ckpt-16")
     assert "resumed from epoch 2 step 16 (checkpoint %s)" % ckpt in out
@@ -65,8 +68,35 @@ def test_rerun_with_more_epochs_resumes_from_the_last_epoch(ws, capsys):
     attempts = ws.read("attempts.json")
     assert [a["try_number"] for a in attempts] == [1, 2]
     assert attempts[1]["resumed_from"]["step"] == 16 and attempts[1]["epochs_run"] == 2
+    # the resumed try's start-up, phase by phase (no "process" phase: pytest, not python -m trainer)
+    startup = attempts[1]["startup_s"]
+    assert sorted(startup) == sorted(["dataset", "model", "restore", "first_call", "first_save", "first_eval"])
+    assert all(v >= 0 for v in startup.values()) and startup["first_call"] > 0
+    assert sum(startup.values()) <= elapsed
+    assert "start-up of this try: dataset " in out
     assert [(h["epoch"], h["try_number"]) for h in ws.read("metrics.json")] == [
         (1, 1), (2, 1), (3, 2), (4, 2)]
+
+
+@pytest.mark.resume
+def test_a_killed_tries_record_catches_up_with_the_checkpoint_it_left(ws):
+    """A SIGKILL between writing a checkpoint and recording it leaves attempts.json one checkpoint
+    behind; the next try resumes from that checkpoint and completes the killed try's record."""
+    prep.run(ws.config("prep"))
+    settings = {"epochs": 2, "checkpoint_every_steps": 3}  # checkpoints 3, 6, 8, 9, 12, 15, 16
+    train.run(ws.config("train", training=settings))
+    ckpt_dir = os.path.join(ws.run_dir(), "train", "checkpoints")
+    attempts = ws.read("attempts.json")  # as a kill right after ckpt-16 (epoch 2's end) leaves it
+    attempts[0].update(status="running", last_checkpoint=os.path.join(ckpt_dir, "ckpt-15"), steps_run=15,
+                       epochs_run=1, end_time=None)
+    with open(os.path.join(ws.run_dir(), "attempts.json"), "w") as handle:
+        json.dump(attempts, handle)
+    result = train.run(ws.config("train", try_number=2, training=dict(settings, epochs=3)))
+    assert result["resumed_from"]["step"] == 16
+    first, second = ws.read("attempts.json")
+    assert first["status"] == "interrupted" and first["last_checkpoint"] == os.path.join(ckpt_dir, "ckpt-16")
+    assert (first["steps_run"], first["epochs_run"]) == (16, 2)
+    assert first["epochs_run"] + second["epochs_run"] == 3
 
 
 class Crash(Exception):
@@ -187,7 +217,9 @@ def test_sigterm_mid_epoch_saves_at_the_end_of_the_current_loop(ws, monkeypatch,
 def test_loops_of_several_steps_checkpoint_and_resume_on_the_exact_steps(ws, monkeypatch, capsys):
     """3 steps per call, a checkpoint every 5 steps of 8-step epochs: calls end early at 5, 8 (the
     epoch end), 10, 15 and 16, a crash after ckpt-10 resumes at step 10, and the final weights are
-    those of a run with one step per call."""
+    those of a run with one step per call. Two eager saves, then traced ones: ckpt-10, the one
+    resumed from, is a traced write."""
+    monkeypatch.setattr(checkpoints, "EAGER_SAVES", 2)
     for run_id in ("straight", "looped"):
         prep.run(ws.config("prep", run_id=run_id))
     settings = {"epochs": 2, "checkpoint_every_steps": 5, "keep_checkpoints": 10}
@@ -208,6 +240,9 @@ def test_loops_of_several_steps_checkpoint_and_resume_on_the_exact_steps(ws, mon
     monkeypatch.setattr(checkpoints.TrainState, "save", original)
     ckpt_dir = os.path.join(ws.run_dir("looped"), "train", "checkpoints")
     assert saved_steps(ckpt_dir) == [5, 8, 10]
+    # the two eager saves write one data file; the traced write one per device it sees (two here)
+    shards = {step: len(glob.glob(os.path.join(ckpt_dir, "ckpt-%d.data-*" % step))) for step in (5, 8, 10)}
+    assert shards[5] == shards[8] == 1 and shards[10] > 1, shards
     capsys.readouterr()
 
     result = train.run(ws.config("train", run_id="looped", try_number=2, training=looped))
@@ -281,6 +316,7 @@ def test_sigterm_to_the_training_process_saves_where_it_stopped(ws):
     config = ws.config("train", training={"epochs": 400, "checkpoint_every_steps": 0})
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env[contract.CONFIG_ENV] = json.dumps(config)
+    launched = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "trainer", "train"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             universal_newlines=True)
@@ -299,6 +335,9 @@ def test_sigterm_to_the_training_process_saves_where_it_stopped(ws):
     attempt = ws.read("attempts.json")[0]
     assert attempt["status"] == "interrupted"
     assert attempt["last_checkpoint"].endswith("ckpt-%d" % step) and step >= 16
+    # the process's start on this clock (/proc tick resolution), and its imports as a phase
+    assert launched - 1 <= attempt["process_started_at"] <= launched + 60
+    assert 0 < attempt["startup_s"]["process"] < 120 and "start-up of this try: process " in output
     ckpt_dir = os.path.join(ws.run_dir(), "train", "checkpoints")
     assert tf.train.latest_checkpoint(ckpt_dir).endswith("ckpt-%d" % step), "nothing saved after the stop"
     reader = tf.train.load_checkpoint(os.path.join(ckpt_dir, "ckpt-%d" % step))
@@ -392,8 +431,9 @@ def test_cnn_on_images_and_resnet50_builds(ws):
 
 
 @pytest.mark.resume
-def test_mixed_precision_trains_and_resumes_with_the_loss_scale_optimizer(ws):
+def test_mixed_precision_trains_and_resumes_with_the_loss_scale_optimizer(ws, monkeypatch):
     prep.run(ws.config("prep"))
+    monkeypatch.setattr(checkpoints, "EAGER_SAVES", 1)  # the second save is traced: it must fall back
     mixed = {"mixed_precision": True, "checkpoint_every_steps": 5}
     try:
         first = train.run(ws.config("train", training=dict(mixed, epochs=1)))
