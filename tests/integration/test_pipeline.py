@@ -41,14 +41,20 @@ class CreatedContainers(threading.Thread):
         return self.created
 
 
-@pytest.mark.compat
-def test_digits_pipeline_end_to_end(tfpipe_home: Path, trainer_image: str, docker_client):
-    events = CreatedContainers(docker_client, "tfpipe_digits")
+def run_watching(docker_client, dag_id: str, home: Path, image: str) -> tuple[dict, str, list[dict]]:
+    """``run_dag`` with the containers the engine creates for the DAG meanwhile."""
+    events = CreatedContainers(docker_client, dag_id)
     events.start()
     try:
-        summary, log = run_dag("tfpipe_digits", {}, home=tfpipe_home, image=trainer_image)
+        summary, log = run_dag(dag_id, {}, home=home, image=image)
     finally:
         created = events.stop()
+    return summary, log, created
+
+
+@pytest.mark.compat
+def test_digits_pipeline_end_to_end(tfpipe_home: Path, trainer_image: str, docker_client):
+    summary, log, created = run_watching(docker_client, "tfpipe_digits", tfpipe_home, trainer_image)
     assert summary["state"] == "success", log[-8000:]
     # no bucket configured: no stage_in/publish tasks at all
     assert summary["tasks"] == {t: {"state": "success", "try_number": 1}
@@ -107,12 +113,7 @@ def test_digits_pipeline_end_to_end(tfpipe_home: Path, trainer_image: str, docke
     # Same settings and seed as the first run: the same model, so it is blessed against version 1
     # (accuracy equal to the baseline, within the tolerance) and export always runs.
     v1_files = {p.relative_to(model_dir): p.read_bytes() for p in model_dir.rglob("*") if p.is_file()}
-    events = CreatedContainers(docker_client, "tfpipe_digits")
-    events.start()
-    try:
-        summary2, log2 = run_dag("tfpipe_digits", {}, home=tfpipe_home, image=trainer_image)
-    finally:
-        created2 = events.stop()
+    summary2, log2, created2 = run_watching(docker_client, "tfpipe_digits", tfpipe_home, trainer_image)
     assert summary2["state"] == "success", log2[-8000:]
     created2 = [a for a in created2 if a.get("tfpipe.run_id") == summary2["run_id"]]
     assert sorted(a.get("tfpipe.role", a.get("tfpipe.stage")) for a in created2) == \
