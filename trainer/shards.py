@@ -85,8 +85,10 @@ def read_part(config, fp, index, count):
     if not os.path.exists(os.path.join(part_dir, "_SUCCESS")):
         raise BadInput(
             "prep_merge: shard %d of %d has no committed output for data set %s (looked for %s). The input "
-            "files changed after the prep_shard tasks read them, or the run directory was cleaned. Fix: "
-            "clear this run's prep_shard tasks (or start a new run) so every shard prepares the current "
+            "files changed after the prep_shard tasks read them, the run directory was cleaned, or the shard "
+            "ran on an engine (shard_docker_urls) that does not mount this work volume. Fix: give every engine "
+            "in shard_docker_urls the same volumes (one host, or a shared filesystem mounted alike), then clear "
+            "this run's prep_shard tasks (or start a new run) so every shard prepares the current "
             "input" % (index, count, fp, part_dir))
     with open(path, "rb") as handle:
         raw = handle.read()

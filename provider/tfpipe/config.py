@@ -862,6 +862,13 @@ class PipelineConfig:
         time use the GPUs; ``None`` (the default) = Airflow's default pool. A task in a pool that
         does not exist is never scheduled, so create it first: ``airflow pools set gpu 1 "GPU slots"``.
     :param docker_url: the Docker engine (may be remote).
+    :param shard_docker_urls: the Docker engines the ``prep_shard`` tasks spread over (``data.shards``
+        > 1): shard k runs on entry ``k % len``; empty (the default) = every shard on ``docker_url``.
+        Every engine must mount the same ``volumes`` at the same paths (one host, or a filesystem
+        such as NFS mounted alike on each), since ``prep_merge`` reads all the shards' parts from
+        the work volume, and must have the image or be able to pull it. An entry left at the local
+        default means the deployment's engine, as ``docker_url`` does; a ``tcp://`` entry gets the
+        deployment's TLS client files (``[tfpipe] tls_*``).
     :param start_date: first schedulable date.
     :param tags: DAG tags.
     :param description: one-line DAG description.
@@ -896,6 +903,7 @@ class PipelineConfig:
     retry_delay_seconds: float = 30.0
     gpu_pool: str | None = None
     docker_url: str = "unix://var/run/docker.sock"
+    shard_docker_urls: tuple = ()
     start_date: datetime = datetime(2026, 1, 1, tzinfo=timezone.utc)
     tags: tuple = ("tfpipe",)
     description: str = "TensorFlow training pipeline: prep -> train -> evaluate -> export"
@@ -958,6 +966,30 @@ class PipelineConfig:
         check_choice("backend", self.backend, BACKENDS)
         if self.backend == "kubernetes":
             self._check_kubernetes()
+        self._check_shard_engines()
+
+    def _check_shard_engines(self) -> None:
+        urls = self.shard_docker_urls
+        if isinstance(urls, str) or not isinstance(urls, (list, tuple)):
+            raise config_error("shard_docker_urls", f"must be a list of engine URLs, got {urls!r}",
+                               "e.g. ['tcp://gpu-1:2376', 'tcp://gpu-2:2376']")
+        for index, url in enumerate(urls):
+            if not isinstance(url, str) or "://" not in url:
+                raise config_error(f"shard_docker_urls[{index}]", "must be a URL like 'unix://var/run/docker.sock' "
+                                   f"or 'tcp://host:2376', got {url!r}", "set the engine's URL")
+        object.__setattr__(self, "shard_docker_urls", tuple(urls))
+        if urls and self.data.shards == 1:
+            raise config_error("shard_docker_urls", "data.shards is 1, so there are no prep_shard tasks to spread over "
+                               "engines", "set data.shards to 2 or more, or leave shard_docker_urls empty")
+        if urls and self.data.shards < len(urls):
+            raise config_error("shard_docker_urls", f"lists {len(urls)} engines but data.shards is {self.data.shards}, "
+                               "so some engines would get no shard",
+                               f"set data.shards to {len(urls)} or more, or list fewer engines")
+
+    def shard_engine(self, index: int) -> str:
+        """The Docker engine that ``prep_shard`` task ``index`` runs on."""
+        urls = self.shard_docker_urls
+        return urls[index % len(urls)] if urls else self.docker_url
 
     def _check_kubernetes(self) -> None:
         """What the Kubernetes backend cannot do, said at parse time."""
@@ -965,6 +997,9 @@ class PipelineConfig:
         if gpus and (gpus.count == -1 or gpus.device_ids):
             raise config_error("resources.gpus", f"{self.resources.gpus!r} cannot be asked of Kubernetes, which "
                                "schedules GPUs by count (nvidia.com/gpu)", "give a count such as 1 or 2")
+        if self.shard_docker_urls:
+            raise config_error("shard_docker_urls", "Docker engines cannot be chosen with the Kubernetes backend",
+                               "leave shard_docker_urls empty with backend='kubernetes'")
         if self.data.shards > 1:
             raise config_error("data.shards", f"{self.data.shards} needs the Docker backend: the Kubernetes backend "
                                "has no prep_shard and prep_merge pods", "set data.shards to 1 with backend='kubernetes'")

@@ -210,7 +210,12 @@ def operator_from_spec(spec: StageSpec, cfg: PipelineConfig) -> Any:
         return POD_OPERATORS[spec.stage](kubernetes=cfg.kubernetes, **common)
     docker = dict(docker_url=cfg.docker_url, allow_floating_tag=cfg.image.allow_floating_tag, **common)
     if spec.stage == "prep_shard":  # one mapped task instance per slice of the input files
-        return OPERATORS[spec.stage].partial(**docker).expand(shard_index=list(range(spec.config["data"]["shards"])))
+        shards = range(spec.config["data"]["shards"])
+        if not cfg.shard_docker_urls:
+            return OPERATORS[spec.stage].partial(**docker).expand(shard_index=list(shards))
+        del docker["docker_url"]  # each instance gets its own engine
+        return OPERATORS[spec.stage].partial(**docker).expand_kwargs(
+            [{"shard_index": k, "docker_url": cfg.shard_engine(k)} for k in shards])
     return OPERATORS[spec.stage](**docker)
 
 

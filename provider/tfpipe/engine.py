@@ -11,7 +11,8 @@ environment) names the engine once per deployment::
     tls_client_key = /etc/tfpipe/engine/key.pem
 
 A task whose ``docker_url`` was left at the local default uses that engine and those TLS files;
-a task given its own ``docker_url`` or ``tls_*`` arguments keeps them. The settings are read in
+a task given its own ``docker_url`` or ``tls_*`` arguments keeps them (a ``prep_shard`` task sent
+to another ``tcp://`` engine by ``shard_docker_urls`` presents the same TLS files there). The settings are read in
 ``execute()`` on the worker (never at parse time), because only workers hold the client keys.
 """
 
@@ -92,14 +93,23 @@ class EngineSettings:
                     "Fix: install the engine's CA and this worker's client certificate and key there, "
                     f"or point AIRFLOW__TFPIPE__{name.upper()} at them.")
 
-    def apply_to(self, operator: Any) -> None:
-        """Point a ``DockerOperator`` at this engine, unless the task named its own engine or TLS."""
-        if getattr(operator, "docker_url", DEFAULT_DOCKER_URL) != DEFAULT_DOCKER_URL:
-            return
+    def apply_to(self, operator: Any, *, tls_for_named_engine: bool = False) -> None:
+        """Point a ``DockerOperator`` at this engine, unless the task named its own engine or TLS.
+
+        With ``tls_for_named_engine`` (a ``prep_shard`` task on one of ``shard_docker_urls``), a
+        ``tcp://`` engine the task named keeps its URL but presents this deployment's TLS files: the
+        engines of one deployment trust one client CA.
+        """
         if any(getattr(operator, name, None) for name in TLS_OPTIONS):
             return
-        operator.docker_url = self.docker_url
-        for name in (*TLS_OPTIONS, "tls_hostname"):
+        url = getattr(operator, "docker_url", DEFAULT_DOCKER_URL)
+        names: tuple[str, ...] = TLS_OPTIONS
+        if url == DEFAULT_DOCKER_URL:
+            operator.docker_url = self.docker_url
+            names = (*TLS_OPTIONS, "tls_hostname")  # that name is the deployment engine's, not another's
+        elif not (tls_for_named_engine and url.startswith("tcp://")):
+            return
+        for name in names:
             if getattr(self, name):
                 setattr(operator, name, getattr(self, name))
 

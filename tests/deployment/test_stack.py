@@ -24,13 +24,23 @@ pytestmark = [pytest.mark.integration, pytest.mark.deployment]
 DIGITS = "tfpipe_digits"
 
 
+def _started(docker, run_id: str, since: float) -> list[dict]:
+    """The labels of the stage containers of ``run_id`` that an engine started, in order (``docker``
+    runs that engine's CLI)."""
+    out = docker("events", "--since", str(int(since)), "--until", str(int(time.time()) + 1),
+                 "--filter", "event=start", "--filter", f"label=tfpipe.run_id={run_id}",
+                 "--format", "{{json .Actor.Attributes}}").stdout
+    attrs = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return [a for a in attrs if a.get("tfpipe.role") != "prepare-volumes"]
+
+
+def _first_engine_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True)
+
+
 def _engine_events(stack, run_id: str, since: float) -> list[str]:
     """Stage containers of ``run_id`` that the TLS engine started (task ids, in order)."""
-    out = stack.engine_docker("events", "--since", str(int(since)), "--until", str(int(time.time()) + 1),
-                              "--filter", "event=start", "--filter", f"label=tfpipe.run_id={run_id}",
-                              "--format", "{{json .Actor.Attributes}}").stdout
-    attrs = [json.loads(line) for line in out.splitlines() if line.strip()]
-    return [a.get("tfpipe.task_id") for a in attrs if a.get("tfpipe.role") != "prepare-volumes"]
+    return [a.get("tfpipe.task_id") for a in _started(stack.engine_docker, run_id, since)]
 
 
 def _first_engine_events(run_id: str, since: float) -> str:
@@ -292,6 +302,44 @@ def test_two_runs_at_once_on_two_workers_share_one_gpu_slot(stack, rest):
     assert exports[0]["version"] != exports[1]["version"], exports
     ckpts = [rest.xcom(dag_id, r, "train")["checkpoint_dir"] for r in runs]
     assert ckpts[0] != ckpts[1] and all(r in c for r, c in zip(runs, ckpts)), ckpts
+
+
+def test_sharded_prep_runs_its_shards_on_two_engines_that_share_the_volumes(stack, rest):
+    """(7b) ``shard_docker_urls``: shard 0 on the TLS engine, shard 1 on the first engine, at once on two
+    workers; the merge (on the deployment's engine) makes the data set one prep task would, and trains on it."""
+    from tests.integration.test_sharded_prep import _expected_fingerprint, _split_digits
+
+    dag_id = "tfpipe_stack_shards"
+    shutil.rmtree(stack.volumes / "data" / "digits_parts", ignore_errors=True)
+    _split_digits(stack.volumes)
+    image = stack.image_ref()
+    # The first engine pulls the image from the registry by digest (its layers are already there);
+    # the reference is removed again afterwards, leaving that shared engine as it was.
+    had_image = _first_engine_cli("image", "inspect", image).returncode == 0
+    since = time.time() - 1
+    try:
+        run_id = rest.trigger(dag_id)
+        run = rest.wait_for_run(dag_id, run_id, timeout=480)
+        tis = rest.task_instances(dag_id, run_id)
+        assert run["state"] == "success", [(t["task_id"], t["map_index"], t["state"]) for t in tis]
+        on_tls = _started(stack.engine_docker, run_id, since)
+        on_first = _started(_first_engine_cli, run_id, since)
+    finally:
+        if not had_image:
+            _first_engine_cli("image", "rm", image)
+    assert [(a["tfpipe.task_id"], a["tfpipe.map_index"]) for a in on_first] == [("prep_shard", "1")], on_first
+    tls_tasks = [(a["tfpipe.task_id"], a["tfpipe.map_index"]) for a in on_tls]
+    assert ("prep_shard", "0") in tls_tasks and ("prep_shard", "1") not in tls_tasks, tls_tasks
+    assert {"prep_merge", "train", "evaluate"} <= {task for task, _ in tls_tasks}, tls_tasks
+    shards = sorted((t for t in tis if t["task_id"] == "prep_shard"), key=lambda t: t["map_index"])
+    assert [(t["map_index"], t["state"], t["try_number"]) for t in shards] == [(0, "success", 1), (1, "success", 1)]
+    # One data set from both engines' parts: the fingerprint of an unsharded prep of the same files
+    pointer = json.loads((stack.volumes / "work" / "runs" / dag_id / run_id / "dataset.json").read_text())
+    assert pointer["fingerprint"] == _expected_fingerprint(stack.volumes, 2)
+    dataset = stack.volumes / "work" / "datasets" / pointer["fingerprint"]
+    parts = json.loads((dataset / "fingerprint.json").read_text())["parts"]
+    assert [p["index"] for p in parts] == [0, 1]
+    assert sum(json.loads((dataset / "schema.json").read_text())["counts"].values()) == 1797
 
 
 def test_tls_engine_without_a_valid_client_certificate_fails_clearly_once(stack, rest):

@@ -80,6 +80,15 @@ def test_a_shard_try_carries_its_slice_index():
     ({"data": {**GOOD["data"], "shards": 2}, "backend": "kubernetes",
       "kubernetes": {"claims": {"work": "w", "models": "m"}}}, ["data.shards", "Kubernetes", "Fix:"]),
     ({"data": {**GOOD["data"], "shard": 2}}, ["data.shard", "did you mean 'shards'"]),
+    ({"shard_docker_urls": ["tcp://a:2376"]}, ["shard_docker_urls", "data.shards is 1", "Fix: set data.shards to 2 or more"]),
+    ({"data": {**GOOD["data"], "shards": 2}, "shard_docker_urls": ["tcp://a:2376"] * 3},
+     ["lists 3 engines but data.shards is 2", "Fix: set data.shards to 3 or more, or list fewer engines"]),
+    ({"data": {**GOOD["data"], "shards": 2}, "shard_docker_urls": "tcp://a:2376"},
+     ["shard_docker_urls: must be a list of engine URLs", "Fix:"]),
+    ({"data": {**GOOD["data"], "shards": 2}, "shard_docker_urls": ["tcp://a:2376", "gpu-2:2376"]},
+     ["shard_docker_urls[1]: must be a URL", "'gpu-2:2376'", "Fix:"]),
+    ({"shard_docker_urls": ["tcp://a:2376"], "backend": "kubernetes",
+      "kubernetes": {"claims": {"work": "w", "models": "m"}}}, ["shard_docker_urls", "Kubernetes", "Fix:"]),
 ])
 def test_bad_shards_are_refused_when_the_dag_is_parsed(change, words):
     with pytest.raises(TfpipeConfigError) as err:
@@ -101,6 +110,62 @@ def test_the_scheduler_reads_the_mapped_task_and_no_secret_is_serialized():
     shard = back.get_task("prep_shard")
     assert shard.expand_input.value == {"shard_index": [0, 1, 2, 3]}
     assert back.get_task("prep_merge").upstream_task_ids == {"prep_shard"}
+
+
+ENGINES = ["tcp://gpu-1.example:2376", "unix:///var/run/docker.sock"]
+
+
+def test_shard_engines_spread_the_mapped_shards_round_robin_and_survive_serialization():
+    import json
+
+    from tfpipe.compat import DagSerialization
+
+    cfg = _cfg(3, shard_docker_urls=ENGINES, docker_url="tcp://main.example:2376")
+    assert [cfg.shard_engine(k) for k in range(3)] == [ENGINES[0], ENGINES[1], ENGINES[0]]
+    dag = training_pipeline(cfg)
+    expected = [{"shard_index": 0, "docker_url": ENGINES[0]}, {"shard_index": 1, "docker_url": ENGINES[1]},
+                {"shard_index": 2, "docker_url": ENGINES[0]}]
+    assert dag.get_task("prep_shard").expand_input.value == expected
+    assert "docker_url" not in dag.get_task("prep_shard").partial_kwargs
+    # The merge and everything after it stay on the pipeline's engine
+    assert {dag.get_task(t).docker_url for t in ("prep_merge", "train", "evaluate", "export")} == {cfg.docker_url}
+    back = DagSerialization.from_dict(json.loads(json.dumps(DagSerialization.to_dict(dag))))
+    assert back.get_task("prep_shard").expand_input.value == expected
+    # Without the list every shard is on docker_url, as before
+    assert _cfg(3, docker_url="tcp://main.example:2376").shard_engine(2) == "tcp://main.example:2376"
+
+
+def test_a_mapped_shard_instance_gets_its_engine_and_only_it_takes_the_deployment_tls(monkeypatch, tmp_path):
+    """Unmapping (what a worker does before execute) gives each instance its engine; a tcp:// shard
+    engine then presents the deployment's TLS files, while another stage naming its own engine keeps none."""
+    from tfpipe.engine import EngineSettings
+    from tfpipe.operators import PrepShardOperator, TrainOperator
+
+    files = {}
+    for name in ("ca", "cert", "key"):
+        (tmp_path / f"{name}.pem").write_text("PEM")
+        files[name] = str(tmp_path / f"{name}.pem")
+    for option, value in {"docker_url": "tcp://main.example:2376", "tls_ca_cert": files["ca"],
+                          "tls_client_cert": files["cert"], "tls_client_key": files["key"],
+                          "tls_hostname": "main.example"}.items():
+        monkeypatch.setenv(f"AIRFLOW__TFPIPE__{option.upper()}", value)
+    dag = training_pipeline(_cfg(2, shard_docker_urls=ENGINES))
+    shard = dag.get_task("prep_shard")
+    unmapped = [PrepShardOperator(**{**shard.partial_kwargs, **kw, "task_id": "prep_shard"})
+                for kw in shard.expand_input.value]
+    settings = EngineSettings.from_airflow_config()
+    for op in unmapped:
+        settings.apply_to(op, tls_for_named_engine=op.engine_from_shard_list)
+    tcp, unix = unmapped
+    assert (tcp.docker_url, tcp.tls_ca_cert, tcp.tls_client_cert, tcp.tls_client_key) == (
+        ENGINES[0], files["ca"], files["cert"], files["key"])
+    assert tcp.tls_hostname is None, "the deployment engine's hostname is not the other engine's"
+    assert (unix.docker_url, unix.tls_client_cert) == (ENGINES[1], None), "no TLS over a unix socket"
+    train = dag.get_task("train")
+    assert not train.engine_from_shard_list
+    own = TrainOperator(spec=train.spec, task_id="own", docker_url="tcp://other.example:2376")
+    settings.apply_to(own, tls_for_named_engine=own.engine_from_shard_list)
+    assert own.tls_client_cert is None
 
 
 def test_the_merge_stands_for_prep_in_gauges_and_lineage():

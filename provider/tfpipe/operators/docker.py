@@ -159,6 +159,9 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
     stage: ClassVar[str] = ""
     #: The slice of the input a prep_shard task prepares (:class:`PrepShardOperator`); None elsewhere.
     shard_index: int | None = None
+    #: Whether a ``tcp://`` docker_url may be one of the pipeline's ``shard_docker_urls``, which use
+    #: the deployment's TLS files (see :meth:`tfpipe.engine.EngineSettings.apply_to`).
+    engine_from_shard_list: ClassVar[bool] = False
     #: task_state_store key of the stage container's id. Renaming it breaks re-attaching for tries
     #: already in flight when a new version is deployed.
     external_id_key = "tfpipe_container_id"
@@ -270,7 +273,8 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         except (TfpipeConfigError, contract.ContractError) as err:
             raise AirflowFailException(f"{self.task_id}: invalid run parameters: {err}") from err
         try:
-            EngineSettings.from_airflow_config().apply_to(self)  # before the hook is first built
+            # before the hook is first built
+            EngineSettings.from_airflow_config().apply_to(self, tls_for_named_engine=self.engine_from_shard_list)
         except TfpipeConfigError as err:
             raise AirflowFailException(f"{self.task_id}: {err}") from err
 
@@ -631,6 +635,7 @@ class PrepShardOperator(TfpipeStageOperator):
     """
 
     stage = "prep_shard"
+    engine_from_shard_list = True
 
     def __init__(self, *, shard_index: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -3,7 +3,11 @@
 - ``tfpipe_stack_cron``: the digits pipeline every minute, tiny epochs (a scheduler-created run);
 - ``tfpipe_stack_parallel``: two runs may be active at once, both blessed (distinct versions);
 - ``tfpipe_stack_bad_tls``: prep against the TLS engine with no client certificate and with one
-  from a foreign CA (the error must name the engine and the fix, and not be retried).
+  from a foreign CA (the error must name the engine and the fix, and not be retried);
+- ``tfpipe_stack_shards``: sharded prep over two engines, shard 0 on the TLS engine (named by its
+  URL, so it takes the deployment's TLS files) and shard 1 on the first engine (its unix socket
+  spelt ``unix:///``, since the default spelling means the deployment's engine); both mount the
+  same host directories, and everything after the shards runs on the deployment's engine.
 
 Paths and the engine come from the stack's environment, as for the repository's DAGs.
 """
@@ -33,12 +37,16 @@ def _cfg(dag_id: str, **kw) -> PipelineConfig:
     return PipelineConfig.from_dict(base)
 
 
+_engine = os.environ.get("AIRFLOW__TFPIPE__DOCKER_URL", "tcp://127.0.0.1:1")
+FIRST_ENGINE = "unix:///var/run/docker.sock"
+
 cron = training_pipeline(_cfg("tfpipe_stack_cron", schedule="* * * * *"))
 parallel = training_pipeline(_cfg("tfpipe_stack_parallel", schedule=None, gpu_pool="gpu"), max_active_runs=2)
+shards = training_pipeline(_cfg("tfpipe_stack_shards", schedule=None, data={"path": "digits_parts", "shards": 2},
+                                shard_docker_urls=(_engine, FIRST_ENGINE)))
 
 bad_cfg = _cfg("tfpipe_stack_bad_tls", schedule=None)
 bad_tls = DAG("tfpipe_stack_bad_tls", schedule=None, tags=["stack-test"])
-_engine = os.environ.get("AIRFLOW__TFPIPE__DOCKER_URL", "tcp://127.0.0.1:1")
 _foreign = f"{STACK_DIR}/foreign-client"
 with bad_tls:
     for task_id, tls in (
