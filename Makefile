@@ -102,7 +102,7 @@ test-trainer: image
 test-host: venv image airflow-db image-variable data
 	@scripts/ensure-chromium.sh
 	@echo "[test] host tests: provider, DAGs, Airflow runs with real containers"
-	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m pytest -q $(PYTEST_ARGS)
+	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 # Airflow version matrix: one lock per supported release in requirements/airflow-X.Y.lock (the
 # newest is host.lock, the main venv's). `make test` runs the matrix ends: the newest through
