@@ -164,6 +164,12 @@ def test_a_new_target_directory_is_made_by_a_tar_without_the_survey_helper(tmp_p
 
     second = op.execute(fake_context("stage_in"))
     assert (second["downloaded"], second["unchanged"], programs) == (0, 3, ["list_dir"])
+    # only a deletion: no tar stream, so the manifest goes in on its own
+    bucket.blob("raw/d/part-0.csv").delete()
+    third = op.execute(fake_context("stage_in"))
+    assert (third["downloaded"], third["deleted"], programs[1:]) == (0, 1, ["list_dir", "delete_files"])
+    assert sorted(json.loads((tmp_path / "data" / "a/b/c" / MANIFEST_NAME).read_text())["objects"]) == [
+        "part-2.csv", "sub/part-1.csv"]
 
     (tmp_path / "data" / "f").write_text("mine")
     with pytest.raises(StageFailedError):

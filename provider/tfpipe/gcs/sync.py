@@ -21,7 +21,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -87,7 +87,13 @@ def stage_in(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, data_path: 
             # the directory holds.
             survey = engine.submit(_survey, helper, uri, layout, root, where, uid, gid, log)
             early = changed_since(layout.objects, _read_manifest(helper, root, layout.manifest_name))
-        for batch in _transfer(hook, helper, engine, survey, uri, early, root, tmp, max_workers):
+        ended: list[bytes | None] = []  # the stream's last piece, once sent
+
+        def ending() -> bytes | None:
+            ended.append(_new_manifest(uri, layout, survey.result().listing, uid, gid))
+            return ended[-1]
+
+        for batch in _transfer(hook, helper, engine, survey, uri, early, root, tmp, max_workers, ending):
             downloaded += len(batch)
             downloaded_bytes += sum(o.size for o in batch)
             unchanged = survey.result().plan.unchanged  # done: it ran before the tar stream
@@ -96,19 +102,26 @@ def stage_in(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, data_path: 
                          megabytes(downloaded_bytes + sum(o.size for o in unchanged)))
         listing, plan = survey.result().listing, survey.result().plan
 
-    manifest = {"schema": MANIFEST_SCHEMA, "source": str(uri),
-                "objects": {rel: o.manifest_entry() for rel, o in sorted(layout.objects.items())}}
-    old = listing.get("manifest") or {}
-    if old.get("objects") != manifest["objects"] or old.get("source") != manifest["source"]:
-        manifest["synced_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        helper.put_archive(root, tar_bytes(layout.manifest_name, json.dumps(manifest, indent=1).encode(),
-                                           uid=uid, gid=gid))
+    if not ended and (manifest_tar := _new_manifest(uri, layout, listing, uid, gid)) is not None:
+        helper.put_archive(root, manifest_tar)  # no tar stream ran (nothing to download)
     if not downloaded and not plan.delete:
         log.info("stage-in: %s is up to date (%d object(s), %s)", where, total, megabytes(total_bytes))
     data_rel = posixpath.join(layout.target_dir, layout.single) if layout.single else layout.target_dir
     return {"source": str(uri), "target": f"{helper.host_path}/{data_rel}".rstrip("/"), "objects": total,
             "bytes": total_bytes, "downloaded": downloaded, "bytes_downloaded": downloaded_bytes,
             "unchanged": len(plan.unchanged), "deleted": len(plan.delete), "untracked": len(plan.untracked)}
+
+
+def _new_manifest(uri: GcsUri, layout: Layout, listing: dict[str, Any], uid: int, gid: int) -> bytes | None:
+    """The sync's manifest as a tar archive of that one file, or ``None`` when the target directory's
+    (in ``listing``) already says the same."""
+    manifest = {"schema": MANIFEST_SCHEMA, "source": str(uri),
+                "objects": {rel: o.manifest_entry() for rel, o in sorted(layout.objects.items())}}
+    old = listing.get("manifest") or {}
+    if old.get("objects") == manifest["objects"] and old.get("source") == manifest["source"]:
+        return None
+    manifest["synced_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return tar_bytes(layout.manifest_name, json.dumps(manifest, indent=1).encode(), uid=uid, gid=gid)
 
 
 def _parents(rel: str) -> list[str]:
@@ -202,9 +215,12 @@ class _Aborted(Exception):
 
 
 def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecutor, survey: Future, uri: GcsUri,
-              early: list[RemoteObject], root: str, tmp: str, max_workers: int) -> Iterator[list[RemoteObject]]:
+              early: list[RemoteObject], root: str, tmp: str, max_workers: int,
+              ending: Callable[[], bytes | None]) -> Iterator[list[RemoteObject]]:
     """Download batch by batch (``early`` first, then what else the survey's plan downloads) into
-    one tar stream to the engine; yield each batch once the engine has been sent it.
+    one tar stream to the engine; yield each batch once the engine has been sent it. The stream
+    ends with ``ending()`` (the manifest's tar, or None), asked for once every batch is in it: the
+    engine writes the manifest only after every file before it, and a stream cut short has none.
 
     One ``put_archive`` for the whole sync (each call costs the engine a mount namespace and an
     untar process), fed batch by batch while the next batch downloads; at most two batches are
@@ -243,7 +259,7 @@ def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecu
             files = _download(hook, uri, batch, tmp, max_workers)
             ready.put((batch, files))
             if put is None:
-                put = engine.submit(_put_stream, helper, root, survey, ready, sent, room)
+                put = engine.submit(_put_stream, helper, root, survey, ready, sent, room, ending)
             yield from drain()
         if put is None:
             return
@@ -263,8 +279,9 @@ def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecu
 
 
 def _put_stream(helper: VolumeHelper, root: str, survey: Future, ready: queue.Queue, sent: queue.Queue,
-                room: threading.Semaphore) -> None:
-    """In the engine's thread: one tar of every batch put on ``ready``, streamed into ``root``."""
+                room: threading.Semaphore, ending: Callable[[], bytes | None]) -> None:
+    """In the engine's thread: one tar of every batch put on ``ready``, then ``ending()``, streamed
+    into ``root``."""
 
     def pieces() -> Iterator[bytes]:
         while (item := ready.get()) is not None:
@@ -277,7 +294,8 @@ def _put_stream(helper: VolumeHelper, root: str, survey: Future, ready: queue.Qu
                 _close(files)
                 room.release()
             sent.put(batch)
-        yield tarfile.NUL * (2 * tarfile.BLOCKSIZE)  # end of archive
+        last = ending()  # a whole archive of its own, so it ends this one too
+        yield last if last is not None else tarfile.NUL * (2 * tarfile.BLOCKSIZE)
 
     helper.put_archive(root, pieces())  # type: ignore[arg-type]  # streamed, chunked
 
