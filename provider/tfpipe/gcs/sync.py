@@ -364,17 +364,23 @@ def _tar_pieces(entries: Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]],
                 chunk: int = 4 << 20) -> Iterator[bytes]:
     """The tar members ``entries`` (member, its bytes or None) in pieces of at least ``chunk`` bytes
     (the last one smaller): few socket writes, for each of which this thread has to win the GIL
-    back from the download threads."""
-    out = bytearray()
+    back from the download threads. Each piece is one join of the parts: the only copy made here."""
+    parts: list[bytes] = []
+    size = 0
     for info, handle in entries:
-        out += info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+        parts.append(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+        size += len(parts[-1])
         if handle is not None:
             handle.seek(0)
             while block := handle.read(chunk):
-                out += block
-                if len(out) >= chunk:
-                    yield bytes(out)
-                    out.clear()
-            out += tarfile.NUL * (-info.size % tarfile.BLOCKSIZE)
-    if out:
-        yield bytes(out)
+                parts.append(block)
+                size += len(block)
+                if size >= chunk:
+                    yield b"".join(parts)
+                    parts.clear()
+                    size = 0
+            if padding := -info.size % tarfile.BLOCKSIZE:
+                parts.append(tarfile.NUL * padding)
+                size += padding
+    if parts:
+        yield b"".join(parts)
