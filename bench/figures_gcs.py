@@ -115,6 +115,10 @@ def _timed(fn: Any, pids: list[int], machine: list[float], machine_cpu_s: Any) -
     The working processes (this one and its process workers, the emulator, dockerd and containerd)
     are what A and B spend; the machine-wide clock also counts whoever else shares the machine.
     """
+    # Untimed: the page cache's dirty data of the last sample (200 MB per arm) goes to disk first.
+    # Left there, it was paid by whichever side next made the engine fsync (A's container create:
+    # 0.01 s on a clean cache, about 0.5 s after B's 400 MB), not by the side that wrote it.
+    os.sync()
     cpu0, machine0, wall0 = _cpu_s(pids), machine_cpu_s(), time.monotonic()
     fn()
     wall = time.monotonic() - wall0

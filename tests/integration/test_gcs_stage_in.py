@@ -133,6 +133,51 @@ def test_a_folder_onto_a_data_file_fails_naming_both_and_leaves_the_file(tmp_pat
     assert (tmp_path / "data" / "d").read_text() == "mine"
 
 
+def test_a_new_target_directory_is_made_by_a_tar_without_the_survey_helper(tmp_path, trainer_image, bucket,
+                                                                           monkeypatch):
+    """A target directory that does not exist yet holds nothing to list or delete: it and its missing
+    parents are made through the archive API, owned by the stage user, and no helper program runs;
+    the next sync, into a directory that exists, surveys it first. A file on the way is refused."""
+    from tfpipe.exceptions import StageFailedError
+    from tfpipe.hooks.docker import VolumeHelper
+
+    for i in range(3):
+        bucket.blob(f"raw/d/{'sub/' * (i % 2)}part-{i}.csv").upload_from_string(f"x,label\n{i},0\n".encode())
+    programs: list[str] = []
+    real_run = VolumeHelper.run_program
+
+    def recording(self, program, payload, **kwargs):
+        programs.append(program)
+        return real_run(self, program, payload, **kwargs)
+
+    monkeypatch.setattr(VolumeHelper, "run_program", recording)
+    (tmp_path / "data" / "a").mkdir(parents=True)
+    op = _operator(tmp_path, trainer_image, "a/b/c/", source_uri=f"gs://{bucket.name}/raw/d")
+    first = op.execute(fake_context("stage_in"))
+    assert first["downloaded"] == 3 and programs == [], "no helper program for a new directory"
+    for made in ("a/b", "a/b/c", "a/b/c/sub"):
+        st = (tmp_path / "data" / made).stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (1000, 1000, 0o755), made
+    assert (tmp_path / "data" / "a").stat().st_uid == 0, "an existing parent keeps its owner"
+    assert (tmp_path / "data" / "a/b/c/sub/part-1.csv").read_bytes() == b"x,label\n1,0\n"
+    assert (tmp_path / "data" / "a/b/c" / MANIFEST_NAME).is_file()
+
+    second = op.execute(fake_context("stage_in"))
+    assert (second["downloaded"], second["unchanged"], programs) == (0, 3, ["list_dir"])
+    # only a deletion: no tar stream, so the manifest goes in on its own
+    bucket.blob("raw/d/part-0.csv").delete()
+    third = op.execute(fake_context("stage_in"))
+    assert (third["downloaded"], third["deleted"], programs[1:]) == (0, 1, ["list_dir", "delete_files"])
+    assert sorted(json.loads((tmp_path / "data" / "a/b/c" / MANIFEST_NAME).read_text())["objects"]) == [
+        "part-2.csv", "sub/part-1.csv"]
+
+    (tmp_path / "data" / "f").write_text("mine")
+    with pytest.raises(StageFailedError):
+        _operator(tmp_path, trainer_image, "f/g/", source_uri=f"gs://{bucket.name}/raw/d").execute(
+            fake_context("stage_in"))
+    assert (tmp_path / "data" / "f").read_text() == "mine"
+
+
 def test_no_uri_skips(tmp_path, trainer_image):
     from airflow.providers.common.compat.sdk import AirflowSkipException
 
