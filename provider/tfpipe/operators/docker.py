@@ -67,10 +67,10 @@ _LINEAGE_STAGES = ("prep", "prep_merge", "train", "evaluate")
 _DURABLE_UNSET: Any = object()
 #: The mixin's ``__init__`` without the argument-defaults wrapper Airflow 3.3 puts around it. That
 #: wrapper deep-copies and merges the DAG's Params, as the wrappers of this class's, DockerOperator's
-#: and BaseOperator's ``__init__`` each do again; with the Params of a tfpipe DAG it cost each stage
-#: operator a fourth merge, about a quarter of what a tfpipe DAG file's parse spends beyond a
-#: hand-written one. This class's own wrapper fills ``durable`` from ``default_args`` instead (it
-#: is a named argument below). The stand-in below Airflow 3.3 has no wrapper: it is used as it is.
+#: and BaseOperator's ``__init__`` each do again: a fourth merge per stage operator, about an eighth
+#: of what a tfpipe DAG file's parse spends beyond the same DAG written by hand. This class's own
+#: wrapper fills ``durable`` from ``default_args`` instead (it is a named argument below). The
+#: stand-in below Airflow 3.3 has no wrapper: it is used as it is.
 _MIXIN_INIT = getattr(ResumableJobMixin.__init__, "__wrapped__", ResumableJobMixin.__init__)
 
 
