@@ -3,11 +3,10 @@
     .venv/bin/python bench/parse_vs_commit.py REV [--pairs N]
 
 Each sample is a fresh interpreter that imports Airflow (untimed, as a DAG processor has it) and then
-runs the DAG file, timing its process CPU time; the two sides alternate, each pair in turn in the
-other order (A B, B A, ...). The earlier commit's DAG file runs with that commit's ``provider/``
-first on ``PYTHONPATH``, in this venv. The commit is checked out into a temporary git worktree,
-removed at the end. It answers "did this change make parsing worse?", which ``dag_parse_ratio``
-(against a hand-written DAG) does not.
+runs the DAG file, timing its process CPU time; the two sides alternate (A, B, A, B, ...). The earlier
+commit's DAG file runs with that commit's ``provider/`` first on ``PYTHONPATH``, in this venv. The
+commit is checked out into a temporary git worktree, removed at the end. It answers "did this change
+make parsing worse?", which ``dag_parse_ratio`` (against a hand-written DAG) does not.
 """
 
 from __future__ import annotations
@@ -61,12 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         if csv.exists():
             shutil.copy(csv, home / "data" / "digits" / "digits.csv")
         before, after = [], []
-        for i in range(args.pairs):
-            # Each pair in turn in the other order: with the earlier commit always first, HEAD against
-            # HEAD itself came out at 0.79 on a busy 2-core machine (the side run first slower).
-            sides = [(before, old), (after, REPO)]
-            for samples, tree in sides if i % 2 == 0 else sides[::-1]:
-                samples.append(parse_cpu_s(tree / "provider", tree / DAG, home))
+        for _ in range(args.pairs):
+            before.append(parse_cpu_s(old / "provider", old / DAG, home))
+            after.append(parse_cpu_s(REPO / "provider", REPO / DAG, home))
         ratios = [a / b for a, b in zip(after, before)]
         print(json.dumps({"rev": args.rev, "pairs": args.pairs,
                           "cpu_ms_before_median": round(statistics.median(before) * 1000, 1),
