@@ -63,6 +63,15 @@ _NO_BIND_SOURCE = "bind source path does not exist"
 PREPARE_ROLE = "prepare-volumes"
 #: Upstream stages whose results a stage's OpenLineage event names (dataset dir, model, blessing).
 _LINEAGE_STAGES = ("prep", "prep_merge", "train", "evaluate")
+#: ``durable`` left out: the mixin's own default applies (True from Airflow 3.3; the stand-in's below).
+_DURABLE_UNSET: Any = object()
+#: The mixin's ``__init__`` without the argument-defaults wrapper Airflow 3.3 puts around it. That
+#: wrapper deep-copies and merges the DAG's Params, as the wrappers of this class's, DockerOperator's
+#: and BaseOperator's ``__init__`` each do again: a fourth merge per stage operator, about an eighth
+#: of what a tfpipe DAG file's parse spends beyond the same DAG written by hand. This class's own
+#: wrapper fills ``durable`` from ``default_args`` instead (it is a named argument below). The
+#: stand-in below Airflow 3.3 has no wrapper: it is used as it is.
+_MIXIN_INIT = getattr(ResumableJobMixin.__init__, "__wrapped__", ResumableJobMixin.__init__)
 
 
 def docker_mount(mount: MountSpec) -> Any:
@@ -152,8 +161,10 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
     :param network_mode: Docker network; ``"none"`` cuts the stage off the network.
     :param environment: extra environment variables (templated).
     :param private_environment: secrets for the container; never rendered or logged.
-    :param kwargs: passed to ``BaseOperator`` (``task_id``, ``retries``, ``pool``, ...), and
-        ``durable=False`` to start a new container on every try instead of re-attaching.
+    :param durable: ``False`` starts a new container on every try instead of re-attaching to the
+        one an earlier try started (Airflow 3.3's ``ResumableJobMixin``; below 3.3 every try starts
+        a new container, and a given value only warns that it has no effect).
+    :param kwargs: passed to ``BaseOperator`` (``task_id``, ``retries``, ``pool``, ...).
     """
 
     stage: ClassVar[str] = ""
@@ -190,6 +201,7 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         cpus: float | None = None,
         timezone: str = "UTC",
         jemalloc: bool = True,
+        durable: bool = _DURABLE_UNSET,
         **kwargs: Any,
     ) -> None:
         if not self.stage:
@@ -211,7 +223,10 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         self.prepare_volumes = prepare_volumes
         self.allow_floating_tag = allow_floating_tag
         self.nano_cpus = None if spec.cpus is None else int(round(spec.cpus * 1e9))
-        super().__init__(
+        if durable is not _DURABLE_UNSET:
+            kwargs["durable"] = durable
+        _MIXIN_INIT(  # = super().__init__, minus one redundant pass of Airflow's defaults wrapper
+            self,
             image=spec.image,
             command=list(spec.command),
             docker_url=docker_url,

@@ -1,0 +1,80 @@
+"""A stage operator's construction skips the redundant Params merge of the mixin's ``__init__``
+wrapper (Airflow 3.3) and still behaves as ``ResumableJobMixin`` + ``DockerOperator`` say.
+
+Runs on the newest and the oldest supported Airflow (``make test``), where the mixin is Airflow's
+own or the ``common.compat`` stand-in.
+"""
+
+from __future__ import annotations
+
+import datetime
+import warnings
+
+import pytest
+from airflow.providers.common.compat.sdk import DAG, Param, ResumableJobMixin
+
+from tfpipe import PipelineConfig
+from tfpipe.operators.docker import TrainOperator
+from tfpipe.specs import plan_pipeline
+
+NATIVE = ResumableJobMixin.__module__.startswith("airflow.sdk")  # Airflow >= 3.3
+SPEC_ARGS = {"spec": next(spec for spec in plan_pipeline(PipelineConfig.from_dict({
+    "dag_id": "init_layers", "image": {"ref": "tfpipe/trainer:0.1.0"}, "data": {"path": "digits/digits.csv"},
+    "volumes": {"data": "/srv/data", "work": "/srv/work", "models": "/srv/models"}})) if spec.stage == "train")}
+
+
+def _dag(**kwargs) -> DAG:
+    return DAG("init_layers", schedule=None, start_date=datetime.datetime(2026, 1, 1),
+               params={"epochs": Param(5, type="integer", minimum=1), "gpus": Param(None, type=["null", "string"])},
+               **kwargs)
+
+
+def test_durable_keeps_the_mixins_default_and_takes_an_explicit_value():
+    with _dag():
+        default = TrainOperator(task_id="train", **SPEC_ARGS)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            explicit = TrainOperator(task_id="train_2", durable=False, **SPEC_ARGS)
+    assert default.durable is NATIVE  # True from Airflow 3.3; the stand-in never resumes
+    assert explicit.durable is False
+    assert any("no effect" in str(w.message) for w in caught) is not NATIVE
+
+
+def test_durable_comes_from_default_args():
+    with _dag(default_args={"durable": False}), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the stand-in's "no effect" warning
+        assert TrainOperator(task_id="train", **SPEC_ARGS).durable is False
+
+
+def test_params_are_merged_once_per_task_as_before():
+    """The DAG's Params, with a task's own Param winning, each task holding its own copies."""
+    with _dag():
+        a = TrainOperator(task_id="a", params={"epochs": Param(7, type="integer")}, **SPEC_ARGS)
+        b = TrainOperator(task_id="b", **SPEC_ARGS)
+    assert set(a.params) == set(b.params) == {"epochs", "gpus"}
+    assert a.params["epochs"] == 7 and b.params["epochs"] == 5
+    assert a.params.get_param("gpus") is not b.params.get_param("gpus")
+    assert a.params.get_param("gpus") is not a.dag.params.get_param("gpus")
+
+
+@pytest.mark.skipif(not NATIVE, reason="the stand-in below Airflow 3.3 has no wrapper to skip")
+def test_the_mixins_wrapper_is_skipped():
+    """The mixin's __init__ runs unwrapped; the operator's own, DockerOperator's and BaseOperator's
+    wrappers still run (one Params merge fewer than before)."""
+    import airflow.sdk.bases.operator as operator_module
+
+    calls = []
+    merged = operator_module.get_merged_defaults
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return merged(*args, **kwargs)
+
+    operator_module.get_merged_defaults = counting
+    try:
+        with _dag():
+            TrainOperator(task_id="train", **SPEC_ARGS)
+    finally:
+        operator_module.get_merged_defaults = merged
+    assert len(calls) == 3
+
