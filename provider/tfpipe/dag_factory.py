@@ -214,7 +214,7 @@ def operator_from_spec(spec: StageSpec, cfg: PipelineConfig) -> Any:
         if not cfg.shard_docker_urls:
             return OPERATORS[spec.stage].partial(**docker).expand(shard_index=list(shards))
         del docker["docker_url"]  # each instance gets its own engine
-        return OPERATORS[spec.stage].partial(**docker).expand_kwargs(
+        return OPERATORS[spec.stage].partial(engine_from_shard_list=True, **docker).expand_kwargs(
             [{"shard_index": k, "docker_url": cfg.shard_engine(k)} for k in shards])
     return OPERATORS[spec.stage](**docker)
 

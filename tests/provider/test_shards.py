@@ -163,6 +163,12 @@ def test_a_mapped_shard_instance_gets_its_engine_and_only_it_takes_the_deploymen
     assert (unix.docker_url, unix.tls_client_cert) == (ENGINES[1], None), "no TLS over a unix socket"
     train = dag.get_task("train")
     assert not train.engine_from_shard_list
+    # A shard on the pipeline's own tcp:// engine (no list) is like every other stage: it keeps no TLS
+    plain = training_pipeline(_cfg(2, docker_url="tcp://plain.example:2375")).get_task("prep_shard")
+    alone = PrepShardOperator(**{**plain.partial_kwargs, **plain.expand_input.value, "shard_index": 0,
+                                 "task_id": "prep_shard"})
+    settings.apply_to(alone, tls_for_named_engine=alone.engine_from_shard_list)
+    assert (alone.docker_url, alone.tls_client_cert) == ("tcp://plain.example:2375", None)
     own = TrainOperator(spec=train.spec, task_id="own", docker_url="tcp://other.example:2376")
     settings.apply_to(own, tls_for_named_engine=own.engine_from_shard_list)
     assert own.tls_client_cert is None

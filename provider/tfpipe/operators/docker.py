@@ -170,9 +170,10 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
     stage: ClassVar[str] = ""
     #: The slice of the input a prep_shard task prepares (:class:`PrepShardOperator`); None elsewhere.
     shard_index: int | None = None
-    #: Whether a ``tcp://`` docker_url may be one of the pipeline's ``shard_docker_urls``, which use
-    #: the deployment's TLS files (see :meth:`tfpipe.engine.EngineSettings.apply_to`).
-    engine_from_shard_list: ClassVar[bool] = False
+    #: Whether docker_url came from the pipeline's ``shard_docker_urls`` (a ``prep_shard`` task
+    #: only): a ``tcp://`` one then presents the deployment's TLS files
+    #: (see :meth:`tfpipe.engine.EngineSettings.apply_to`).
+    engine_from_shard_list: bool = False
     #: task_state_store key of the stage container's id. Renaming it breaks re-attaching for tries
     #: already in flight when a new version is deployed.
     external_id_key = "tfpipe_container_id"
@@ -647,14 +648,16 @@ class PrepShardOperator(TfpipeStageOperator):
     """Prep one slice of the input files (``data.shards`` > 1); mapped over the slice indexes.
 
     :param shard_index: the slice, 0 .. ``data.shards`` - 1 (``.expand(shard_index=range(n))``).
+    :param engine_from_shard_list: ``docker_url`` is one of the pipeline's ``shard_docker_urls``; a
+        ``tcp://`` one then presents the deployment's ``[tfpipe] tls_*`` files.
     """
 
     stage = "prep_shard"
-    engine_from_shard_list = True
 
-    def __init__(self, *, shard_index: int, **kwargs: Any) -> None:
+    def __init__(self, *, shard_index: int, engine_from_shard_list: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.shard_index = shard_index
+        self.engine_from_shard_list = engine_from_shard_list
 
 
 class PrepMergeOperator(TfpipeStageOperator):
