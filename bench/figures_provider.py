@@ -86,8 +86,9 @@ def provider_cost(ctx: Context) -> dict[str, Any]:
         wall, cpu = timed(run)
         proc = out["proc"]
         tfpipe_run_summary(proc, cmd, dag_id, home, logfile)
-        for task, seconds in _task_seconds(proc.stderr).items():
-            task_seconds[side].setdefault(task, []).append(seconds)
+        if i >= 0:  # the warm-up's tasks pay first-run costs: its times would skew the medians
+            for task, seconds in _task_seconds(proc.stderr).items():
+                task_seconds[side].setdefault(task, []).append(seconds)
         shutil.rmtree(home, ignore_errors=True)
         return wall, cpu
 

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.integration
 
 
 class CreatedContainers(threading.Thread):
-    """Collects the engine's container "create" events of one DAG as they happen.
+    """Collects the engine's container "create" events of one DAG as they happen, and its
+    "archive-path" events (a read through the archive API, as the provider's directory checks do).
 
     Read live, not afterwards with ``since``/``until``: the engine keeps only its last 256 events,
     which other users of a shared engine overrun during a long run."""
@@ -24,13 +25,15 @@ class CreatedContainers(threading.Thread):
     def __init__(self, client, dag_id: str):
         super().__init__(daemon=True)
         self.created: list[dict] = []
-        self.stream = client.events(decode=True, filters={"type": "container", "event": "create",
+        self.archive_reads: list[dict] = []
+        self.stream = client.events(decode=True, filters={"type": "container", "event": ["create", "archive-path"],
                                                           "label": f"tfpipe.dag_id={dag_id}"})
 
     def run(self):
         try:
             for event in self.stream:
-                self.created.append(event["Actor"]["Attributes"])
+                kind = self.created if event.get("Action") == "create" else self.archive_reads
+                kind.append(event["Actor"]["Attributes"])
         except Exception:  # the stream was closed
             pass
 
@@ -41,14 +44,18 @@ class CreatedContainers(threading.Thread):
         return self.created
 
 
-def run_watching(docker_client, dag_id: str, home: Path, image: str) -> tuple[dict, str, list[dict]]:
-    """``run_dag`` with the containers the engine creates for the DAG meanwhile."""
+def run_watching(docker_client, dag_id: str, home: Path, image: str, archive_reads: list | None = None
+                 ) -> tuple[dict, str, list[dict]]:
+    """``run_dag`` with the containers the engine creates for the DAG meanwhile (and, into
+    ``archive_reads`` when given, the archive reads of its containers)."""
     events = CreatedContainers(docker_client, dag_id)
     events.start()
     try:
         summary, log = run_dag(dag_id, {}, home=home, image=image)
     finally:
         created = events.stop()
+    if archive_reads is not None:
+        archive_reads.extend(events.archive_reads)
     return summary, log, created
 
 
@@ -113,12 +120,17 @@ def test_digits_pipeline_end_to_end(tfpipe_home: Path, trainer_image: str, docke
     # Same settings and seed as the first run: the same model, so it is blessed against version 1
     # (accuracy equal to the baseline, within the tolerance) and export always runs.
     v1_files = {p.relative_to(model_dir): p.read_bytes() for p in model_dir.rglob("*") if p.is_file()}
-    summary2, log2, created2 = run_watching(docker_client, "tfpipe_digits", tfpipe_home, trainer_image)
+    reads2: list[dict] = []
+    summary2, log2, created2 = run_watching(docker_client, "tfpipe_digits", tfpipe_home, trainer_image, reads2)
     assert summary2["state"] == "success", log2[-8000:]
     created2 = [a for a in created2 if a.get("tfpipe.run_id") == summary2["run_id"]]
     assert sorted(a.get("tfpipe.role", a.get("tfpipe.stage")) for a in created2) == \
         ["evaluate", "export", "prep", "retention", "train"], \
         "the first run handed the DAG's runs dir to the stages' user: the second run's prep makes its run dir itself"
+    # only the first stage asks the engine about the run's directories (each ask mounts its container):
+    # the later stages run after it succeeded as the same user in the same mounts
+    reads2 = [a for a in reads2 if a.get("tfpipe.run_id") == summary2["run_id"]]
+    assert reads2 and {a.get("tfpipe.stage") for a in reads2} == {"prep"}, reads2
     assert "cache hit" in log2
     assert summary2["run_id"] != summary["run_id"]
     assert summary2["blessed"] is True and summary2["tasks"]["export"]["state"] == "success"

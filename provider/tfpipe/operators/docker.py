@@ -20,6 +20,8 @@ DAG files parse fast and offline). ``execute()`` then, against the Docker engine
    short root container prepare them, for every stage of the run at once, so in a normal run
    only the first stage pays for one, and only in the first run: it also hands the DAG's runs
    directory to the stage's user, so later runs' stages create their run directory themselves.
+   A later stage's first try that runs only after such a stage of the same run succeeded (same
+   engine, user and mounts) asks the engine nothing: that stage left every directory ready.
    Then it starts the container and records its id;
 5. follows its output, waits for its exit, maps the exit code through the contract
    (:mod:`tfpipe.operators.exits`) and returns the stage's JSON result through XCom.
@@ -580,6 +582,9 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         plan = self._plan
         owner = numeric_owner(self.user)
         first_try = plan.config["run"]["try_number"] == 1
+        if first_try and self._upstream_stage_prepared():
+            self._dirs_ready = True
+            return
         checked = (plan.run_dir,) if first_try and plan.run_dir in plan.writable_dirs else plan.writable_dirs
         owners = self.hook.path_owners(container_id, checked) if owner else {}
         missing = [d for d in checked if owners.get(d) != owner]
@@ -591,6 +596,30 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
             self.log.info("preparing the run's directories on the engine's host (%s not ready)", ", ".join(missing))
             self._prepare_dirs(run_writable_dirs(plan.config, plan.run_dir))
         self._dirs_ready = True
+
+    def _upstream_stage_prepared(self) -> bool:
+        """Whether a stage directly upstream already made this run's directories ready, so this
+        first try need not ask the engine again.
+
+        True when this task runs only after all its upstream tasks succeeded (``all_success``) and
+        one of them is a stage of the same run with the same engine, user and writable mounts that
+        checks its directories too: its first try checked (or prepared) every directory of the run
+        (:func:`~tfpipe.specs.run_writable_dirs`), and its container, run as the same user in the
+        same mounts, created the run directory and exited 0. Each engine check costs a mount of the
+        container, so this saves one per later stage of every run. A retry, or a try after a Clear,
+        checks again (its try number is above 1).
+        """
+        if self.trigger_rule != "all_success":  # a str enum: equal to its value
+            return False
+        writable = [(m.source, m.target) for m in self.spec.mounts if not m.read_only]
+        for upstream in self.upstream_list:
+            if (isinstance(upstream, TfpipeStageOperator) and upstream.prepare_volumes
+                    and upstream.docker_url == self.docker_url
+                    and upstream.engine_from_shard_list == self.engine_from_shard_list
+                    and upstream.user == self.user
+                    and [(m.source, m.target) for m in upstream.spec.mounts if not m.read_only] == writable):
+                return True
+        return False
 
     def _container_state(self) -> dict[str, Any]:
         if not getattr(self, "container", None):

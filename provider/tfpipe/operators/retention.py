@@ -57,8 +57,16 @@ def active_run_ids(ti: Any, dag_id: str, log: Any) -> list[str] | None:
 
     Runs with an unfinished task instance are the candidates; each is confirmed by its run state,
     so a long-failed run with a task that never ran is not mistaken for an active one.
+
+    The usual case, no active run besides the one this task belongs to, costs two small calls
+    whatever the DAG's history: a count of the active runs, and this run's state. Only when another
+    run is active are the task states of every run read (a reply that grows with the history).
     """
     try:
+        active_count = ti.get_dr_count(dag_id=dag_id, states=list(ACTIVE_RUN_STATES))
+        if active_count == 0 or (active_count == 1 and state_name(
+                ti.get_dagrun_state(dag_id=dag_id, run_id=ti.run_id)) in ACTIVE_RUN_STATES):
+            return [ti.run_id] if active_count else []
         states = ti.get_task_states(dag_id=dag_id)
         candidates = sorted(run_id for run_id, tasks in states.items()
                             if any(state_name(s) not in _FINISHED_TI_STATES for s in tasks.values()))

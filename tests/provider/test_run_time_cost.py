@@ -1,0 +1,92 @@
+"""What a run of a tfpipe pipeline asks Airflow and the engine, beyond the stages' own work, does not
+grow with the DAG's history, and later stages of a run do not ask the engine again about directories
+an earlier stage of the same run made ready.
+
+The engine-side half (no archive read by a later stage's container) is checked on a real engine by
+``tests/integration/test_pipeline.py::test_digits_pipeline_end_to_end``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tfpipe import PipelineConfig, training_pipeline
+from tfpipe.operators.docker import TfpipeStageOperator
+from tfpipe.operators.retention import active_run_ids
+
+
+class RunStates:
+    """The three run-time calls ``active_run_ids`` may use (``RuntimeTaskInstance``'s static methods,
+    served by the metadata DB in a task), over a fixed table of runs, counting each call and how
+    many runs each reply carries."""
+
+    def __init__(self, run_id: str, runs: dict[str, tuple[str, dict[str, str]]]):
+        self.run_id = run_id
+        self.runs = runs  # run_id -> (run state, {task_id: task state})
+        self.calls: list[tuple[str, int]] = []
+
+    def get_dr_count(self, dag_id: str, states: list[str] | None = None, **_) -> int:
+        self.calls.append(("get_dr_count", 1))
+        return sum(1 for state, _tasks in self.runs.values() if states is None or state in states)
+
+    def get_dagrun_state(self, dag_id: str, run_id: str) -> str:
+        self.calls.append(("get_dagrun_state", 1))
+        return self.runs[run_id][0]
+
+    def get_task_states(self, dag_id: str, **_) -> dict[str, dict[str, str]]:
+        self.calls.append(("get_task_states", len(self.runs)))
+        return {run_id: dict(tasks) for run_id, (_state, tasks) in self.runs.items()}
+
+
+def _history(finished: int) -> dict[str, tuple[str, dict[str, str]]]:
+    runs = {f"scheduled__{i:04d}": ("success", {"prep": "success", "train": "success", "cleanup": "success"})
+            for i in range(finished)}
+    runs["manual__now"] = ("running", {"prep": "success", "train": "success", "cleanup": "running"})
+    return runs
+
+
+def test_active_runs_cost_the_same_small_calls_whatever_the_history():
+    log = logging.getLogger(__name__)
+    short, long = RunStates("manual__now", _history(3)), RunStates("manual__now", _history(3000))
+    assert active_run_ids(short, "d", log) == active_run_ids(long, "d", log) == ["manual__now"]
+    assert short.calls == long.calls
+    assert all(name != "get_task_states" for name, _ in long.calls), long.calls
+
+
+def test_another_active_run_is_still_found_and_a_failed_one_is_not():
+    runs = _history(5)
+    runs["manual__retrying"] = ("running", {"prep": "success", "train": "up_for_retry", "cleanup": None})
+    runs["manual__failed_long_ago"] = ("failed", {"prep": "failed", "train": None, "cleanup": "success"})
+    states = RunStates("manual__now", runs)
+    assert active_run_ids(states, "d", logging.getLogger(__name__)) == ["manual__now", "manual__retrying"]
+
+
+def _pipeline(**changes) -> dict[str, TfpipeStageOperator]:
+    cfg = PipelineConfig.from_dict({
+        "dag_id": "cost_plan", "image": {"ref": "tfpipe/trainer:0.1.0"}, "data": {"path": "digits/digits.csv"},
+        "volumes": {"data": "/srv/data", "work": "/srv/work", "models": "/srv/models"}, **changes})
+    dag = training_pipeline(cfg)
+    return {t.task_id: t for t in dag.tasks if isinstance(t, TfpipeStageOperator)}
+
+
+def test_later_stages_of_a_run_trust_the_directories_an_earlier_stage_made_ready():
+    stages = _pipeline()
+    assert stages["prep"]._upstream_stage_prepared() is False  # the first stage asks the engine
+    for later in ("train", "evaluate", "export"):
+        assert stages[later]._upstream_stage_prepared() is True, later
+
+
+def test_a_stage_that_may_run_after_a_failed_or_different_upstream_asks_the_engine():
+    train = _pipeline()["train"]
+    train.trigger_rule = "none_failed"  # it may run although its upstream was skipped
+    assert train._upstream_stage_prepared() is False
+    evaluate = _pipeline()["evaluate"]
+    evaluate.user = "2000:2000"  # another user than the stage that made them
+    assert evaluate._upstream_stage_prepared() is False
+    export = _pipeline()["export"]
+    for upstream in export.upstream_list:
+        upstream.prepare_volumes = False  # the upstream never checked them
+    assert export._upstream_stage_prepared() is False
+    other_engine = _pipeline()["evaluate"]
+    other_engine.docker_url = "tcp://127.0.0.1:2376"
+    assert other_engine._upstream_stage_prepared() is False
