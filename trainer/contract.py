@@ -214,12 +214,14 @@ class ContractError(ValueError):
     """A stage config does not follow the contract."""
 
 
-_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+# A string, compiled by ``re`` (and cached) on first use: importing the contract is part of every DAG
+# file's parse, which never needs it.
+_SAFE = r"[^A-Za-z0-9._-]+"
 
 
 def safe_name(value, max_len=80):
     """A filesystem- and Docker-name-safe form of ``value`` (run ids hold ':' and '+')."""
-    cleaned = _SAFE.sub("_", str(value)).strip("._-") or "x"
+    cleaned = re.sub(_SAFE, "_", str(value)).strip("._-") or "x"
     return cleaned[:max_len]
 
 

@@ -45,6 +45,64 @@ def _close_matches(word: str, names: Any, n: int = 1) -> list[str]:
 _NAME = contract.NAME_PATTERN
 _MEM = r"^\d+(\.\d+)?[bkmgBKMG]?$"
 _CUSTOM_MODEL = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+_USER = r"\d+(:\d+)?"  # re.fullmatch
+
+# The checks every config runs (names, sizes, the user, the Kubernetes namespace, the cron fields)
+# are plain string tests instead of their patterns above: compiling a pattern costs about 0.2 ms,
+# each parse of a DAG file pays it again, and those few patterns were a third of what tfpipe's own
+# modules add to a parse. Each function answers exactly as its pattern does (``\d`` is any Unicode
+# decimal digit, as ``str.isdecimal``; ``re.match``'s ``$`` also matches before a final newline);
+# a test compares them on every short string over the characters that matter.
+_NAME_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_NAME_CHARS = _NAME_FIRST | frozenset("._-")
+_K8S_ENDS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+_K8S_CHARS = _K8S_ENDS | frozenset("-.")
+
+
+def _before_final_newline(value: str) -> str:
+    return value[:-1] if value.endswith("\n") else value
+
+
+def matches_name(value: str) -> bool:
+    """``re.match(contract.NAME_PATTERN, value)``: a letter or digit, then letters, digits, ``.``, ``_``, ``-``."""
+    value = _before_final_newline(value)
+    return bool(value) and value[0] in _NAME_FIRST and _NAME_CHARS.issuperset(value)
+
+
+def matches_size(value: str) -> bool:
+    """``re.match(_MEM, value)``: a size such as ``2g``, ``512m`` or ``1.5G``."""
+    value = _before_final_newline(value)
+    if value[-1:] in ("b", "k", "m", "g", "B", "K", "M", "G"):
+        value = value[:-1]
+    whole, dot, fraction = value.partition(".")
+    return whole.isdecimal() and (not dot or fraction.isdecimal())
+
+
+def matches_user(value: str) -> bool:
+    """``re.fullmatch(_USER, value)``: ``uid`` or ``uid:gid`` in numbers."""
+    uid, colon, gid = value.partition(":")
+    return uid.isdecimal() and (not colon or gid.isdecimal())
+
+
+def matches_k8s_name(value: str) -> bool:
+    """``re.match(_K8S_NAME, value)``: lowercase letters, digits, ``-`` and ``.``, a letter or digit at each end."""
+    value = _before_final_newline(value)
+    return (bool(value) and value[0] in _K8S_ENDS and value[-1] in _K8S_ENDS
+            and _K8S_CHARS.issuperset(value))
+
+
+def cron_item_groups(item: str) -> tuple[str | None, str | None, str | None] | None:
+    """``re.match(_CRON_ITEM, item)``'s number groups (first, last, step), or None when it does not match."""
+    item = _before_final_newline(item)
+    head, slash, step = item.partition("/")
+    if slash and not step.isdecimal():
+        return None
+    if head == "*":
+        return None, None, step if slash else None
+    first, dash, last = head.partition("-")
+    if not first.isdecimal() or (dash and not last.isdecimal()):
+        return None
+    return first, last if dash else None, step if slash else None
 
 
 def config_error(field_name: str, problem: str, fix: str) -> TfpipeConfigError:
@@ -74,7 +132,7 @@ def check_choice(field_name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 def check_name(field_name: str, value: Any) -> None:
     """Raise unless ``value`` is a safe identifier for file and container names."""
-    if not isinstance(value, str) or not re.match(_NAME, value):
+    if not isinstance(value, str) or not matches_name(value):
         raise config_error(
             field_name,
             f"must be a name of letters, digits, '.', '_' or '-', got {value!r}",
@@ -704,9 +762,9 @@ class ResourcesConfig(_Section):
         object.__setattr__(self, "gpu_stages", tuple(self.gpu_stages))
         for name in ("mem_limit", "shm_size"):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, str) and re.match(_MEM, value)):
+            if value is not None and not (isinstance(value, str) and matches_size(value)):
                 raise config_error(f"resources.{name}", f"must be a size like '2g' or '512m', got {value!r}", "e.g. '2g'")
-        if not isinstance(self.user, str) or not re.fullmatch(r"\d+(:\d+)?", self.user):
+        if not isinstance(self.user, str) or not matches_user(self.user):
             raise config_error("resources.user", f"must be 'uid:gid' in numbers, got {self.user!r}", "e.g. '1000:1000'")
         if not isinstance(self.network_mode, str) or not self.network_mode:
             raise config_error("resources.network_mode", f"must be a Docker network name, got {self.network_mode!r}",
@@ -775,11 +833,11 @@ class KubernetesConfig(_Section):
     secret_env: Mapping = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.namespace, str) or not re.match(_K8S_NAME, self.namespace) or len(self.namespace) > 63:
+        if not isinstance(self.namespace, str) or not matches_k8s_name(self.namespace) or len(self.namespace) > 63:
             raise config_error("kubernetes.namespace", f"must be a Kubernetes namespace name, got {self.namespace!r}",
                                "use lowercase letters, digits and '-', e.g. 'ml-training'")
         if not isinstance(self.claims, Mapping) or set(self.claims) - {"data", "work", "models"} or not all(
-                isinstance(v, str) and re.match(_K8S_NAME, v) for v in self.claims.values()):
+                isinstance(v, str) and matches_k8s_name(v) for v in self.claims.values()):
             raise config_error("kubernetes.claims", f"must map data/work/models to PVC names, got {self.claims!r}",
                                "e.g. {'work': 'tfpipe-work', 'models': 'tfpipe-models'}")
         object.__setattr__(self, "claims", dict(self.claims))
@@ -806,10 +864,10 @@ _CRON_ITEM = r"^(\*|(\d+)(?:-(\d+))?)(?:/(\d+))?$"
 def _plain_cron_field(field_text: str, low: int, high: int) -> bool:
     """True when a cron field is only ``*``, numbers, ``a-b`` ranges and ``/n`` steps within bounds."""
     for item in field_text.split(","):
-        match = re.match(_CRON_ITEM, item)
-        if not match:
+        groups = cron_item_groups(item)
+        if groups is None:
             return False
-        _, first, last, step = match.groups()
+        first, last, step = groups
         numbers = [int(n) for n in (first, last) if n is not None]
         if any(not low <= n <= high for n in numbers) or (len(numbers) == 2 and numbers[0] > numbers[1]):
             return False

@@ -21,7 +21,6 @@ from airflow.providers.common.compat.sdk import DAG, Asset, BaseOperator, Param,
 from tfpipe import compat, contract
 from tfpipe.config import PipelineConfig
 from tfpipe.operators.docker import OPERATORS
-from tfpipe.operators.gcs import GcsPublishOperator, GcsStageInOperator
 from tfpipe.specs import StageSpec, plan_pipeline
 
 GPU_PARAM_PATTERN = r"^(all|none|[0-9]+|[0-9]+(,[0-9]+)+)$"
@@ -292,6 +291,12 @@ def _add_gcs_tasks(cfg: PipelineConfig, operators: dict[str, Any]) -> None:
     ``all_success``, so it runs only after a successful export (a not-blessed run skips it too).
     """
     with_stage_in, with_publish = bucket_tasks(cfg)
+    if not (with_stage_in or with_publish):
+        return
+    # Imported only for a pipeline with a bucket: most have none, and DAG files are parsed far more
+    # often than they change.
+    from tfpipe.operators.gcs import GcsPublishOperator, GcsStageInOperator
+
     common: dict[str, Any] = dict(
         image=cfg.image.ref, allow_floating_tag=cfg.image.allow_floating_tag, gcp_conn_id=cfg.gcp_conn_id,
         docker_url=cfg.docker_url, retries=2, retry_delay=timedelta(seconds=cfg.retry_delay_seconds),

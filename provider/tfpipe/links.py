@@ -18,7 +18,6 @@ from urllib.parse import quote
 from airflow.providers.common.compat.sdk import BaseOperatorLink
 
 from tfpipe import contract
-from tfpipe.plugins import paths as plugin_paths
 
 #: Environment variable with the base URL of the TensorBoard the "TensorBoard" link points to.
 TENSORBOARD_URL_ENV = "TFPIPE_TENSORBOARD_URL"
@@ -93,6 +92,8 @@ class RunReportLink(BaseOperatorLink):
     name = "Run report"
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
+        from tfpipe.plugins import paths as plugin_paths  # when the task ends: a parse never needs it
+
         return plugin_paths.report_url(ti_key.dag_id, ti_key.run_id)
 
 
@@ -106,4 +107,6 @@ class TensorBoardLink(BaseOperatorLink):
     name = "TensorBoard"
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
+        from tfpipe.plugins import paths as plugin_paths
+
         return plugin_paths.tensorboard_url(ti_key.dag_id, ti_key.run_id)

@@ -24,7 +24,9 @@ spec.loader.exec_module(mod)
 elapsed = time.perf_counter() - t0
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras", "google.cloud"))
 task_time = sorted(m for m in sys.modules if m in TASK_TIME)
-print(json.dumps({"seconds": elapsed, "heavy": heavy, "dag_id": mod.dag.dag_id, "task_time": task_time}))
+tfpipe_modules = sorted(m for m in sys.modules if m.split(".")[0] == "tfpipe")
+print(json.dumps({"seconds": elapsed, "heavy": heavy, "dag_id": mod.dag.dag_id, "task_time": task_time,
+                  "tfpipe_modules": tfpipe_modules}))
 """
 #: tfpipe modules only a running task needs: a DAG file's parse imports none of them.
 TASK_TIME_MODULES = ("tfpipe.hooks.docker", "tfpipe.hooks.gcs", "tfpipe.engine", "tfpipe.lineage", "tfpipe.metrics",
@@ -109,6 +111,25 @@ def test_dag_file_imports_without_tensorflow(path):
     assert probe["task_time"] == [], f"parsing {path.name} imported {probe['task_time']}, which only tasks need"
     # How fast it parses is measured by `make bench` (dag_parse_ratio), not asserted here.
     assert probe["dag_id"] == path.stem
+
+
+def _parse_probe(path: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(REPO / "dags"), str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_dag_without_a_bucket_parses_without_the_gcs_operators_or_the_plugin():
+    """The Cloud Storage operators' module loads only for a DAG with a bucket task, and the UI
+    plugin's modules (the extra links' URLs) only when a link is computed, never at parse."""
+    plain = _parse_probe(REPO / "dags" / "tfpipe_digits.py")["tfpipe_modules"]
+    assert "tfpipe.operators.docker" in plain  # the probe sees tfpipe's modules at all
+    assert "tfpipe.operators.gcs" not in plain
+    assert [m for m in plain if m.startswith("tfpipe.plugins")] == []
+    with_bucket = _parse_probe(REPO / "dags" / "tfpipe_digits_manual.py")["tfpipe_modules"]
+    assert "tfpipe.operators.gcs" in with_bucket  # gcs_tasks=True: the stage_in and publish tasks need it
+    assert [m for m in with_bucket if m.startswith("tfpipe.plugins")] == []
 
 
 def _scheduled(dag):
