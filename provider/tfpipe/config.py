@@ -50,57 +50,55 @@ _USER = r"\d+(:\d+)?"  # re.fullmatch
 # The checks every config runs (names, sizes, the user, the Kubernetes namespace, the cron fields)
 # are plain string tests instead of their patterns above: compiling a pattern costs about 0.2 ms,
 # each parse of a DAG file pays it again, and those few patterns were a third of what tfpipe's own
-# modules add to a parse. Each function answers exactly as its pattern does (``\d`` is any Unicode
-# decimal digit, as ``str.isdecimal``; ``re.match``'s ``$`` also matches before a final newline);
-# a test compares them on every short string over the characters that matter.
-_NAME_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+# modules add to a parse. Each function answers as its pattern does under ``re.fullmatch`` with
+# ``re.ASCII``: ASCII digits only (a Unicode digit in a size or a uid means nothing to Docker), and
+# no trailing newline (``re.match``'s ``$`` would let one into a file or container name). A test
+# compares them on every short string over the characters that matter.
+_DIGITS = frozenset("0123456789")
+_NAME_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz") | _DIGITS
 _NAME_CHARS = _NAME_FIRST | frozenset("._-")
-_K8S_ENDS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+_K8S_ENDS = frozenset("abcdefghijklmnopqrstuvwxyz") | _DIGITS
 _K8S_CHARS = _K8S_ENDS | frozenset("-.")
 
 
-def _before_final_newline(value: str) -> str:
-    return value[:-1] if value.endswith("\n") else value
+def _number(text: str) -> bool:
+    return bool(text) and _DIGITS.issuperset(text)
 
 
 def matches_name(value: str) -> bool:
-    """``re.match(contract.NAME_PATTERN, value)``: a letter or digit, then letters, digits, ``.``, ``_``, ``-``."""
-    value = _before_final_newline(value)
+    """``contract.NAME_PATTERN`` in full: a letter or digit, then letters, digits, ``.``, ``_``, ``-``."""
     return bool(value) and value[0] in _NAME_FIRST and _NAME_CHARS.issuperset(value)
 
 
 def matches_size(value: str) -> bool:
-    """``re.match(_MEM, value)``: a size such as ``2g``, ``512m`` or ``1.5G``."""
-    value = _before_final_newline(value)
+    """``_MEM`` in full: a size such as ``2g``, ``512m`` or ``1.5G``."""
     if value[-1:] in ("b", "k", "m", "g", "B", "K", "M", "G"):
         value = value[:-1]
     whole, dot, fraction = value.partition(".")
-    return whole.isdecimal() and (not dot or fraction.isdecimal())
+    return _number(whole) and (not dot or _number(fraction))
 
 
 def matches_user(value: str) -> bool:
-    """``re.fullmatch(_USER, value)``: ``uid`` or ``uid:gid`` in numbers."""
+    """``_USER`` in full: ``uid`` or ``uid:gid`` in numbers."""
     uid, colon, gid = value.partition(":")
-    return uid.isdecimal() and (not colon or gid.isdecimal())
+    return _number(uid) and (not colon or _number(gid))
 
 
 def matches_k8s_name(value: str) -> bool:
-    """``re.match(_K8S_NAME, value)``: lowercase letters, digits, ``-`` and ``.``, a letter or digit at each end."""
-    value = _before_final_newline(value)
+    """``_K8S_NAME`` in full: lowercase letters, digits, ``-`` and ``.``, a letter or digit at each end."""
     return (bool(value) and value[0] in _K8S_ENDS and value[-1] in _K8S_ENDS
             and _K8S_CHARS.issuperset(value))
 
 
 def cron_item_groups(item: str) -> tuple[str | None, str | None, str | None] | None:
-    """``re.match(_CRON_ITEM, item)``'s number groups (first, last, step), or None when it does not match."""
-    item = _before_final_newline(item)
+    """``_CRON_ITEM``'s number groups (first, last, step) in full, or None when it does not match."""
     head, slash, step = item.partition("/")
-    if slash and not step.isdecimal():
+    if slash and not _number(step):
         return None
     if head == "*":
         return None, None, step if slash else None
     first, dash, last = head.partition("-")
-    if not first.isdecimal() or (dash and not last.isdecimal()):
+    if not _number(first) or (dash and not _number(last)):
         return None
     return first, last if dash else None, step if slash else None
 

@@ -2,11 +2,11 @@
 
 ``tfpipe.config`` checks names, sizes, the user, Kubernetes names and cron fields without compiling
 a regular expression (a DAG file's parse would pay the compilation every time). Each check is
-compared with its pattern (``re.match`` or ``re.fullmatch``, as the config used them) on every
-string of up to four characters over an alphabet of the characters that decide the answers:
-ASCII and non-ASCII decimal digits (``\\d`` matches both), a digit that is not decimal, letters of
-both cases, the size suffixes, the separators, whitespace and a newline (``$`` matches before a
-final one).
+compared with its pattern under ``re.fullmatch`` and ``re.ASCII`` on every string of up to four
+characters over an alphabet of the characters that decide the answers: ASCII and non-ASCII decimal
+digits (refused: Docker reads ASCII numbers only), a digit that is not decimal, letters of both
+cases, the size suffixes, the separators, whitespace and a newline (refused at the end too, where
+``re.match``'s ``$`` would have let it into a name).
 """
 
 from __future__ import annotations
@@ -27,11 +27,15 @@ def _strings(max_len: int = 4):
             yield "".join(chars)
 
 
+def _full(pattern, value):
+    return re.fullmatch(pattern, value, re.ASCII)
+
+
 CASES = [
-    ("matches_name", lambda v: bool(re.match(contract.NAME_PATTERN, v))),
-    ("matches_size", lambda v: bool(re.match(config._MEM, v))),
-    ("matches_user", lambda v: bool(re.fullmatch(config._USER, v))),
-    ("matches_k8s_name", lambda v: bool(re.match(config._K8S_NAME, v))),
+    ("matches_name", lambda v: bool(_full(contract.NAME_PATTERN, v))),
+    ("matches_size", lambda v: bool(_full(config._MEM, v))),
+    ("matches_user", lambda v: bool(_full(config._USER, v))),
+    ("matches_k8s_name", lambda v: bool(_full(config._K8S_NAME, v))),
 ]
 
 
@@ -44,7 +48,7 @@ def test_a_plain_check_answers_as_its_pattern(name, pattern):
 
 def test_cron_item_groups_are_the_patterns_groups():
     def by_pattern(item):
-        match = re.match(config._CRON_ITEM, item)
+        match = _full(config._CRON_ITEM, item)
         return match.groups()[1:] if match else None
 
     wrong = [v for v in _strings() if config.cron_item_groups(v) != by_pattern(v)]
@@ -58,3 +62,10 @@ def test_the_alphabet_reaches_both_answers():
         answers = {getattr(config, name)(v) for v in strings}
         assert answers == {True, False}, name
     assert {config.cron_item_groups(v) is None for v in strings} == {True, False}
+
+
+@pytest.mark.parametrize("value", ["digits\n", "\u0661\u0662"])
+def test_a_name_with_a_final_newline_or_a_non_ascii_digit_is_refused(value):
+    with pytest.raises(config.TfpipeConfigError, match="must be a name"):
+        config.check_name("model_name", value)
+    assert not config.matches_user(value) and not config.matches_size(value)
