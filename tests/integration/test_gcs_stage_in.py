@@ -94,6 +94,9 @@ def test_many_batches_in_memory_and_spooled_arrive_intact(tmp_path, trainer_imag
 
     if where == "processes":
         _in_processes(monkeypatch)
+    else:  # batches below PROCESS_MIN_OBJECTS never fork, even where processes could run
+        monkeypatch.setattr(tfpipe.gcs.sync, "DOWNLOAD_PROCESSES", 2)
+        monkeypatch.setattr(tfpipe.gcs.sync, "ProcessPoolExecutor", None)
     monkeypatch.setattr(tfpipe.gcs.plan, "BATCH_OBJECTS", 2)
     monkeypatch.setattr(tfpipe.gcs.sync, "IN_MEMORY_BYTES", 1000)
     bodies = {f"raw/d/{'deep/' * (i % 3)}part-{i}.bin": bytes([i]) * (i * 700 + 1) for i in range(7)}
