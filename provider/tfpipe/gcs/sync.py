@@ -42,8 +42,9 @@ from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook, list_objects
 LOG = logging.getLogger(__name__)
 
 #: Objects up to this size wait in memory between their download and the engine; bigger ones are
-#: spooled to the worker's disk. With two batches in flight (``planner.BATCH_BYTES`` each), that bounds
-#: the memory a stage-in holds.
+#: spooled to the worker's disk. With at most ``2 + DOWNLOAD_PROCESSES`` batches held
+#: (``planner.BATCH_BYTES`` each; those from the download processes wait on disk), that bounds the
+#: memory a stage-in holds.
 IN_MEMORY_BYTES = 8 * 1024 * 1024
 
 #: Batches of at least this many objects download in :data:`DOWNLOAD_PROCESSES` forked worker
@@ -239,8 +240,8 @@ def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecu
     engine writes the manifest only after every file before it, and a stream cut short has none.
 
     One ``put_archive`` for the whole sync (each call costs the engine a mount namespace and an
-    untar process), fed batch by batch while the next batch downloads; at most two batches are
-    held on the worker.
+    untar process), fed batch by batch while the next batches download (up to ``_Downloads.ahead``
+    of them at once); at most ``2 + _Downloads.ahead`` batches are held on the worker.
     """
 
     def todo() -> Iterator[list[RemoteObject]]:
@@ -333,10 +334,12 @@ class _Downloads:
             return _download(self.hook, self.uri, batch, self.tmp, self.max_workers)
         if self._pool is None:
             client = self.hook.get_conn()
-            # fork: the children start at once with everything imported; they only download
-            # (no Airflow calls, no logging of their own), so the locks of this process's other
-            # threads do not matter to them. The credentials travel pickled (tokens included),
-            # as the library's own process workers do it.
+            # fork: the children start at once with everything imported (a spawned interpreter
+            # would cost about a second of CPU each). They only download with a client of their
+            # own: no Airflow calls, and no logging unless the library's debug logging is on, so
+            # locks other threads of this process held at the fork are not taken in them. The
+            # credentials travel pickled (a fetched token included), as the library's own process
+            # workers send them.
             self._client_state = pickle.dumps((client.project, client._credentials))
             self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("fork"))
         self._count += 1
