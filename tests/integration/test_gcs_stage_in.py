@@ -71,12 +71,32 @@ def test_one_object_replaces_the_data_file(tmp_path, trainer_image, bucket):
     assert (tmp_path / "data" / "digits" / f".digits.csv{MANIFEST_NAME}").is_file()
 
 
-def test_many_batches_in_memory_and_spooled_arrive_intact(tmp_path, trainer_image, bucket, monkeypatch):
+def _in_processes(monkeypatch) -> None:
+    """Every batch downloads in forked worker processes, as large batches do; a download in this
+    process's threads fails the test."""
+    import tfpipe.gcs.sync
+
+    def no_threads(*args, **kwargs):
+        raise AssertionError("a batch downloaded in the worker's threads, not in the download processes")
+
+    monkeypatch.setattr(tfpipe.gcs.sync, "PROCESS_MIN_OBJECTS", 1)
+    monkeypatch.setattr(tfpipe.gcs.sync, "DOWNLOAD_PROCESSES", 2)
+    monkeypatch.setattr(tfpipe.gcs.sync, "_download", no_threads)
+
+
+@pytest.mark.parametrize("where", ["threads", "processes"])
+def test_many_batches_in_memory_and_spooled_arrive_intact(tmp_path, trainer_image, bucket, monkeypatch, where):
     """Batches of two objects (each goes into the volume while the next downloads); objects past
-    IN_MEMORY_BYTES wait on the worker's disk, smaller ones in memory: every byte arrives."""
+    IN_MEMORY_BYTES wait on the worker's disk, smaller ones in memory: every byte arrives, whether
+    the batches download in the worker's threads or (large batches) in download processes."""
     import tfpipe.gcs.plan
     import tfpipe.gcs.sync
 
+    if where == "processes":
+        _in_processes(monkeypatch)
+    else:  # batches below PROCESS_MIN_OBJECTS never fork, even where processes could run
+        monkeypatch.setattr(tfpipe.gcs.sync, "DOWNLOAD_PROCESSES", 2)
+        monkeypatch.setattr(tfpipe.gcs.sync, "ProcessPoolExecutor", None)
     monkeypatch.setattr(tfpipe.gcs.plan, "BATCH_OBJECTS", 2)
     monkeypatch.setattr(tfpipe.gcs.sync, "IN_MEMORY_BYTES", 1000)
     bodies = {f"raw/d/{'deep/' * (i % 3)}part-{i}.bin": bytes([i]) * (i * 700 + 1) for i in range(7)}
@@ -95,12 +115,18 @@ def test_many_batches_in_memory_and_spooled_arrive_intact(tmp_path, trainer_imag
         n[len("raw/d/"):] for n in bodies)
 
 
-def test_an_object_deleted_after_listing_is_named_and_no_manifest_is_written(tmp_path, trainer_image, bucket, monkeypatch):
+@pytest.mark.parametrize("where", ["threads", "processes"])
+def test_an_object_deleted_after_listing_is_named_and_no_manifest_is_written(tmp_path, trainer_image, bucket,
+                                                                             monkeypatch, where):
     """An object is deleted between the listing and its download: the task fails with an
     error naming the object (retried: the next try lists again), and the manifest, written last, is
-    not there, so the half-staged directory never passes for a complete sync."""
+    not there, so the half-staged directory never passes for a complete sync. The same from a
+    download process."""
     import tfpipe.gcs.sync
     from tfpipe.hooks.gcs import GcsTransferError
+
+    if where == "processes":
+        _in_processes(monkeypatch)
 
     for i in range(4):
         bucket.blob(f"raw/d/part-{i}.csv").upload_from_string(f"x,label\n{i},0\n".encode())
