@@ -15,7 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
+import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +81,39 @@ def summarize(dag: Any, dag_run: Any) -> dict[str, Any]:
     }
 
 
+def lost_sync_race(err: BaseException) -> bool:
+    """Whether ``err`` is the metadata DB refusing a row that another process inserted first while
+    ``dag.test()`` wrote the DAG to it (``sync_bag_to_db``): two ``tfpipe run`` started together on
+    a DAG the DB has not seen both insert its new rows (its asset, its version), and the slower
+    one fails on a unique constraint before any run exists."""
+    from sqlalchemy.exc import IntegrityError, PendingRollbackError
+
+    seen: set[int] = set()
+    error: BaseException | None = err
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, (IntegrityError, PendingRollbackError)) and any(
+                frame.name == "sync_bag_to_db" for frame in traceback.extract_tb(err.__traceback__)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def run_dag_test(dag: Any, conf: dict[str, Any] | None) -> Any:
+    """``dag.test(run_conf=conf)``, once more when its DAG sync lost a race with another
+    ``tfpipe run`` (:func:`lost_sync_race`): by then the other process has committed the rows, so
+    the second sync only reads them. Nothing ran yet, so nothing is done twice."""
+    try:
+        return dag.test(run_conf=conf or None)
+    except Exception as err:
+        if not lost_sync_race(err):
+            raise
+        print(f"tfpipe: another process wrote DAG {dag.dag_id!r} to the metadata DB at the same moment "
+              f"({type(err).__name__}); writing it again", file=sys.stderr)
+    time.sleep(random.uniform(0.2, 1.0))  # apart from a third run that lost the same race
+    return dag.test(run_conf=conf or None)
+
+
 def run(dag_id: str, conf: dict[str, Any] | None, dags_folder: str, rerun: str | None = None,
         tasks: list[str] | None = None, only_failed: bool = False) -> dict[str, Any]:
     """Run one DAG run of ``dag_id`` with ``conf`` (or re-run run ``rerun``) and return its summary.
@@ -98,7 +134,7 @@ def run(dag_id: str, conf: dict[str, Any] | None, dags_folder: str, rerun: str |
                   file=sys.stderr)
             dag_run = drive_run(dag, rerun)
         else:
-            dag_run = dag.test(run_conf=conf or None)
+            dag_run = run_dag_test(dag, conf)
         return summarize(dag, dag_run)
 
 
