@@ -206,4 +206,18 @@ def epoch_dataset(base, epoch, seed, batch_size, shuffle_buffer, skip_batches=0)
 
 def eval_dataset(base, batch_size):
     """The evaluation batches, in the fixed order of the shards."""
-    return base.batch(batch_size).prefetch(AUTOTUNE)
+    return without_autotune_thread(base.batch(batch_size).prefetch(AUTOTUNE))
+
+
+def without_autotune_thread(dataset):
+    """``dataset`` for iterating, with tf.data's autotuning model thread off.
+
+    In TF 2.9 that thread sleeps between optimizations for a period that doubles up to 60 s, and
+    deleting the iterator sometimes waits for the sleep to end: train stages sat idle for 15-41 s
+    after their last epoch, every thread waiting, the main thread in the root iterator's destructor
+    joining the model thread (a native backtrace showed it). Without the model thread, AUTOTUNE
+    parallelism stays at the core count and prefetch buffers keep their own (legacy) tuning.
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)

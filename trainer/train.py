@@ -329,7 +329,7 @@ class Loop(object):
         batches = epoch_batches(first, done)
         for epoch in range(first + 1, end):
             batches = batches.concatenate(epoch_batches(epoch))
-        return iter(self.strategy.experimental_distribute_dataset(batches))
+        return iter(self.strategy.experimental_distribute_dataset(data.without_autotune_thread(batches)))
 
     def fit(self, attempts, writer):
         """Train from the current state to ``epochs * steps_per_epoch``; return the history."""

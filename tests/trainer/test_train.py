@@ -484,3 +484,19 @@ def test_warm_start_initialises_from_the_newest_exported_version(trained, capsys
         "epochs": 1, "warm_start": True}, export={"model_name": "other"}))
     assert none["warm_start"] is None
     assert "warm start: no exported version" in capsys.readouterr().out
+
+
+def test_training_and_eval_iterators_run_without_the_autotune_model_thread(ws, monkeypatch):
+    """TF 2.9's autotune model thread sometimes held an iterator's deletion for up to 60 s (train
+    stages idle 15-41 s after their last epoch); both iterators of a train stage are made from
+    datasets with it off."""
+    prep.run(ws.config("prep"))
+    wrap, made = data.without_autotune_thread, []
+
+    def spy(dataset):
+        out = wrap(dataset)
+        made.append(out.options().autotune.enabled)
+        return out
+    monkeypatch.setattr(data, "without_autotune_thread", spy)
+    train.run(ws.config("train", training={"epochs": 1}))
+    assert made == [False, False]  # the eval batches (built once), then the training batches
