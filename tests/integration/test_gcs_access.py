@@ -99,3 +99,52 @@ def test_rejected_credentials_fail_without_retry(tmp_path, trainer_image, bucket
     assert "invalid_grant" in message and "Fix:" in message
     assert "PRIVATE KEY" not in message and pem.splitlines()[1] not in message
     assert 1 <= len(calls) <= 2, "the real client asked the token endpoint, and did not keep retrying"
+
+
+class _RecordingProxy(BaseHTTPRequestHandler):
+    """An HTTP proxy that answers every request itself (an empty object listing) and records it."""
+
+    seen: list[tuple[str, str | None]] = []
+
+    def do_GET(self):  # noqa: N802  (http.server's name)
+        self.seen.append((self.path, self.headers.get("Authorization")))
+        body = json.dumps({"kind": "storage#objects", "items": []}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_clients_http_settings_come_from_the_environment_once(bucket, emulator_env, monkeypatch, tmp_path):
+    """The hook's client takes the proxy the environment sets for its endpoint (``no_proxy``
+    honoured) when it is made, not on every request, and never adds a ``~/.netrc`` login: the
+    credentials' token is the only authorization sent."""
+    from tfpipe.hooks.gcs import TfpipeGcsHook
+
+    server = HTTPServer(("127.0.0.1", 0), _RecordingProxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy = f"http://127.0.0.1:{server.server_address[1]}"
+    (tmp_path / ".netrc").write_text("machine 127.0.0.1 login someone password secret\n")
+    monkeypatch.setenv("NETRC", str(tmp_path / ".netrc"))
+    for name in ("NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    _RecordingProxy.seen.clear()
+    bucket.blob("raw/a.csv").upload_from_string(b"x\n")  # by a client of the fixture's, before any proxy
+    try:
+        monkeypatch.setenv("HTTP_PROXY", proxy)
+        proxied = TfpipeGcsHook().get_conn()
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        direct = TfpipeGcsHook().get_conn()
+        # the environment changes after the clients were made: neither notices
+        monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
+        monkeypatch.delenv("NO_PROXY")
+        assert [b.name for b in direct.list_blobs(bucket.name)] == ["raw/a.csv"], "no_proxy: straight to the emulator"
+        assert list(proxied.list_blobs(bucket.name)) == [], "the proxy answered"
+    finally:
+        server.shutdown()
+    assert len(_RecordingProxy.seen) == 1 and _RecordingProxy.seen[0][0].startswith(f"{emulator_env}/storage/v1/b/")
+    assert _RecordingProxy.seen[0][1] is None, "no netrc login was added to the request"

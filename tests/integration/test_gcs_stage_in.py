@@ -82,6 +82,9 @@ def _in_processes(monkeypatch) -> None:
     monkeypatch.setattr(tfpipe.gcs.sync, "PROCESS_MIN_OBJECTS", 1)
     monkeypatch.setattr(tfpipe.gcs.sync, "DOWNLOAD_PROCESSES", 2)
     monkeypatch.setattr(tfpipe.gcs.sync, "_download", no_threads)
+    # Parts of at most 1,500 bytes: a batch of a 1- and a 701-byte object goes as one part, bigger
+    # ones split, so the stream takes parts of one batch from several download processes.
+    monkeypatch.setattr(tfpipe.gcs.sync, "PROCESS_PART_BYTES", 1500)
 
 
 @pytest.mark.parametrize("where", ["threads", "processes"])
@@ -127,6 +130,7 @@ def test_an_object_deleted_after_listing_is_named_and_no_manifest_is_written(tmp
 
     if where == "processes":
         _in_processes(monkeypatch)
+        monkeypatch.setattr(tfpipe.gcs.sync, "PROCESS_PART_BYTES", 1)  # one object per part: part-2 is the third
 
     for i in range(4):
         bucket.blob(f"raw/d/part-{i}.csv").upload_from_string(f"x,label\n{i},0\n".encode())
@@ -204,6 +208,31 @@ def test_a_new_target_directory_is_made_by_a_tar_without_the_survey_helper(tmp_p
     assert (tmp_path / "data" / "f").read_text() == "mine"
 
 
+@pytest.mark.parametrize("where", ["threads", "processes"])
+def test_a_failed_new_target_directory_stops_the_sync_with_the_engine_error(tmp_path, trainer_image, bucket,
+                                                                            monkeypatch, where):
+    """The new target directory is made by the engine's thread while the downloads start: when the
+    engine refuses it, the task fails with that error (not a broken tar stream's), and nothing is
+    staged."""
+    import tfpipe.gcs.sync
+    from tfpipe.exceptions import StageFailedError
+
+    if where == "processes":
+        _in_processes(monkeypatch)
+    for i in range(5):
+        bucket.blob(f"raw/d/part-{i}.csv").upload_from_string(f"x,label\n{i},0\n".encode())
+
+    def refused(helper, path, missing, uid, gid, planned):
+        time.sleep(0.5)  # the downloads and the stream's start are under way by now
+        raise StageFailedError(f"the Docker engine refused to extract an archive into {path}", exit_code=None)
+
+    monkeypatch.setattr(tfpipe.gcs.sync, "_make_root", refused)
+    with pytest.raises(StageFailedError, match="refused to extract an archive into /"):
+        _operator(tmp_path, trainer_image, "a/b/", source_uri=f"gs://{bucket.name}/raw/d").execute(
+            fake_context("stage_in"))
+    assert not (tmp_path / "data" / "a").exists()
+
+
 def test_no_uri_skips(tmp_path, trainer_image):
     from airflow.providers.common.compat.sdk import AirflowSkipException
 
@@ -235,8 +264,12 @@ class DroppingProxy(threading.Thread):
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 conn.close()  # with linger 0: a TCP reset
                 continue
+            try:
+                upstream = socket.create_connection(self.upstream)
+            except OSError:  # the emulator is gone (the session's end): nothing to forward to
+                conn.close()
+                continue
             self.forwarded += 1
-            upstream = socket.create_connection(self.upstream)
             for src, dst in ((conn, upstream), (upstream, conn)):
                 threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
 

@@ -278,7 +278,7 @@ class TfpipeGcsHook(BaseHook):
             from google.cloud import storage
 
             credentials, project = self.get_credentials()
-            self._client = storage.Client(project=project, credentials=credentials)
+            self._client = settle_environment(storage.Client(project=project, credentials=credentials))
             emulator = os.environ.get(EMULATOR_ENV)
             self.log.info("Cloud Storage: %s%s", self.credentials_source,
                           f", endpoint {emulator} ({EMULATOR_ENV})" if emulator else "")
@@ -333,6 +333,27 @@ class TfpipeGcsHook(BaseHook):
         except (auth.TransportError, requests.exceptions.RequestException) as err:
             where = os.environ.get(EMULATOR_ENV) or "storage.googleapis.com"
             raise GcsTransferError(f"{action}: cannot reach Cloud Storage at {where}: {_short(err)}") from err
+
+
+def settle_environment(client: Any) -> Any:
+    """Have ``client`` (a ``google.cloud.storage.Client``) read the environment's HTTP settings once.
+
+    A ``requests`` session that trusts the environment looks up the proxy variables (walking all
+    of ``os.environ``) and ``~/.netrc`` again for every request; in a download of many small
+    objects that was about a fifth of the client's CPU time (profiled: 500 objects of 400 kB), and
+    an Airflow worker's environment is long. Here the proxies (``no_proxy`` applied) and the CA
+    bundle (``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``) the environment sets for the storage
+    endpoint are taken once and kept on the session. ``~/.netrc`` is not read: the only
+    authorization Cloud Storage takes is the credentials' token header, which a netrc entry for
+    the host would replace. Token refreshes use a session of their own and are unchanged.
+    Returns ``client``.
+    """
+    session = client._http
+    url = client._connection.get_api_base_url_for_mtls()
+    settings = session.merge_environment_settings(url, {}, None, None, None)
+    session.proxies, session.verify = settings["proxies"], settings["verify"]
+    session.trust_env = False
+    return client
 
 
 def list_objects(hook: TfpipeGcsHook, uri: GcsUri, *, prefix: str | None = None, match_glob: str | None = None,
