@@ -339,9 +339,9 @@ def settle_environment(client: Any) -> Any:
     """Have ``client`` (a ``google.cloud.storage.Client``) read the environment's HTTP settings once.
 
     A ``requests`` session that trusts the environment looks up the proxy variables (walking all
-    of ``os.environ``) and ``~/.netrc`` again for every request; in a download of many small
-    objects that was about a fifth of the client's CPU time (profiled: 500 objects of 400 kB), and
-    an Airflow worker's environment is long. Here the proxies (``no_proxy`` applied) and the CA
+    of ``os.environ``) and ``~/.netrc`` again for every request: measured 0.23 ms per request with
+    35 environment variables and 0.73 ms with 135 (an Airflow worker's environment is long), against
+    about 2.4 ms of client CPU time per 400 kB object downloaded. Here the proxies (``no_proxy`` applied) and the CA
     bundle (``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``) the environment sets for the storage
     endpoint are taken once and kept on the session. ``~/.netrc`` is not read: the only
     authorization Cloud Storage takes is the credentials' token header, which a netrc entry for
