@@ -3,6 +3,7 @@
 ``dag_parse_ratio`` times the parse of this file against the parse of ``dags/tfpipe_digits.py``:
 the same tasks (prep, train, evaluate, export and the cleanup teardown beside training, each
 a ``DockerOperator`` of the trainer image), the same schedule, retries and trigger rules, the
+same asset (the model, emitted by export, which other DAGs may be scheduled on), the
 same eleven Params (schemas, titles, descriptions) and docs of about the same size, all
 written out literally. Nothing here is deployed: its dag_id says so.
 """
@@ -15,7 +16,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from airflow.providers.docker.operators.docker import DockerOperator
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG, Asset, Param
 from docker.types import Mount
 
 HOME = os.environ.get("TFPIPE_HOME") or str(Path(__file__).resolve().parent.parent.parent / ".demo")
@@ -128,7 +129,8 @@ with DAG("bench_handwritten_digits", description="Nightly retraining of the UCI 
     train = container("train", ["python3", "-m", "trainer", "train"], retries=3, retry_exponential_backoff=True,
                       max_retry_delay=timedelta(hours=1))
     evaluate = container("evaluate", ["python3", "-m", "trainer", "evaluate"], retries=1, skip_on_exit_code=10)
-    export = container("export", ["python3", "-m", "trainer", "export"], retries=1)
+    export = container("export", ["python3", "-m", "trainer", "export"], retries=1,
+                       outlets=[Asset("tfpipe://models/digits")])
     cleanup = container("cleanup", ["python3", "-m", "trainer.volume_ops", "retention"], retries=1).as_teardown()
     prep >> train >> evaluate >> export
     prep >> cleanup

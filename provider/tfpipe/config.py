@@ -396,12 +396,19 @@ class _Section:
             raise config_error(where, str(err), f"give every required key of {where}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able copy (tuples become lists)."""
-        return json_ready(dataclasses.asdict(self))
+        """A JSON-able copy (tuples become lists), as ``json_ready(dataclasses.asdict(self))``."""
+        return json_ready(self)
 
 
 def json_ready(value: Any) -> Any:
-    """Convert tuples and mappings recursively into JSON-native lists and dicts."""
+    """Convert dataclass instances, tuples and mappings recursively into JSON-native dicts and lists.
+
+    A dataclass instance becomes the dict of its fields, as in ``dataclasses.asdict``, without the
+    deep copy ``asdict`` makes of every value first: every container here is copied anyway, and
+    what is left is immutable. A DAG file makes one such dict per stage section and stage.
+    """
+    if hasattr(type(value), "__dataclass_fields__"):
+        return {f.name: json_ready(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
         return {str(k): json_ready(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -68,13 +68,15 @@ class _Signature:
 
 def _is_classvar(annotation: Any) -> bool:
     if isinstance(annotation, str):
-        return annotation.split("[", 1)[0].strip() in ("ClassVar", "typing.ClassVar")
+        return "ClassVar" in annotation and annotation.split("[", 1)[0].strip() in ("ClassVar", "typing.ClassVar")
     return annotation is typing.ClassVar or typing.get_origin(annotation) is typing.ClassVar
 
 
 def _is_special(annotation: Any) -> bool:
     """``InitVar`` and ``KW_ONLY``: left to ``dataclasses`` itself."""
     if isinstance(annotation, str):
+        if "InitVar" not in annotation and "KW_ONLY" not in annotation:
+            return False
         head = annotation.split("[", 1)[0].strip().rsplit(".", 1)[-1]
         return head in ("InitVar", "KW_ONLY")
     return isinstance(annotation, dataclasses.InitVar) or annotation is getattr(dataclasses, "KW_ONLY", None)
@@ -95,18 +97,28 @@ def _missing_message(qualname: str, missing: list[str]) -> str:
 
 def frozen_dataclass(cls: _C) -> _C:
     """Turn ``cls`` into a frozen dataclass, as ``@dataclass(frozen=True)`` would (see the module)."""
-    annotations = cls.__dict__.get("__annotations__", {})
-    keyword_only = any(getattr(cls.__dict__.get(n), "kw_only", False) is True for n in annotations)
-    if _FIELD is None or keyword_only or any(_is_special(a) for a in annotations.values()):
+    # One pass over the annotations and one over the fields: the decorator runs for every config
+    # and spec class on every parse of a DAG file that uses tfpipe.
+    namespace = cls.__dict__
+    annotations = namespace.get("__annotations__", {})
+    own = []
+    for name, annotation in annotations.items():
+        if _is_special(annotation):
+            return dataclasses.dataclass(frozen=True)(cls)
+        if _is_classvar(annotation):
+            continue
+        default = namespace.get(name, _MISSING)
+        if default.__class__ is dataclasses.Field and default.kw_only is True:
+            return dataclasses.dataclass(frozen=True)(cls)
+        own.append((name, annotation, default))
+    if _FIELD is None:
         return dataclasses.dataclass(frozen=True)(cls)
     fields: dict[str, dataclasses.Field] = {}
     for base in cls.__mro__[-1:0:-1]:
         fields.update(getattr(base, "__dataclass_fields__", None) or {})
-    for name, annotation in annotations.items():
-        if _is_classvar(annotation):
-            continue
-        default = cls.__dict__.get(name, _MISSING)
-        f = default if isinstance(default, dataclasses.Field) else dataclasses.field(default=default)
+    for name, annotation, default in own:
+        declared = default.__class__ is dataclasses.Field
+        f = default if declared else dataclasses.field(default=default)
         if f.default is not _MISSING and f.default.__class__.__hash__ is None:
             raise ValueError(f"mutable default {type(f.default)} for field {name} is not allowed: "
                              "use default_factory")
@@ -114,41 +126,47 @@ def frozen_dataclass(cls: _C) -> _C:
         if hasattr(f, "kw_only"):
             f.kw_only = False
         fields[name] = f
-        if isinstance(default, dataclasses.Field):  # the class keeps a plain default, as dataclasses does
+        if declared:  # the class keeps a plain default, as dataclasses does
             if f.default is _MISSING:
                 delattr(cls, name)
             else:
                 setattr(cls, name, f.default)
+    order, required, shown, compared, hashed = [], [], [], [], []
     seen_default = None
     for f in fields.values():
-        if not f.init:
-            continue
-        if f.default is _MISSING and f.default_factory is _MISSING:
-            if seen_default:
-                raise TypeError(f"non-default argument {f.name!r} follows default argument")
-        else:
-            seen_default = f.name
+        if f.init:
+            order.append(f.name)
+            if f.default is _MISSING and f.default_factory is _MISSING:
+                if seen_default:
+                    raise TypeError(f"non-default argument {f.name!r} follows default argument")
+                required.append(f.name)
+            else:
+                seen_default = f.name
+        if f.repr:
+            shown.append(f.name)
+        if f.compare:
+            compared.append(f.name)
+        if f.compare if f.hash is None else f.hash:
+            hashed.append(f.name)
 
     qualname = cls.__qualname__
-    _define(cls, "__init__", _make_init(cls, qualname, fields))
-    shown = tuple(f.name for f in fields.values() if f.repr)
-    _define(cls, "__repr__", _make_repr(shown))
-    compared = tuple(f.name for f in fields.values() if f.compare)
-    _define(cls, "__eq__", _make_eq(compared))
-    class_hash = cls.__dict__.get("__hash__", _MISSING)
-    if class_hash is _MISSING or (class_hash is None and "__eq__" in cls.__dict__):
-        hashed = tuple(f.name for f in fields.values() if (f.compare if f.hash is None else f.hash))
-        cls.__hash__ = _make_hash(hashed)  # type: ignore[assignment]
+    plan = tuple((f.name, f.default, f.default_factory) for f in fields.values())
+    _define(cls, "__init__", _make_init(cls, qualname, tuple(order), tuple(required), plan))
+    _define(cls, "__repr__", _make_repr(tuple(shown)))
+    _define(cls, "__eq__", _make_eq(tuple(compared)))
+    class_hash = namespace.get("__hash__", _MISSING)
+    if class_hash is _MISSING or (class_hash is None and "__eq__" in namespace):
+        cls.__hash__ = _make_hash(tuple(hashed))  # type: ignore[assignment]
     names = frozenset(fields)
     for method, make in (("__setattr__", _make_setattr), ("__delattr__", _make_delattr)):
-        if method in cls.__dict__:
+        if method in namespace:
             raise TypeError(f"Cannot overwrite attribute {method} in class {cls.__name__}")
         setattr(cls, method, make(cls, names))
     cls.__dataclass_fields__ = fields  # type: ignore[attr-defined]
     cls.__dataclass_params__ = _PARAMS  # type: ignore[attr-defined]
-    if "__match_args__" not in cls.__dict__:
-        cls.__match_args__ = tuple(f.name for f in fields.values() if f.init)  # type: ignore[attr-defined]
-    if "__signature__" not in cls.__dict__:
+    if "__match_args__" not in namespace:
+        cls.__match_args__ = tuple(order)  # type: ignore[attr-defined]
+    if "__signature__" not in namespace:
         cls.__signature__ = _Signature()  # type: ignore[attr-defined]
     return cls
 
@@ -159,12 +177,11 @@ def _define(cls: type, name: str, function: Any) -> None:
         setattr(cls, name, function)
 
 
-def _make_init(cls: type, qualname: str, fields: dict[str, dataclasses.Field]) -> Any:
-    order = tuple(f.name for f in fields.values() if f.init)
+def _make_init(cls: type, qualname: str, order: tuple[str, ...], required: tuple[str, ...],
+               plan: tuple[tuple[str, Any, Any], ...]) -> Any:
+    """``__init__`` taking the fields ``order`` (``required`` among them) positionally or by name;
+    ``plan``: (name, default, factory) of every field, in order: what to set when no argument gives it."""
     accepted = frozenset(order)
-    required = tuple(n for n in order if fields[n].default is _MISSING and fields[n].default_factory is _MISSING)
-    # (name, default, factory) of every field, in order: what to set when no argument gives it
-    plan = tuple((f.name, f.default, f.default_factory) for f in fields.values())
     post_init = hasattr(cls, "__post_init__")
     low, high = len(required) + 1, len(order) + 1  # Python's count includes self
     takes = (f"takes {high} positional argument{'s' if high > 1 else ''}" if low == high

@@ -26,6 +26,7 @@ def test_handwritten_reference_has_the_same_tasks_params_and_doc_size(monkeypatc
     assert {t: hand.task_dict[t].trigger_rule for t in hand.task_dict} == \
         {t: tfpipe.task_dict[t].trigger_rule for t in tfpipe.task_dict}
     assert {t: hand.task_dict[t].retries for t in hand.task_dict} == {t: tfpipe.task_dict[t].retries for t in tfpipe.task_dict}
+    assert {t: hand.task_dict[t].outlets for t in hand.task_dict} == {t: tfpipe.task_dict[t].outlets for t in tfpipe.task_dict}
     assert abs(len(hand.doc_md) - len(tfpipe.doc_md)) <= 0.1 * len(tfpipe.doc_md)
     task_docs = lambda dag: sum(len(t.doc_md or "") for t in dag.tasks)  # noqa: E731
     assert abs(task_docs(hand) - task_docs(tfpipe)) <= 0.25 * task_docs(tfpipe)

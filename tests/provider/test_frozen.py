@@ -124,3 +124,24 @@ def test_the_config_classes_are_frozen_dataclasses():
     assert "private_environment" not in repr(ResourcesConfig(private_environment={"TOKEN": "x"}))
     assert TrainingConfig(epochs=3) == TrainingConfig(epochs=3) != TrainingConfig(epochs=4)
     assert hash(TrainingConfig.__dataclass_fields__["epochs"].default) == hash(10)
+
+
+def test_to_dict_is_asdict_made_json_ready():
+    """``to_dict`` skips ``asdict``'s deep copy and gives the same dicts: for every section, with
+    its defaults and with tuples, mappings and a nested dataclass in it, and for a real dataclass
+    (whose ClassVar pseudo-fields ``asdict`` leaves out)."""
+    from tfpipe.config import GpuRequest, _Section, json_ready
+
+    cfg = PipelineConfig.from_dict({"dag_id": "d", "image": {"ref": "img:1.0"}, "data": {"path": "x.csv"},
+                                    "volumes": {"data": "/d", "work": "/w", "models": "/m"}})
+    sections = [ResourcesConfig(private_environment={"TOKEN": "x"}, gpus="0,1", environment={"A": "b"}),
+                TrainingConfig(epochs=3)]
+    sections += [getattr(cfg, f.name) for f in dataclasses.fields(cfg) if isinstance(getattr(cfg, f.name), _Section)]
+    assert len(sections) > 10
+    for section in sections:
+        assert section.to_dict() == json_ready(dataclasses.asdict(section)), type(section).__name__
+    nested = {"request": GpuRequest.parse("2"), "names": ("a", "b")}
+    assert json_ready(nested) == {"request": json_ready(dataclasses.asdict(nested["request"])), "names": ["a", "b"]}
+    real, _ = _pair()
+    assert json_ready(real("x")) == json_ready(dataclasses.asdict(real("x")))
+    assert "kind" not in json_ready(real("x"))

@@ -1,5 +1,6 @@
-"""A stage operator's construction skips the redundant Params merge of the mixin's ``__init__``
-wrapper (Airflow 3.3) and still behaves as ``ResumableJobMixin`` + ``DockerOperator`` say.
+"""A stage operator's construction skips the redundant Params merges of the ``__init__`` wrappers of
+the mixin (Airflow 3.3) and of ``DockerOperator``, and still behaves as ``ResumableJobMixin`` +
+``DockerOperator`` say.
 
 Runs on the newest and the oldest supported Airflow (``make test``), where the mixin is Airflow's
 own or the ``common.compat`` stand-in.
@@ -14,6 +15,8 @@ import pytest
 from airflow.providers.common.compat.sdk import DAG, Param, ResumableJobMixin
 
 from tfpipe import PipelineConfig
+from airflow.providers.docker.operators.docker import DockerOperator
+
 from tfpipe.operators.docker import TrainOperator
 from tfpipe.specs import plan_pipeline
 
@@ -57,10 +60,23 @@ def test_params_are_merged_once_per_task_as_before():
     assert a.params.get_param("gpus") is not a.dag.params.get_param("gpus")
 
 
-@pytest.mark.skipif(not NATIVE, reason="the stand-in below Airflow 3.3 has no wrapper to skip")
-def test_the_mixins_wrapper_is_skipped():
-    """The mixin's __init__ runs unwrapped; the operator's own, DockerOperator's and BaseOperator's
-    wrappers still run (one Params merge fewer than before)."""
+def test_dockeroperators_own_arguments_still_come_from_default_args():
+    """What DockerOperator's wrapper did for its own arguments: fill them from default_args, unless
+    the task gives them."""
+    hosts = {"registry.internal": "10.0.0.5"}
+    with _dag(default_args={"extra_hosts": hosts, "dns": ["10.0.0.2"], "retries": 4}), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from_defaults = TrainOperator(task_id="train", **SPEC_ARGS)
+        given = TrainOperator(task_id="train_2", dns=["10.0.0.3"], **SPEC_ARGS)
+    assert isinstance(from_defaults, DockerOperator)
+    assert from_defaults.extra_hosts == hosts and from_defaults.dns == ["10.0.0.2"]
+    assert given.dns == ["10.0.0.3"] and given.extra_hosts == hosts
+    assert from_defaults.retries == 4  # BaseOperator's own, by its wrapper
+
+
+def test_the_mixins_and_dockeroperators_wrappers_are_skipped():
+    """The mixin's and DockerOperator's __init__ run unwrapped; the operator's own and
+    BaseOperator's wrappers still run (two Params merges, as for a DockerOperator of its own)."""
     import airflow.sdk.bases.operator as operator_module
 
     calls = []
@@ -76,5 +92,5 @@ def test_the_mixins_wrapper_is_skipped():
             TrainOperator(task_id="train", **SPEC_ARGS)
     finally:
         operator_module.get_merged_defaults = merged
-    assert len(calls) == 3
+    assert len(calls) == 2
 

@@ -74,6 +74,30 @@ _DURABLE_UNSET: Any = object()
 #: wrapper fills ``durable`` from ``default_args`` instead (it is a named argument below). The
 #: stand-in below Airflow 3.3 has no wrapper: it is used as it is.
 _MIXIN_INIT = getattr(ResumableJobMixin.__init__, "__wrapped__", ResumableJobMixin.__init__)
+#: DockerOperator's ``__init__`` without its wrapper, for the same reason: the merge that wrapper
+#: makes is made again, with the same result, by BaseOperator's below it (this class's above it
+#: made the first). What else the wrapper does for DockerOperator's own arguments, filling them
+#: from ``default_args``, :class:`_DockerOperatorBody` does.
+_DOCKER_INIT = getattr(DockerOperator.__init__, "__wrapped__", DockerOperator.__init__)
+_DOCKER_ARGS = frozenset(_DOCKER_INIT.__code__.co_varnames[
+    1:_DOCKER_INIT.__code__.co_argcount + _DOCKER_INIT.__code__.co_kwonlyargcount])
+
+
+class _DockerOperatorBody(DockerOperator):
+    """``DockerOperator`` whose ``__init__`` is the unwrapped one, next after the mixin in a stage
+    operator's MRO (see :data:`_DOCKER_INIT`); not an operator of its own."""
+
+
+def _docker_init(self: Any, **kwargs: Any) -> None:
+    defaults = kwargs.get("default_args")
+    if defaults:
+        for name in _DOCKER_ARGS.intersection(defaults).difference(kwargs):
+            kwargs[name] = defaults[name]
+    _DOCKER_INIT(self, **kwargs)
+
+
+# Assigned after the class is made: Airflow's metaclass wraps only an ``__init__`` in the class body.
+_DockerOperatorBody.__init__ = _docker_init  # type: ignore[method-assign]
 
 
 def docker_mount(mount: MountSpec) -> Any:
@@ -132,7 +156,7 @@ class _RedactingLog:
         return getattr(self._log, name)
 
 
-class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
+class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
     """Run one tfpipe stage (``python3 -m trainer <stage>``) in the trainer image.
 
     Built from a :class:`~tfpipe.specs.StageSpec` (:func:`tfpipe.dag_factory.training_pipeline`
@@ -228,7 +252,7 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         self.nano_cpus = None if spec.cpus is None else int(round(spec.cpus * 1e9))
         if durable is not _DURABLE_UNSET:
             kwargs["durable"] = durable
-        _MIXIN_INIT(  # = super().__init__, minus one redundant pass of Airflow's defaults wrapper
+        _MIXIN_INIT(  # = super().__init__, minus two redundant passes of Airflow's defaults wrapper
             self,
             image=spec.image,
             command=list(spec.command),
