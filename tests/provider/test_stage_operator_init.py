@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime
 import warnings
 
-import pytest
 from airflow.providers.common.compat.sdk import DAG, Param, ResumableJobMixin
 
 from tfpipe import PipelineConfig
