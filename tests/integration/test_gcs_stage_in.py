@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import struct
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -209,28 +211,33 @@ def test_a_new_target_directory_is_made_by_a_tar_without_the_survey_helper(tmp_p
 
 
 @pytest.mark.parametrize("where", ["threads", "processes"])
-def test_a_failed_new_target_directory_stops_the_sync_with_the_engine_error(tmp_path, trainer_image, bucket,
-                                                                            monkeypatch, where):
-    """The new target directory is made by the engine's thread while the downloads start: when the
-    engine refuses it, the task fails with that error (not a broken tar stream's), and nothing is
-    staged."""
-    import tfpipe.gcs.sync
+def test_a_refused_stream_into_a_new_target_directory_fails_with_the_engine_error(tmp_path, trainer_image, bucket,
+                                                                                monkeypatch, where):
+    """A new target directory's directories lead the tar stream into the deepest one that exists:
+    when the engine refuses that stream, the task fails with the engine's error (not a broken
+    stream's), and nothing is staged."""
     from tfpipe.exceptions import StageFailedError
+    from tfpipe.hooks.docker import VolumeHelper
 
     if where == "processes":
         _in_processes(monkeypatch)
     for i in range(5):
         bucket.blob(f"raw/d/part-{i}.csv").upload_from_string(f"x,label\n{i},0\n".encode())
+    seen = []
 
-    def refused(helper, path, missing, uid, gid, planned):
-        time.sleep(0.5)  # the downloads and the stream's start are under way by now
+    def refused(helper, path, data):
+        seen.append((path, next(iter(data))))  # the stream's first piece: the missing directories
+        time.sleep(0.5)  # the downloads are under way by now
         raise StageFailedError(f"the Docker engine refused to extract an archive into {path}", exit_code=None)
 
-    monkeypatch.setattr(tfpipe.gcs.sync, "_make_root", refused)
+    monkeypatch.setattr(VolumeHelper, "put_archive", refused)
     with pytest.raises(StageFailedError, match="refused to extract an archive into /"):
         _operator(tmp_path, trainer_image, "a/b/", source_uri=f"gs://{bucket.name}/raw/d").execute(
             fake_context("stage_in"))
     assert not (tmp_path / "data" / "a").exists()
+    assert len(seen) == 1 and seen[0][0] == "/vol"  # into the mount, led by "a" and "a/b" (the user's)
+    with tarfile.open(fileobj=io.BytesIO(seen[0][1] + tarfile.NUL * 1024)) as lead:
+        assert [(m.name, m.isdir(), m.uid, m.gid) for m in lead] == [("a", True, 1000, 1000), ("a/b", True, 1000, 1000)]
 
 
 def test_no_uri_skips(tmp_path, trainer_image):

@@ -6,8 +6,8 @@ batches that go to the engine as one tar stream through a :class:`~tfpipe.hooks.
 each while the next batches download. Large batches download in worker processes (see
 :data:`PROCESS_MIN_OBJECTS`), small ones in threads of this process. The listing of the target
 directory and deletions run as programs of :mod:`trainer.volume_ops` in helper containers next to
-the files (a target directory that does not exist yet needs neither: it is made by a small tar);
-the manifest is written last, so an interrupted sync never passes for a complete one.
+the files (a target directory that does not exist yet needs neither: its directories lead the tar
+stream); the manifest is written last, so an interrupted sync never passes for a complete one.
 """
 
 from __future__ import annotations
@@ -65,6 +65,9 @@ DOWNLOAD_PROCESSES = min(4, os.cpu_count() or 1)
 #: of 1.2 s for 500 objects of 400 kB); parts shrink that head start and tail to a part's.
 #: Read at run time: tests lower it.
 PROCESS_PART_BYTES = 4 * 1024 * 1024
+#: The first part of a sync is smaller: the stream starts as soon as it is down (a first part of
+#: 4 MB kept the engine idle for most of a 0.1 s start).
+FIRST_PART_BYTES = 1024 * 1024
 
 
 def _uid_gid(user: str) -> tuple[int, int]:
@@ -98,12 +101,18 @@ def stage_in(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, data_path: 
     progress = Progress()
     with tempfile.TemporaryDirectory(prefix="tfpipe-stage-in-") as tmp, \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfpipe-engine") as engine:
+        stream_root, prefix, lead = root, "", b""
         if (missing := _missing_root(helper, root, mount)) is not None:
             # A target directory that did not exist holds nothing to list, keep or delete: no survey
             # (a helper container costs about a second, and the tar stream would wait for it). The
-            # engine thread makes it, ahead of the tar stream into it, while the downloads start.
-            survey = engine.submit(_make_root, helper, *missing, uid, gid,
-                                   lambda: _planned(uri, layout, where, {}, uid, gid, log))
+            # stream goes into the deepest directory that exists, led by the missing ones (owned by
+            # the stage's user): no archive call of their own for the stream to wait for.
+            stream_root, missing_dirs = missing
+            prefix = posixpath.relpath(root, stream_root)
+            lead = b"".join(_dir_info(posixpath.relpath(d, stream_root), uid, gid).tobuf(
+                tarfile.PAX_FORMAT, "utf-8", "surrogateescape") for d in reversed(missing_dirs))
+            survey = Future()
+            survey.set_result(_planned(uri, layout, where, {}, uid, gid, log))
             early = changed_since(layout.objects, None)
         else:
             # Every engine call runs in this one thread, in order: first the survey of the target
@@ -115,10 +124,11 @@ def stage_in(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, data_path: 
         ended: list[bytes | None] = []  # the stream's last piece, once sent
 
         def ending() -> bytes | None:
-            ended.append(_new_manifest(uri, layout, survey.result().listing, uid, gid))
+            ended.append(_new_manifest(uri, layout, survey.result().listing, uid, gid, prefix))
             return ended[-1]
 
-        for batch in _transfer(hook, helper, engine, survey, uri, early, root, tmp, max_workers, ending):
+        for batch in _transfer(hook, helper, engine, survey, uri, early, _Target(stream_root, prefix, lead), tmp,
+                               max_workers, ending):
             downloaded += len(batch)
             downloaded_bytes += sum(o.size for o in batch)
             unchanged = survey.result().plan.unchanged  # done: it ran before the tar stream
@@ -127,8 +137,8 @@ def stage_in(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, data_path: 
                          megabytes(downloaded_bytes + sum(o.size for o in unchanged)))
         listing, plan = survey.result().listing, survey.result().plan
 
-    if not ended and (manifest_tar := _new_manifest(uri, layout, listing, uid, gid)) is not None:
-        helper.put_archive(root, manifest_tar)  # no tar stream ran (nothing to download)
+    if not ended and (manifest_tar := _new_manifest(uri, layout, listing, uid, gid, prefix)) is not None:
+        helper.put_archive(stream_root, lead + manifest_tar)  # no tar stream ran (nothing to download)
     if not downloaded and not plan.delete:
         log.info("stage-in: %s is up to date (%d object(s), %s)", where, total, megabytes(total_bytes))
     data_rel = posixpath.join(layout.target_dir, layout.single) if layout.single else layout.target_dir
@@ -137,16 +147,18 @@ def stage_in(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, data_path: 
             "unchanged": len(plan.unchanged), "deleted": len(plan.delete), "untracked": len(plan.untracked)}
 
 
-def _new_manifest(uri: GcsUri, layout: Layout, listing: dict[str, Any], uid: int, gid: int) -> bytes | None:
-    """The sync's manifest as a tar archive of that one file, or ``None`` when the target directory's
-    (in ``listing``) already says the same."""
+def _new_manifest(uri: GcsUri, layout: Layout, listing: dict[str, Any], uid: int, gid: int,
+                  prefix: str = "") -> bytes | None:
+    """The sync's manifest as a tar archive of that one file (named below ``prefix``), or ``None``
+    when the target directory's (in ``listing``) already says the same."""
     manifest = {"schema": MANIFEST_SCHEMA, "source": str(uri),
                 "objects": {rel: o.manifest_entry() for rel, o in sorted(layout.objects.items())}}
     old = listing.get("manifest") or {}
     if old.get("objects") == manifest["objects"] and old.get("source") == manifest["source"]:
         return None
     manifest["synced_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    return tar_bytes(layout.manifest_name, json.dumps(manifest, indent=1).encode(), uid=uid, gid=gid)
+    return tar_bytes(posixpath.join(prefix, layout.manifest_name), json.dumps(manifest, indent=1).encode(),
+                     uid=uid, gid=gid)
 
 
 def _parents(rel: str) -> list[str]:
@@ -216,16 +228,6 @@ def _missing_root(helper: VolumeHelper, root: str, mount: str) -> tuple[str, lis
     return path, missing
 
 
-def _make_root(helper: VolumeHelper, path: str, missing: list[str], uid: int, gid: int,
-               planned: Callable[[], _Survey]) -> _Survey:
-    """Make the ``missing`` directories below ``path`` (owned by ``uid:gid``, as the survey's helper
-    would make them) with one small tar through the engine's archive API; then ``planned()``."""
-    entries = (_dir_info(posixpath.relpath(d, path), uid, gid) for d in reversed(missing))
-    helper.put_archive(path, b"".join(_tar_pieces((info, None) for info in entries))
-                       + tarfile.NUL * (2 * tarfile.BLOCKSIZE))
-    return planned()
-
-
 def _read_manifest(helper: VolumeHelper, root: str, name: str) -> dict[str, Any] | None:
     """The last sync's manifest, read through the engine's archive API; None when absent or unreadable.
 
@@ -240,12 +242,23 @@ def _read_manifest(helper: VolumeHelper, root: str, name: str) -> dict[str, Any]
         return None
 
 
+@dataclass
+class _Target:
+    """Where the tar stream goes: ``root`` (an existing directory), with every member named below
+    ``prefix`` (the target directory relative to ``root``; empty when it is ``root``) and the tar
+    members ``lead`` (the target's missing directories) first."""
+
+    root: str
+    prefix: str = ""
+    lead: bytes = b""
+
+
 class _Aborted(Exception):
     """The worker stopped the transfer (its own error follows); the engine gets no complete tar."""
 
 
 def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecutor, survey: Future, uri: GcsUri,
-              early: list[RemoteObject], root: str, tmp: str, max_workers: int,
+              early: list[RemoteObject], target: _Target, tmp: str, max_workers: int,
               ending: Callable[[], bytes | None]) -> Iterator[list[RemoteObject]]:
     """Download batch by batch (``early`` first, then what else the survey's plan downloads) into
     one tar stream to the engine; yield each batch once the engine has been sent it. The stream
@@ -292,7 +305,7 @@ def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecu
         for part, files in downloads.parts(batch, download):
             ready.put((part, files))
             if put is None:
-                put = engine.submit(_put_stream, helper, root, survey, ready, sent, room, ending)
+                put = engine.submit(_put_stream, helper, target, survey, ready, sent, room, ending)
         ready.put(_BatchEnd(batch))
 
     try:
@@ -372,7 +385,8 @@ class _Downloads:
             self._client_state = pickle.dumps((client.project, client._credentials))
             self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("fork"))
         parts = []
-        for part in batches(batch, PROCESS_PART_BYTES, len(batch)):
+        head = [] if self._count else batches(batch, min(FIRST_PART_BYTES, PROCESS_PART_BYTES), len(batch))[0]
+        for part in ([head] if head else []) + batches(batch[len(head):], PROCESS_PART_BYTES, len(batch)):
             self._count += 1
             items = [(o.name, o.generation, o.size, os.path.join(self.tmp, f"{self._count}-{i}"))
                      for i, o in enumerate(part)]
@@ -444,12 +458,14 @@ def _download_in_process(client_state: bytes, credentials_source: str, uri: str,
     return paths, None
 
 
-def _put_stream(helper: VolumeHelper, root: str, survey: Future, ready: queue.Queue, sent: queue.Queue,
+def _put_stream(helper: VolumeHelper, target: _Target, survey: Future, ready: queue.Queue, sent: queue.Queue,
                 room: threading.Semaphore, ending: Callable[[], bytes | None]) -> None:
-    """In the engine's thread: one tar of every batch put on ``ready``, then ``ending()``, streamed
-    into ``root``."""
+    """In the engine's thread: one tar of ``target.lead`` and every batch put on ``ready``, then
+    ``ending()``, streamed into ``target.root``."""
 
     def pieces() -> Iterator[bytes]:
+        if target.lead:
+            yield target.lead
         while (item := ready.get()) is not None:
             if item is _Aborted:
                 raise _Aborted()
@@ -459,13 +475,13 @@ def _put_stream(helper: VolumeHelper, root: str, survey: Future, ready: queue.Qu
                 continue
             part, files = item
             try:
-                yield from _tar_pieces(_tar_entries(part, files, survey.result()))
+                yield from _tar_pieces(_tar_entries(part, files, survey.result(), target.prefix))
             finally:
                 _close(files)
         last = ending()  # a whole archive of its own, so it ends this one too
         yield last if last is not None else tarfile.NUL * (2 * tarfile.BLOCKSIZE)
 
-    helper.put_archive(root, pieces())  # type: ignore[arg-type]  # streamed, chunked
+    helper.put_archive(target.root, pieces())  # type: ignore[arg-type]  # streamed, chunked
 
 
 def _download(hook: TfpipeGcsHook, uri: GcsUri, batch: list[RemoteObject], tmp: str,
@@ -522,15 +538,17 @@ def _close(files: dict[str, IO[bytes]]) -> None:
         handle.close()
 
 
-def _tar_entries(batch: list[RemoteObject], files: dict[str, IO[bytes]],
-                 survey: _Survey) -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:
-    """The tar members of ``batch``: parent directories not there yet, then each object's bytes."""
+def _tar_entries(batch: list[RemoteObject], files: dict[str, IO[bytes]], survey: _Survey,
+                 prefix: str = "") -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:
+    """The tar members of ``batch`` (named below ``prefix``): parent directories not there yet, then
+    each object's bytes."""
+    lead = f"{prefix}/" if prefix else ""
     for obj in batch:
         for parent in _parents(obj.rel):
             if parent not in survey.dirs:
                 survey.dirs.add(parent)
-                yield _dir_info(parent, survey.uid, survey.gid), None
-        info = tarfile.TarInfo(obj.rel)
+                yield _dir_info(lead + parent, survey.uid, survey.gid), None
+        info = tarfile.TarInfo(lead + obj.rel)
         info.size = files[obj.rel].seek(0, os.SEEK_END)
         info.mode, info.uid, info.gid, info.mtime = 0o644, survey.uid, survey.gid, obj.updated
         yield info, files[obj.rel]
