@@ -113,6 +113,16 @@ def test_dag_file_imports_without_tensorflow(path):
     assert probe["dag_id"] == path.stem
 
 
+@pytest.mark.parametrize("path", sorted((REPO / "dags").glob("*.py")), ids=lambda p: p.name)
+def test_dag_files_name_the_docker_provider_for_the_dag_processors_pre_import(path):
+    """Airflow's DAG processor imports the airflow.* modules a DAG file names once, in its manager,
+    before it forks the process that parses the file (``parsing_pre_import_modules``, on by
+    default): a file that names the Docker provider spares every parse of it that import."""
+    from airflow.utils.file import iter_airflow_imports
+
+    assert "airflow.providers.docker.operators.docker" in set(iter_airflow_imports(str(path)))
+
+
 def _parse_probe(path: Path) -> dict:
     proc = subprocess.run([sys.executable, "-c", PROBE, str(REPO / "dags"), str(path)],
                           capture_output=True, text=True, timeout=120)
