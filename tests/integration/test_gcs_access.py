@@ -51,23 +51,30 @@ def test_malformed_uri_in_a_run_parameter(tmp_path, trainer_image, emulator_env)
     assert "run parameter 'data_uri'" in str(err.value) and "not a valid bucket name" in str(err.value)
 
 
+class _JsonReplies(BaseHTTPRequestHandler):
+    """A handler that answers with JSON (:meth:`reply`) and logs nothing."""
+
+    def reply(self, status: int, document: dict) -> None:
+        body = json.dumps(document).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
 @pytest.fixture
 def rejecting_token_endpoint():
     """An OAuth token endpoint that rejects every key, as Google's does for a deleted key."""
     calls = []
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(_JsonReplies):
         def do_POST(self):  # noqa: N802 (http.server's naming)
             calls.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-            body = json.dumps({"error": "invalid_grant", "error_description": "Invalid JWT Signature."}).encode()
-            self.send_response(400)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
+            self.reply(400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature."})
 
     server = HTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -101,22 +108,14 @@ def test_rejected_credentials_fail_without_retry(tmp_path, trainer_image, bucket
     assert 1 <= len(calls) <= 2, "the real client asked the token endpoint, and did not keep retrying"
 
 
-class _RecordingProxy(BaseHTTPRequestHandler):
+class _RecordingProxy(_JsonReplies):
     """An HTTP proxy that answers every request itself (an empty object listing) and records it."""
 
     seen: list[tuple[str, str | None]] = []
 
     def do_GET(self):  # noqa: N802  (http.server's name)
         self.seen.append((self.path, self.headers.get("Authorization")))
-        body = json.dumps({"kind": "storage#objects", "items": []}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+        self.reply(200, {"kind": "storage#objects", "items": []})
 
 
 def test_the_clients_http_settings_come_from_the_environment_once(bucket, emulator_env, monkeypatch, tmp_path):
