@@ -143,8 +143,8 @@ print(json.dumps({"seconds": time.perf_counter() - started, "cpu": time.process_
 #: The same exec time where a DAG processor parses: Airflow 3's manager has its own modules loaded,
 #: and before it forks the process that parses a file it imports the ``airflow.*`` modules the file
 #: names (``[dag_processor] parsing_pre_import_modules``, on by default), with Airflow's own
-#: ``iter_airflow_imports``. A file naming the Docker provider then finds it loaded; tfpipe's names
-#: none, so its parse imports tfpipe and, through it, the Docker provider every time.
+#: ``iter_airflow_imports``. A file naming the Docker provider then finds it loaded (the hand-written
+#: one, and tfpipe's DAG files, which name it for this); tfpipe's own modules are never pre-imported.
 PROCESSOR_PROBE = r'''
 import importlib, json, runpy, sys, time
 import airflow
