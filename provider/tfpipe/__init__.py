@@ -21,7 +21,7 @@ _LAZY = {
     "EvaluationConfig": "tfpipe.config",
     "ExportConfig": "tfpipe.config",
     "ResourcesConfig": "tfpipe.config",
-    "TfpipeConfigError": "tfpipe.exceptions",
+    "TfpipeConfigError": "tfpipe.config",
     "training_pipeline": "tfpipe.dag_factory",
 }
 

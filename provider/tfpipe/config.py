@@ -1,7 +1,7 @@
 """Pipeline configuration: frozen dataclasses, one per concern, validated when constructed.
 
 Everything here runs at DAG-parse time, so it does no I/O: it checks shapes, types and ranges
-and raises :class:`~tfpipe.exceptions.TfpipeConfigError` with a message that names the field
+and raises :class:`TfpipeConfigError` with a message that names the field
 and says how to fix it. Paths are paths **on the Docker engine's host** (the engine may not be
 the worker's host), so they are checked for form only, never for existence.
 
@@ -25,8 +25,23 @@ from datetime import datetime, timezone
 from typing import Any, ClassVar
 
 from tfpipe import contract
-from tfpipe.exceptions import TfpipeConfigError
 from tfpipe.frozen import frozen_dataclass
+
+
+class TfpipeConfigError(ValueError):
+    """A pipeline or operator argument is wrong; the message names the field and the fix.
+
+    Raised at DAG-parse time, so a bad config shows up as a DAG import error in the UI
+    instead of a failed run. Defined here, with the checks that raise it, rather than with the
+    exceptions a running task raises (:mod:`tfpipe.exceptions`, which exports it too): those build
+    on Airflow's, and a DAG file's parse, which the DAG processor repeats every few seconds,
+    needs none of them.
+    """
+
+
+#: The Airflow Variable holding the trainer image reference of a deployment: what a pipeline runs
+#: when its ``image.ref`` is left unset (read by :func:`tfpipe.settings.resolve_image` at run time).
+IMAGE_VARIABLE = "tfpipe_image"
 
 GPU_FALLBACKS = ("fail", "cpu")
 

@@ -19,7 +19,7 @@ from typing import Any
 from airflow.providers.common.compat.sdk import DAG, Asset, BaseOperator, Param, TriggerRule
 
 from tfpipe import compat, contract
-from tfpipe.config import PipelineConfig
+from tfpipe.config import IMAGE_VARIABLE, PipelineConfig
 from tfpipe.operators.docker import OPERATORS
 from tfpipe.specs import StageSpec, plan_pipeline
 
@@ -153,7 +153,6 @@ def _cleanup_doc(cfg: PipelineConfig) -> str:
 def _image_doc(cfg: PipelineConfig) -> str:
     if cfg.image.ref:
         return f"`{cfg.image.ref}`"
-    from tfpipe.settings import IMAGE_VARIABLE
 
     return (f"the image named by the Airflow Variable `{IMAGE_VARIABLE}` (read when each task runs; "
             f"`airflow variables set {IMAGE_VARIABLE} REF`)")

@@ -1,16 +1,19 @@
-"""Exceptions raised by tfpipe on the Airflow side."""
+"""Exceptions raised by tfpipe on the Airflow side.
+
+Everything here but :class:`~tfpipe.config.TfpipeConfigError` (defined with the config checks that
+raise it) is raised only while a task runs, so the modules a DAG file's parse needs import this
+one only there: its classes build on Airflow's.
+"""
 
 from __future__ import annotations
 
 from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException
 
+from tfpipe.config import TfpipeConfigError
 
-class TfpipeConfigError(ValueError):
-    """A pipeline or operator argument is wrong; the message names the field and the fix.
-
-    Raised at DAG-parse time, so a bad config shows up as a DAG import error in the UI
-    instead of a failed run.
-    """
+__all__ = ["DockerEngineRefusedError", "DockerEngineUnreachableError", "GpuUnavailableError", "ImageNotFoundError",
+           "ImageNotSetError", "PublishConflictError", "StageFailedError", "StageInError", "StageRejectedError",
+           "TfpipeConfigError"]
 
 
 class GpuUnavailableError(AirflowFailException):

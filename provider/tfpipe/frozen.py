@@ -16,8 +16,8 @@ the field marker it relies on) falls back to ``@dataclass(frozen=True)`` itself.
 
 from __future__ import annotations
 
+import _thread
 import dataclasses
-import reprlib
 import typing
 from typing import Any, TypeVar
 
@@ -27,6 +27,8 @@ _MISSING = dataclasses.MISSING
 #: How ``dataclasses`` marks a regular field (not a ClassVar or InitVar pseudo-field);
 #: ``dataclasses.fields()`` returns only fields marked so.
 _FIELD = getattr(dataclasses, "_FIELD", None)
+#: Whether fields have ``kw_only`` (Python 3.10 on): every field made here is positional.
+_HAS_KW_ONLY = "kw_only" in dataclasses.Field.__slots__
 
 
 class _Params:
@@ -66,6 +68,9 @@ class _Signature:
             return_annotation=None)
 
 
+_SIGNATURE = _Signature()
+
+
 def _is_classvar(annotation: Any) -> bool:
     if isinstance(annotation, str):
         return "ClassVar" in annotation and annotation.split("[", 1)[0].strip() in ("ClassVar", "typing.ClassVar")
@@ -95,85 +100,104 @@ def _missing_message(qualname: str, missing: list[str]) -> str:
     return f"{qualname}.__init__() missing {len(names)} required positional argument{plural}: {listed}"
 
 
+def _too_many_message(qualname: str, required: int, accepted: int, given: int) -> str:
+    """Python's own wording for too many positional arguments (its counts include ``self``)."""
+    low, high = required + 1, accepted + 1
+    takes = (f"takes {high} positional argument{'s' if high > 1 else ''}" if low == high
+             else f"takes from {low} to {high} positional arguments")
+    return f"{qualname}.__init__() {takes} but {given + 1} were given"
+
+
 def frozen_dataclass(cls: _C) -> _C:
     """Turn ``cls`` into a frozen dataclass, as ``@dataclass(frozen=True)`` would (see the module)."""
-    # One pass over the annotations and one over the fields: the decorator runs for every config
-    # and spec class on every parse of a DAG file that uses tfpipe.
-    namespace = cls.__dict__
-    annotations = namespace.get("__annotations__", {})
-    own = []
-    for name, annotation in annotations.items():
-        if _is_special(annotation):
-            return dataclasses.dataclass(frozen=True)(cls)
-        if _is_classvar(annotation):
-            continue
-        default = namespace.get(name, _MISSING)
-        if default.__class__ is dataclasses.Field and default.kw_only is True:
-            return dataclasses.dataclass(frozen=True)(cls)
-        own.append((name, annotation, default))
+    # Every config and spec class goes through here on every parse of a DAG file that uses tfpipe,
+    # about 150 fields in all: one pass over the annotations, one over the fields, and per field
+    # only what a plain annotated field needs (the ClassVar/InitVar/KW_ONLY tests run only for an
+    # annotation that names one of them, or is not a string).
     if _FIELD is None:
         return dataclasses.dataclass(frozen=True)(cls)
+    namespace = cls.__dict__
     fields: dict[str, dataclasses.Field] = {}
-    for base in cls.__mro__[-1:0:-1]:
-        fields.update(getattr(base, "__dataclass_fields__", None) or {})
-    for name, annotation, default in own:
-        declared = default.__class__ is dataclasses.Field
-        f = default if declared else dataclasses.field(default=default)
+    for base in cls.__mro__[-2:0:-1]:  # object has no fields
+        inherited = getattr(base, "__dataclass_fields__", None)
+        if inherited:
+            fields.update(inherited)
+    own: list[dataclasses.Field] = []
+    declared: list[dataclasses.Field] = []
+    for name, annotation in namespace.get("__annotations__", {}).items():
+        if (annotation.__class__ is not str or "ClassVar" in annotation or "InitVar" in annotation
+                or "KW_ONLY" in annotation):
+            if _is_special(annotation):
+                return dataclasses.dataclass(frozen=True)(cls)
+            if _is_classvar(annotation):
+                continue
+        default = namespace.get(name, _MISSING)
+        if default.__class__ is dataclasses.Field:
+            if default.kw_only is True:
+                return dataclasses.dataclass(frozen=True)(cls)
+            f = default
+            declared.append(f)
+        else:
+            f = dataclasses.field(default=default)
         if f.default is not _MISSING and f.default.__class__.__hash__ is None:
             raise ValueError(f"mutable default {type(f.default)} for field {name} is not allowed: "
                              "use default_factory")
         f.name, f.type, f._field_type = name, annotation, _FIELD
-        if hasattr(f, "kw_only"):
+        own.append(f)
+    for f in own:  # the class is changed only once nothing can fall back to dataclasses any more
+        if _HAS_KW_ONLY:
             f.kw_only = False
-        fields[name] = f
-        if declared:  # the class keeps a plain default, as dataclasses does
-            if f.default is _MISSING:
-                delattr(cls, name)
-            else:
-                setattr(cls, name, f.default)
-    order, required, shown, compared, hashed = [], [], [], [], []
+        fields[f.name] = f
+    for f in declared:  # the class keeps a plain default, as dataclasses does
+        if f.default is _MISSING:
+            delattr(cls, f.name)
+        else:
+            setattr(cls, f.name, f.default)
+    order, required, shown, compared, hashed, plan = [], [], [], [], [], []
     seen_default = None
     for f in fields.values():
+        name = f.name
         if f.init:
-            order.append(f.name)
+            order.append(name)
             if f.default is _MISSING and f.default_factory is _MISSING:
                 if seen_default:
-                    raise TypeError(f"non-default argument {f.name!r} follows default argument")
-                required.append(f.name)
+                    raise TypeError(f"non-default argument {name!r} follows default argument")
+                required.append(name)
             else:
-                seen_default = f.name
+                seen_default = name
         if f.repr:
-            shown.append(f.name)
+            shown.append(name)
         if f.compare:
-            compared.append(f.name)
+            compared.append(name)
         if f.compare if f.hash is None else f.hash:
-            hashed.append(f.name)
+            hashed.append(name)
+        plan.append((name, f.default, f.default_factory))
 
     qualname = cls.__qualname__
-    plan = tuple((f.name, f.default, f.default_factory) for f in fields.values())
-    _define(cls, "__init__", _make_init(cls, qualname, tuple(order), tuple(required), plan))
-    _define(cls, "__repr__", _make_repr(tuple(shown)))
-    _define(cls, "__eq__", _make_eq(tuple(compared)))
+    _define(cls, qualname, "__init__", _make_init(cls, qualname, tuple(order), tuple(required), tuple(plan)))
+    _define(cls, qualname, "__repr__", _make_repr(tuple(shown)))
+    _define(cls, qualname, "__eq__", _make_eq(tuple(compared)))
     class_hash = namespace.get("__hash__", _MISSING)
     if class_hash is _MISSING or (class_hash is None and "__eq__" in namespace):
         cls.__hash__ = _make_hash(tuple(hashed))  # type: ignore[assignment]
+    if "__setattr__" in namespace or "__delattr__" in namespace:
+        method = "__setattr__" if "__setattr__" in namespace else "__delattr__"
+        raise TypeError(f"Cannot overwrite attribute {method} in class {cls.__name__}")
     names = frozenset(fields)
-    for method, make in (("__setattr__", _make_setattr), ("__delattr__", _make_delattr)):
-        if method in namespace:
-            raise TypeError(f"Cannot overwrite attribute {method} in class {cls.__name__}")
-        setattr(cls, method, make(cls, names))
+    cls.__setattr__ = _make_setattr(cls, names)  # type: ignore[method-assign, assignment]
+    cls.__delattr__ = _make_delattr(cls, names)  # type: ignore[method-assign, assignment]
     cls.__dataclass_fields__ = fields  # type: ignore[attr-defined]
     cls.__dataclass_params__ = _PARAMS  # type: ignore[attr-defined]
     if "__match_args__" not in namespace:
         cls.__match_args__ = tuple(order)  # type: ignore[attr-defined]
     if "__signature__" not in namespace:
-        cls.__signature__ = _Signature()  # type: ignore[attr-defined]
+        cls.__signature__ = _SIGNATURE  # type: ignore[attr-defined]
     return cls
 
 
-def _define(cls: type, name: str, function: Any) -> None:
+def _define(cls: type, qualname: str, name: str, function: Any) -> None:
     if name not in cls.__dict__:  # a method the class writes itself wins, as with dataclasses
-        function.__qualname__ = f"{cls.__qualname__}.{name}"
+        function.__qualname__ = f"{qualname}.{name}"
         setattr(cls, name, function)
 
 
@@ -183,14 +207,11 @@ def _make_init(cls: type, qualname: str, order: tuple[str, ...], required: tuple
     ``plan``: (name, default, factory) of every field, in order: what to set when no argument gives it."""
     accepted = frozenset(order)
     post_init = hasattr(cls, "__post_init__")
-    low, high = len(required) + 1, len(order) + 1  # Python's count includes self
-    takes = (f"takes {high} positional argument{'s' if high > 1 else ''}" if low == high
-             else f"takes from {low} to {high} positional arguments")
     set_attribute = object.__setattr__
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         if len(args) > len(order):
-            raise TypeError(f"{qualname}.__init__() {takes} but {len(args) + 1} were given")
+            raise TypeError(_too_many_message(qualname, len(required), len(order), len(args)))
         values = dict(zip(order, args))
         for key, value in kwargs.items():
             if key not in accepted:
@@ -215,10 +236,22 @@ def _make_init(cls: type, qualname: str, order: tuple[str, ...], required: tuple
     return __init__
 
 
+#: (id of the object, thread) of every ``__repr__`` running: a value that contains its own object
+#: shows as ``...``, as ``reprlib.recursive_repr`` (what dataclasses uses) does; one set for all
+#: classes, where ``recursive_repr`` would make one wrapper per class.
+_REPR_RUNNING: set[tuple[int, int]] = set()
+
+
 def _make_repr(names: tuple[str, ...]) -> Any:
-    @reprlib.recursive_repr()
     def __repr__(self: Any) -> str:
-        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in names)
+        key = (id(self), _thread.get_ident())
+        if key in _REPR_RUNNING:
+            return "..."
+        _REPR_RUNNING.add(key)
+        try:
+            shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in names)
+        finally:
+            _REPR_RUNNING.discard(key)
         return f"{self.__class__.__qualname__}({shown})"
 
     return __repr__

@@ -16,11 +16,9 @@ of every DAG file; reading it in ``execute()`` costs one lookup per task try.
 
 from __future__ import annotations
 
-from tfpipe.config import check_image_ref
-from tfpipe.exceptions import ImageNotSetError, TfpipeConfigError
+from tfpipe.config import IMAGE_VARIABLE, TfpipeConfigError, check_image_ref
 
-#: The Airflow Variable holding the trainer image reference of a deployment.
-IMAGE_VARIABLE = "tfpipe_image"
+__all__ = ["HOW_TO_SET_IMAGE", "IMAGE_VARIABLE", "resolve_image"]
 
 HOW_TO_SET_IMAGE = (
     f"build the image (`make image` sets the Airflow Variable {IMAGE_VARIABLE!r} in this project's "
@@ -60,6 +58,8 @@ def resolve_image(configured: str | None, *, task: str = "task", allow_floating_
     :class:`~tfpipe.exceptions.ImageNotSetError` (no retry) when neither is set or the Variable
     holds an unpinned reference.
     """
+    from tfpipe.exceptions import ImageNotSetError
+
     if configured:
         return configured
     ref = _read_variable(IMAGE_VARIABLE)

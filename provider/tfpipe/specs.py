@@ -25,7 +25,7 @@ from tfpipe.config import (
     check_image_ref,
     json_ready,
 )
-from tfpipe.exceptions import TfpipeConfigError
+from tfpipe.config import TfpipeConfigError
 from tfpipe.frozen import frozen_dataclass
 
 #: Environment every stage container gets (GPU-safe TensorFlow defaults).

@@ -84,6 +84,35 @@ def test_wrong_arguments_raise_the_same_type_error(args, kwargs):
     assert str(got.value) == str(expected.value)
 
 
+def test_a_value_that_holds_its_own_object_shows_as_dots_as_with_dataclasses():
+    """``repr`` of an object reached again while it is being shown is ``...`` (dataclasses uses
+    ``reprlib.recursive_repr``; this module one guard for all classes), and only inside that call."""
+    real, fast = _pair()
+    for cls in (real, fast):
+        box: list = []
+        one = cls("x", extra={"box": box})
+        box.append(one)
+        assert repr(one).endswith("Example(name='x', count=3, tags=('a',), extra={'box': [...]}, seen=[])"), cls
+        assert repr(box) == f"[{repr(one)}]" and repr(one) == repr(one)
+    assert repr(fast("x", extra={"b": fast("y")})).count("name=") == 2, "a different object is shown"
+
+
+@pytest.mark.parametrize("given", [1, 2, 4])
+def test_too_many_positional_arguments_are_counted_as_python_counts_them(given):
+    """Python's wording for one accepted argument, for a range, and for none required."""
+    for declared, namespace in (({"a": "int"}, {}), ({"a": "int", "b": "int"}, {"b": 1}),
+                                   ({"a": "int"}, {"a": 1})):
+        real = dataclass(frozen=True)(type("T", (), {"__annotations__": declared, **namespace}))
+        fast = frozen_dataclass(type("T", (), {"__annotations__": declared, **namespace}))
+        if given <= len(declared):
+            continue
+        with pytest.raises(TypeError) as expected:
+            real(*range(given))
+        with pytest.raises(TypeError) as got:
+            fast(*range(given))
+        assert str(got.value) == str(expected.value)
+
+
 def test_missing_arguments_are_named_as_python_names_them():
     two = frozen_dataclass(type("Two", (), {"__annotations__": {"a": "int", "b": "int", "c": "int"}}))
     with pytest.raises(TypeError, match=r"missing 3 required positional arguments: 'a', 'b', and 'c'"):

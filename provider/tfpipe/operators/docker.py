@@ -40,7 +40,7 @@ from airflow.providers.docker.operators.docker import DockerOperator, fetch_logs
 
 from tfpipe import contract
 from tfpipe.config import GpuRequest
-from tfpipe.exceptions import GpuUnavailableError, ImageNotFoundError, StageFailedError, TfpipeConfigError
+from tfpipe.config import TfpipeConfigError
 from tfpipe.links import RunReportLink, TensorBoardLink
 from tfpipe.specs import (
     MountSpec,
@@ -55,7 +55,8 @@ from tfpipe.specs import (
 )
 
 # What only a running task needs (the engine's hook, lineage, metrics, exit mapping, the image
-# Variable) is imported in execute(): DAG files are parsed far more often than tasks run.
+# Variable, the exceptions a run raises) is imported in execute(): DAG files are parsed far more
+# often than tasks run.
 if TYPE_CHECKING:
     from tfpipe.hooks.docker import TfpipeDockerHook
 
@@ -431,6 +432,8 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
     def _result_from(self, lines: list[str]) -> dict[str, Any]:
         result = contract.parse_result_line(lines)
         if result is None:
+            from tfpipe.exceptions import StageFailedError
+
             raise StageFailedError(
                 f"{self.stage}: the container exited 0 but printed no result line "
                 f"({contract.RESULT_PREFIX.strip()} ...); is the image a tfpipe trainer image?",
@@ -454,6 +457,7 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
         says how to provide it."""
         from docker.errors import APIError, NotFound
 
+        from tfpipe.exceptions import ImageNotFoundError
         from tfpipe.settings import HOW_TO_SET_IMAGE
 
         try:
@@ -540,6 +544,8 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
                                  self.docker_url, self.stage)
                 self.device_requests = None
                 return self._create_and_start()
+            from tfpipe.exceptions import GpuUnavailableError
+
             raise GpuUnavailableError(
                 f"{self.stage}: {gpus.describe()} requested, but the Docker engine at {self.docker_url} cannot "
                 f"provide GPUs ({_NO_GPU_DRIVER!r}). Fix: install the NVIDIA Container Toolkit on the engine's "

@@ -37,7 +37,7 @@ from airflow.providers.common.compat.sdk import AirflowException, AirflowFailExc
 
 from tfpipe import contract
 from tfpipe.config import GpuRequest, KubernetesConfig
-from tfpipe.exceptions import TfpipeConfigError
+from tfpipe.config import TfpipeConfigError
 from tfpipe.links import RunReportLink, TensorBoardLink
 from tfpipe.operators.exits import raise_for_exit
 from tfpipe.run_params import reject_unknown_conf

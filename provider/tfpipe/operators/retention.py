@@ -23,7 +23,6 @@ from airflow.providers.common.compat.sdk import AirflowFailException, BaseOperat
 
 from tfpipe import contract
 from tfpipe.config import RetentionConfig, check_host_path, check_image_ref, check_name
-from tfpipe.exceptions import StageFailedError
 from tfpipe.specs import container_labels
 
 #: The program the helper container runs, and the environment variable of its request.
@@ -159,6 +158,8 @@ class RetentionOperator(BaseOperator):
             raise AirflowFailException(f"retention rejected its request (exit {status}):\n{tail}")
         result = contract.parse_result_line(lines)
         if status != 0 or result is None:
+            from tfpipe.exceptions import StageFailedError
+
             raise StageFailedError(f"retention failed (exit {status}):\n{tail}", exit_code=status, logs=lines)
         result["kept"] = len(result.get("kept", []))  # the removed list is the news; counts suffice for the rest
         return result
