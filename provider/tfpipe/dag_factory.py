@@ -153,7 +153,6 @@ def _cleanup_doc(cfg: PipelineConfig) -> str:
 def _image_doc(cfg: PipelineConfig) -> str:
     if cfg.image.ref:
         return f"`{cfg.image.ref}`"
-
     return (f"the image named by the Airflow Variable `{IMAGE_VARIABLE}` (read when each task runs; "
             f"`airflow variables set {IMAGE_VARIABLE} REF`)")
 

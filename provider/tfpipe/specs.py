@@ -21,11 +21,11 @@ from tfpipe.config import (
     GpuRequest,
     PipelineConfig,
     ResourcesConfig,
+    TfpipeConfigError,
     VolumesConfig,
     check_image_ref,
     json_ready,
 )
-from tfpipe.config import TfpipeConfigError
 from tfpipe.frozen import frozen_dataclass
 
 #: Environment every stage container gets (GPU-safe TensorFlow defaults).

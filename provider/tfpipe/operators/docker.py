@@ -39,8 +39,7 @@ from airflow.providers.common.compat.sdk import AirflowFailException, ResumableJ
 from airflow.providers.docker.operators.docker import DockerOperator, fetch_logs
 
 from tfpipe import contract
-from tfpipe.config import GpuRequest
-from tfpipe.config import TfpipeConfigError
+from tfpipe.config import GpuRequest, TfpipeConfigError
 from tfpipe.links import RunReportLink, TensorBoardLink
 from tfpipe.specs import (
     MountSpec,

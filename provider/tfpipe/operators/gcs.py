@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.common.compat.sdk import AirflowFailException, AirflowSkipException, BaseOperator
 
 from tfpipe import contract
-from tfpipe.config import check_host_path, check_image_ref, check_name, check_relative_path
-from tfpipe.config import TfpipeConfigError
+from tfpipe.config import TfpipeConfigError, check_host_path, check_image_ref, check_name, check_relative_path
 from tfpipe.specs import container_labels
 
 # The Cloud Storage hook is imported where a task runs (or an operator is given a URI), not when a

@@ -36,8 +36,7 @@ from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperato
 from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException
 
 from tfpipe import contract
-from tfpipe.config import GpuRequest, KubernetesConfig
-from tfpipe.config import TfpipeConfigError
+from tfpipe.config import GpuRequest, KubernetesConfig, TfpipeConfigError
 from tfpipe.links import RunReportLink, TensorBoardLink
 from tfpipe.operators.exits import raise_for_exit
 from tfpipe.run_params import reject_unknown_conf
