@@ -10,6 +10,10 @@
 # Every tag is derived from content, so an image is rebuilt exactly when its inputs change and a
 # stale image is never used. Progress goes to stderr; stdout carries only the final reference.
 #
+#   docker/build-image.sh --plan   builds nothing: prints "<layer> <tag> present|absent" for the
+#                                  root, deps and trainer images the inputs ask for (the root must
+#                                  be there: the deps tag hashes its id).
+#
 # Environment:
 #   TFPIPE_ROOT_IMAGE   force a root image (e.g. tensorflow/tensorflow:2.9.3-gpu@sha256:...);
 #                       "offline" forces the bullseye build.
@@ -20,6 +24,12 @@
 #   TFPIPE_CACHE        where wheelhouses and the rootfs are kept (default: <repo>/.cache).
 set -euo pipefail
 
+plan=0
+case ${1:-} in
+  --plan) plan=1 ;;
+  '') ;;
+  *) printf 'build-image: error: unknown argument %s. Usage: docker/build-image.sh [--plan]\n' "$1" >&2; exit 2 ;;
+esac
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
 cache=${TFPIPE_CACHE:-$repo/.cache}
@@ -30,6 +40,8 @@ start=$SECONDS
 say() { printf '[image %3ds] %s\n' "$((SECONDS - start))" "$*" >&2; }
 die() { printf 'build-image: error: %s\n' "$*" >&2; exit 1; }
 have_image() { docker image inspect "$1" >/dev/null 2>&1; }
+# --plan: one line per layer on stdout, nothing built.
+planned() { if have_image "$2"; then echo "$1 $2 present"; else echo "$1 $2 absent"; fi; }
 sha() { sha256sum | cut -c1-12; }
 debian_mirror() {
   local mirror=${DEBIAN_MIRROR:-}
@@ -76,7 +88,8 @@ docker info >/dev/null 2>&1 || die "no Docker engine answers (run 'make docker' 
 # --- 1. the root image -------------------------------------------------------------------------
 root_choice=${TFPIPE_ROOT_IMAGE:-}
 if [ -z "$root_choice" ]; then
-  if have_image "$official" || timeout 600 docker pull -q "$official" >/dev/null 2>&1; then
+  # --plan pulls nothing: it plans with the official root only when that is already here.
+  if have_image "$official" || { [ "$plan" = 0 ] && timeout 600 docker pull -q "$official" >/dev/null 2>&1; }; then
     root_choice=$official
   else
     root_choice=offline
@@ -91,6 +104,10 @@ if [ "$root_choice" = offline ]; then
   root_image="tfpipe/rootfs-$suite:$(printf '%s' "$rootfs_recipe" | sha)"
   pyver=3.9
   say "root: offline $suite rootfs ($official could not be pulled) -> $root_image"
+  if [ "$plan" = 1 ] && ! have_image "$root_image"; then
+    planned root "$root_image"
+    die "--plan: the root image $root_image is not built, and the deps tag hashes its id: run 'make image'"
+  fi
   if ! have_image "$root_image"; then
     if ! command -v debootstrap >/dev/null; then
       if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -122,6 +139,10 @@ if [ "$root_choice" = offline ]; then
 else
   root_image=$root_choice
   say "root: $root_image"
+  if [ "$plan" = 1 ] && ! have_image "$root_image"; then
+    planned root "$root_image"
+    die "--plan: the root image $root_image is not here, and the deps tag hashes its id: run 'make image'"
+  fi
   have_image "$root_image" || docker pull -q "$root_image" >/dev/null || die "cannot pull $root_image"
   pyver=$(docker run --rm --entrypoint python3 "$root_image" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 fi
@@ -142,6 +163,17 @@ variant_lock >"$ctx/requirements.lock"
 cp "$here/finish-deps.sh" "$ctx/"
 deps_image="tfpipe/tf29-deps:$(cat "$ctx/requirements.lock" "$here/deps.Dockerfile" "$here/finish-deps.sh" \
   "$here/debs.lock" | { cat; printf '%s %s %s %s' "$root_id" "$pyver" "$root_kind" "$root_digest"; } | sha)"
+# The trainer's tag: its Dockerfile, the deps image and every module's path and content (a renamed
+# module changes what `import` finds, so names count as well as bytes).
+code_id=$( { cat "$here/Dockerfile"; printf '%s\n' "$deps_image";
+             cd "$repo" && find trainer -type f -name '*.py' | LC_ALL=C sort | xargs sha256sum; } | sha)
+image="tfpipe/trainer:$code_id"
+if [ "$plan" = 1 ]; then
+  planned root "$root_image"
+  planned deps "$deps_image"
+  planned trainer "$image"
+  exit 0
+fi
 if have_image "$deps_image"; then
   say "deps: $deps_image (cached)"
   if [ -n "${prefetch:-}" ]; then wait "$prefetch" || true; fi
@@ -186,10 +218,7 @@ else
 fi
 rm -rf "$ctx"
 
-# --- 3. the trainer image ----------------------------------------------------------------------
-code_id=$( { cat "$here/Dockerfile"; printf '%s\n' "$deps_image";
-             cd "$repo" && find trainer -type f -name '*.py' | LC_ALL=C sort | xargs cat; } | sha)
-image="tfpipe/trainer:$code_id"
+# --- 3. the trainer image (tag: code_id above) -------------------------------------------------
 if have_image "$image"; then
   say "trainer: $image (cached)"
 else

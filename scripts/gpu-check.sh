@@ -11,8 +11,9 @@
 # counts as a failure here: on a GPU host every one of them must run.
 #
 # Without an NVIDIA runtime on the engine it says so and exits 1 at once: nothing here can stand
-# in for a GPU. The image must have a CUDA root for TensorFlow to see the GPUs (the offline
-# Debian root has no CUDA; build with TFPIPE_ROOT_IMAGE=tensorflow/tensorflow:2.9.3-gpu@sha256:...).
+# in for a GPU. Either image root works: the offline Debian root carries NVIDIA's CUDA 11 runtime
+# wheels (README, "GPU-ready offline"), the official tensorflow/tensorflow:2.9.3-gpu root its own
+# CUDA 11.2; the variant must not be TFPIPE_IMAGE_VARIANT=cpu. The driver comes from the host.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

@@ -51,3 +51,13 @@ def test_provider_info_names_no_url():
     would lead nowhere; add one only once the page it names exists."""
     urls = [s for s in _strings(get_provider_info()) if re.search(r"[a-z][a-z0-9+.-]*://", s)]
     assert urls == []
+
+
+def test_the_plugin_comes_through_the_entry_point_only():
+    """The README: the plugin is registered by the ``airflow.plugins`` entry point, not also by the
+    provider info's ``plugins`` key (Airflow would register it twice where it reads that key)."""
+    assert "plugins" not in get_provider_info()
+    dist = metadata.distribution("airflow-provider-tfpipe")
+    plugins = [ep for ep in dist.entry_points if ep.group == "airflow.plugins"]
+    assert [(ep.name, ep.value) for ep in plugins] == [("tfpipe", "tfpipe.plugins.tfpipe:TfpipePlugin")]
+    assert plugins[0].load().__name__ == "TfpipePlugin"

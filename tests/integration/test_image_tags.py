@@ -1,0 +1,73 @@
+"""The image tags follow their inputs (``docker/build-image.sh --plan``, against the real engine).
+
+The README: each layer is "tagged by a hash of its inputs so a stale image is never used". A copy of
+the image's inputs (``docker/`` and ``trainer/``) is planned before and after each kind of change;
+``--plan`` builds nothing and reads only the engine's image list, so each plan takes about a second.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.integration
+
+
+def _plan(repo: Path) -> dict[str, tuple[str, str]]:
+    proc = subprocess.run([str(repo / "docker" / "build-image.sh"), "--plan"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line.split() for line in proc.stdout.splitlines()]
+    return {layer: (tag, state) for layer, tag, state in lines}
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> Path:
+    """A copy of what the image is built from, laid out as in the repository."""
+    copy = tmp_path / "repo"
+    shutil.copytree(REPO / "docker", copy / "docker")
+    shutil.copytree(REPO / "trainer", copy / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def test_same_inputs_same_tags_and_the_image_built_from_them_is_present(inputs, trainer_image):
+    here, copy = _plan(REPO), _plan(inputs)
+    assert copy == here
+    # `make image` ran before the tests: every layer the inputs ask for is in the engine
+    assert {state for _, state in copy.values()} == {"present"}, copy
+
+
+@pytest.mark.parametrize("change, layers", [
+    ("a trainer module's code", {"trainer"}),
+    ("a trainer module's name", {"trainer"}),
+    ("the trainer Dockerfile", {"trainer"}),
+    ("the lock", {"deps", "trainer"}),
+    ("the deps recipe", {"deps", "trainer"}),
+])
+def test_a_changed_input_gives_a_new_tag_that_is_not_built_yet(inputs, trainer_image, change, layers):
+    before = _plan(inputs)
+    if change == "a trainer module's code":
+        module = inputs / "trainer" / "report.py"
+        module.write_text(module.read_text() + "\n# changed\n")
+    elif change == "a trainer module's name":  # same bytes, another import name
+        (inputs / "trainer" / "report.py").rename(inputs / "trainer" / "report_renamed.py")
+    elif change == "the trainer Dockerfile":
+        dockerfile = inputs / "docker" / "Dockerfile"
+        dockerfile.write_text(dockerfile.read_text() + "\n# changed\n")
+    elif change == "the lock":
+        lock = inputs / "docker" / "requirements.lock"
+        lock.write_text(lock.read_text() + "# changed\n")
+    else:
+        recipe = inputs / "docker" / "deps.Dockerfile"
+        recipe.write_text(recipe.read_text() + "\n# changed\n")
+    after = _plan(inputs)
+    changed = {layer for layer in before if after[layer][0] != before[layer][0]}
+    assert changed == layers, (before, after)
+    # a new tag is one no image has: the next build makes it instead of reusing a stale one
+    assert all(after[layer][1] == "absent" for layer in layers), after
+    assert after["root"] == before["root"]
