@@ -143,6 +143,18 @@ def test_every_choice_is_accepted_on_both_sides_and_nothing_else(section, name):
         _trainer_resolve(section, **{name: "not-a-choice"})
 
 
+
+@pytest.mark.parametrize("old", [True, False])
+def test_training_cache_of_old_dags_as_a_boolean_is_an_error_naming_the_choices(old):
+    """``training.cache`` was a boolean: a DAG still saying ``true``/``false`` gets an error that names
+    the field and the four choices, not a silent mapping to one of them."""
+    choices = contract.SECTIONS["training"]["cache"]["choices"]
+    assert len(choices) == 4
+    with pytest.raises(TfpipeConfigError, match="training.cache") as err:
+        _provider_section("training", cache=old)
+    assert all(repr(choice) in str(err.value) or choice in str(err.value) for choice in choices), str(err.value)
+    assert "Fix:" in str(err.value)
+
 def test_every_gate_metric_is_selectable_in_a_dag_and_in_the_trigger_form():
     params = pipeline_params(PipelineConfig.from_dict(GOOD))
     assert params["metric"].schema["enum"] == list(contract.METRICS)

@@ -124,6 +124,15 @@ def test_the_train_pod():
     assert {m["mountPath"] for m in init["volumeMounts"]} == {"/work", "/models"}
 
 
+
+def test_prepare_volumes_off_leaves_the_pod_without_an_init_container():
+    """``kubernetes.prepare_volumes: false``: the volumes are prepared by the cluster's owner, so no
+    root init container runs; the stage container itself is unchanged."""
+    dag = _dag(kubernetes={**SETTINGS["kubernetes"], "prepare_volumes": False})
+    pod = _pod(dag, "train")
+    assert not pod["spec"].get("initContainers")
+    assert _stage_container(pod)["securityContext"]["runAsNonRoot"] is True
+
 def test_gpus_only_on_gpu_stages_and_the_run_can_change_them():
     dag = _dag()
     assert "nvidia.com/gpu" not in (_stage_container(_pod(dag, "prep"))["resources"]["limits"] or {})
