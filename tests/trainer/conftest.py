@@ -85,6 +85,46 @@ def write_image_folder(root, classes=("bright_left", "bright_top"), per_class=15
     return root
 
 
+# A user's model module: a layer class of its own, a Python lambda closing over data-set
+# statistics and a Dense size from model_kwargs, none of which a Keras config could rebuild.
+USER_MODEL = """\
+import tensorflow as tf
+
+
+class Centre(tf.keras.layers.Layer):
+    def __init__(self, mean, **kwargs):
+        super(Centre, self).__init__(**kwargs)
+        self.mean = tf.constant(mean, tf.float32)
+
+    def call(self, inputs):
+        return inputs - self.mean
+
+
+def build(input_spec, num_classes, stats, units=4):
+    inputs = tf.keras.Input(shape=input_spec['shape'], name='features')
+    mean = [stats['features'][n]['mean'] for n in input_spec['feature_names']]
+    x = Centre(mean)(inputs)
+    x = tf.keras.layers.Lambda(lambda t: t / 100.0)(x)
+    x = tf.keras.layers.Dense(units, activation='relu')(x)
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(x))
+"""
+
+
+def write_user_model(data_root, package, module="tiny"):
+    """Write :data:`USER_MODEL` as ``<data_root>/code/<package>/<module>.py``.
+
+    Returns ``(code_dir, model)``: the package's parent (``training.code_path`` is ``"code"``) and
+    the ``training.model`` name, ``package.module:build``. A package name no other test imports
+    keeps one test's module out of another's ``sys.modules``.
+    """
+    code = os.path.join(data_root, "code")
+    os.makedirs(os.path.join(code, package))
+    open(os.path.join(code, package, "__init__.py"), "w").close()
+    with open(os.path.join(code, package, module + ".py"), "w") as handle:
+        handle.write(USER_MODEL)
+    return code, "%s.%s:build" % (package, module)
+
+
 class Workspace(object):
     """The three volumes of one test and a factory for stage configs."""
 

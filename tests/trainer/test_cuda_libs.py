@@ -10,6 +10,9 @@ kernels actually running) is checked by ``scripts/gpu-check.sh``.
 On the CPU variant (``TFPIPE_IMAGE_VARIANT=cpu``) the same tests assert the opposite: no CUDA.
 """
 
+import base64
+import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -33,6 +36,18 @@ DRIVER = "libcuda.so.1"
 ROOT_INFO = json.load(open("/opt/tfpipe/root-image.json"))
 GPU_VARIANT = ROOT_INFO.get("variant", "gpu") == "gpu"
 
+
+def wheel_version(name):
+    """The installed version of NVIDIA's wheel ``name``, or None: the build drops the CUDA wheels
+    on the official root, which brings its own CUDA 11.2 and cuDNN 8.1."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+CUDA_WHEELS = wheel_version("nvidia-cuda-runtime-cu11") is not None
+
 _LOAD = r"""
 import ctypes, json, sys
 name = sys.argv[1]
@@ -47,10 +62,12 @@ else:
 """
 
 
-def load_alone(soname):
-    """dlopen ``soname`` by bare name in a fresh interpreter; return ``{"ok", "path"|"error"}``."""
+def load_alone(soname, env=None):
+    """dlopen ``soname`` by bare name in a fresh interpreter (``env`` added to its environment);
+    return ``{"ok", "path"|"error"}``."""
     proc = subprocess.run([sys.executable, "-c", _LOAD, soname], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+                          stderr=subprocess.PIPE, universal_newlines=True, timeout=120,
+                          env=dict(os.environ, **(env or {})))
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -84,6 +101,23 @@ def test_library_loads_with_all_dependencies(soname):
             soname, result.get("path"))
 
 
+@pytest.mark.parametrize("soname", TF_SONAMES + CUDNN_PARTS + OTHER)
+def test_library_is_found_whatever_ld_library_path_says(soname, tmp_path):
+    # A user who sets LD_LIBRARY_PATH replaces whatever the image might have put there (as a
+    # loader path): here it names only an empty directory and one that does not exist.
+    hostile = {"LD_LIBRARY_PATH": os.pathsep.join([str(tmp_path), "/nonexistent/lib64"])}
+    result = load_alone(soname, env=hostile)
+    if not GPU_VARIANT:
+        assert not result["ok"], "the cpu variant should carry no CUDA, but %s loads from %s" % (
+            soname, result.get("path"))
+        return
+    assert result["ok"], "%s does not load with LD_LIBRARY_PATH=%s: %s" % (
+        soname, hostile["LD_LIBRARY_PATH"], result.get("error"))
+    assert result["path"] == load_alone(soname)["path"]
+    if CUDA_WHEELS:  # found through /etc/ld.so.conf.d/tfpipe-cuda.conf
+        assert result["path"].startswith("/opt/tfpipe/deps/nvidia/"), result["path"]
+
+
 def test_tensorflow_build_matches_the_sonames():
     # The sonames above follow from the CUDA/cuDNN versions TF was built with.
     import tensorflow as tf
@@ -99,15 +133,65 @@ def test_library_versions_fit_tf_2_9():
         return
     import ctypes
 
-    # Version queries that need no driver (cudaRuntimeGetVersion does: it answers 35,
-    # "insufficient driver", without one).
+    # Version queries that need no driver (cudaRuntimeGetVersion does: see
+    # test_cuda_runtime_is_11_8_or_the_official_roots_11_2).
     cudnn = ctypes.CDLL("libcudnn.so.8")
     cudnn.cudnnGetVersion.restype = ctypes.c_size_t
     version = cudnn.cudnnGetVersion()  # e.g. 8500 for 8.5.0
     assert 8100 <= version < 9000, "TF 2.9 needs cuDNN 8 with minor >= 1, found %d" % version
+    if CUDA_WHEELS:
+        assert 8500 <= version < 8600, "the image's cuDNN wheel should be 8.5, found %d" % version
+        assert wheel_version("nvidia-cudnn-cu11").startswith("8.5.")
+    else:
+        assert 8100 <= version < 8200, "the official root's cuDNN should be 8.1, found %d" % version
     cublaslt = ctypes.CDLL("libcublasLt.so.11")
     cublaslt.cublasLtGetVersion.restype = ctypes.c_size_t
     assert 110000 <= cublaslt.cublasLtGetVersion() < 120000
+
+
+_RUNTIME_VERSION = r"""
+import ctypes, json
+version = ctypes.c_int(-1)
+code = ctypes.CDLL("libcudart.so.11.0").cudaRuntimeGetVersion(ctypes.byref(version))
+print(json.dumps([code, version.value]))
+"""
+
+
+def sha256_record(path):
+    """The file's hash as a wheel's RECORD writes it (urlsafe base64, no padding)."""
+    with open(path, "rb") as handle:
+        digest = hashlib.sha256(handle.read()).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def test_cuda_runtime_is_11_8_or_the_official_roots_11_2():
+    loaded = load_alone("libcudart.so.11.0")
+    if not GPU_VARIANT:
+        assert not loaded["ok"]
+        return
+    assert loaded["ok"], loaded.get("error")
+    path = os.path.realpath(loaded["path"])
+    if CUDA_WHEELS:
+        # The runtime tells its version only once a driver answers, so without a GPU the proof
+        # is the file itself: the one ld.so loads is, byte for byte, the 11.8 wheel's.
+        dist = importlib.metadata.distribution("nvidia-cuda-runtime-cu11")
+        assert dist.version.startswith("11.8."), dist.version
+        entry = next(f for f in dist.files if f.name == "libcudart.so.11.0")
+        assert os.path.realpath(str(entry.locate())) == path
+        assert (entry.hash.mode, entry.hash.value) == ("sha256", sha256_record(path))
+        expected = 11080
+    else:
+        # The official root's toolkit names the real file by its full version.
+        assert re.search(r"/libcudart\.so\.11\.2\.\d+$", path), path
+        expected = 11020
+    proc = subprocess.run([sys.executable, "-c", _RUNTIME_VERSION], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    code, version = json.loads(proc.stdout)
+    if driver_present():
+        assert (code, version) == (0, expected)
+    else:
+        assert code == 35, (code, version)  # cudaErrorInsufficientDriver: no driver to ask
 
 
 def test_tensorflow_startup_misses_only_the_driver():

@@ -6,6 +6,8 @@ import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -14,8 +16,10 @@ import pytest
 # Inside the image TensorFlow must import: a broken image fails collection, never skips.
 import tensorflow as tf  # noqa: E402
 
-from conftest import write_image_folder  # noqa: E402
+from conftest import write_image_folder, write_user_model  # noqa: E402
 from trainer import common, evaluate, export, prep, train  # noqa: E402
+from trainer import config as config_mod  # noqa: E402
+from trainer.evaluate import load_final_model  # noqa: E402
 from trainer.errors import BadInput, NotBlessed  # noqa: E402
 
 
@@ -58,6 +62,67 @@ def test_export_serves_raw_csv_features_after_a_fresh_load(trained):
     assert np.mean(out["class_id"].numpy() == labels) >= 0.9
     assert [n.decode() for n in out["class_name"].numpy()] == [
         str(i) for i in out["class_id"].numpy()]
+
+
+# Serving a version in a fresh interpreter that has TensorFlow and nothing of the user's code.
+_SERVE_ELSEWHERE = r"""
+import importlib.util, json, os, sys
+import tensorflow as tf
+request = json.load(sys.stdin)
+assert importlib.util.find_spec(request["package"]) is None, "the user's code is importable"
+serve = tf.saved_model.load(request["model_dir"]).signatures["serving_default"]
+inputs = {name: [spec.dtype.name, spec.shape.as_list()]
+          for name, spec in serve.structured_input_signature[1].items()}
+out = serve(**{name: tf.constant(values, tf.float32)
+               for name, values in request["features"].items()})
+reader = tf.train.load_checkpoint(os.path.join(request["model_dir"], "variables", "variables"))
+print(json.dumps({"inputs": inputs, "shapes": sorted(reader.get_variable_to_shape_map().values()),
+                  "probabilities": out["probabilities"].numpy().tolist(),
+                  "class_name": [n.decode() for n in out["class_name"].numpy()]}))
+"""
+
+
+def test_a_user_model_serves_raw_features_without_the_users_code(ws, tmp_path, monkeypatch):
+    """A model built by the user's code (code_path + model_kwargs) is exported with the same
+    raw-feature signature, and the SavedModel alone serves it: a fresh process without the code
+    gets the in-memory model's probabilities."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # code_path goes on sys.path: only here
+    code, model_name = write_user_model(ws.data, "exportmodels")
+    sections = {"training": {"model": model_name, "code_path": "code", "epochs": 2,
+                             "model_kwargs": {"units": 6}},
+                "evaluation": {"threshold": 0.0}}  # the signature is at stake, not accuracy
+    prep.run(ws.config("prep", **sections))
+    train.run(ws.config("train", **sections))
+    evaluate.run(ws.config("evaluate", **sections))
+    result = export.run(ws.config("export", **sections))
+    meta = json.load(open(os.path.join(result["model_dir"], "metadata.json")))
+    assert meta["hyperparameters"]["model"] == model_name
+    assert set(meta["signature"]["inputs"]) == {"f0", "f1", "f2", "f3"}
+
+    with open(os.path.join(ws.data, "blobs.csv")) as handle:
+        rows = list(csv.DictReader(handle))[:20]
+    features = {"f%d" % i: [float(r["f%d" % i]) for r in rows] for i in range(4)}
+    config = config_mod.resolve(ws.config("export", **sections))
+    _, schema, stats = common.load_dataset(config)
+    model = load_final_model(config, schema, stats)
+    x = np.array([features["f%d" % i] for i in range(4)], np.float32).T
+    expected = tf.nn.softmax(model(x, training=False)).numpy()
+
+    shutil.rmtree(code)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SERVE_ELSEWHERE], cwd=str(tmp_path),
+        input=json.dumps({"model_dir": result["model_dir"], "package": "exportmodels",
+                          "features": features}),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    served = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert served["inputs"] == {"f%d" % i: ["float32", [None]] for i in range(4)}
+    assert [4, 6] in served["shapes"]  # the Dense size model_kwargs asked for
+    probabilities = np.array(served["probabilities"])
+    assert probabilities.shape == (20, 3)
+    np.testing.assert_allclose(probabilities, expected, atol=1e-4)
+    assert served["class_name"] == [schema["class_names"][i]
+                                    for i in probabilities.argmax(axis=1)]
 
 
 def test_export_is_idempotent_for_the_same_run(trained, capsys):

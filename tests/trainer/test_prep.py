@@ -2,6 +2,7 @@
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -165,6 +166,27 @@ def test_second_prep_is_a_cache_hit(ws, capsys):
     assert os.stat(marker).st_mtime_ns == before
     assert ws.visible("work", "datasets") == [first["fingerprint"]]
     assert ws.read("dataset.json", run_id="another_run")["fingerprint"] == first["fingerprint"]
+
+
+def test_a_cache_hit_marks_the_data_set_as_just_used(ws):
+    """A reused data set's mtime moves to now (retention spares what prep reused recently); its
+    content, ``_SUCCESS`` included, is left as it was."""
+    first = prep.run(ws.config("prep"))
+    dataset_dir = first["dataset_dir"]
+    marker = os.path.join(dataset_dir, "_SUCCESS")
+    with open(marker, "rb") as handle:
+        success = handle.read()
+    marker_mtime = os.stat(marker).st_mtime_ns
+    long_ago = time.time() - 3 * 86400  # far beyond any retention.min_idle_minutes
+    os.utime(dataset_dir, (long_ago, long_ago))
+    started = time.time()
+    second = prep.run(ws.config("prep", run_id="another_run"))
+    assert second["cache_hit"] is True and second["dataset_dir"] == dataset_dir
+    # 2 s of slack for file systems with coarse timestamps
+    assert started - 2 <= os.stat(dataset_dir).st_mtime <= time.time() + 2
+    with open(marker, "rb") as handle:
+        assert handle.read() == success
+    assert os.stat(marker).st_mtime_ns == marker_mtime
 
 
 def test_fingerprint_covers_content_and_prep_settings(ws):

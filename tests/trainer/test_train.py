@@ -14,7 +14,7 @@ import pytest
 # Inside the image TensorFlow must import: a broken image fails collection, never skips.
 import tensorflow as tf  # noqa: E402
 
-from conftest import REPO, write_blobs_csv, write_image_folder  # noqa: E402
+from conftest import REPO, write_blobs_csv, write_image_folder, write_user_model  # noqa: E402
 from trainer import checkpoints, contract, data, prep, train  # noqa: E402
 from trainer.errors import BadInput  # noqa: E402
 
@@ -387,21 +387,10 @@ def test_unknown_model_lists_the_valid_names(ws):
 
 
 def test_a_user_model_from_code_path(ws):
-    code = os.path.join(ws.data, "code", "mymodels")
-    os.makedirs(code)
-    open(os.path.join(code, "__init__.py"), "w").close()
-    with open(os.path.join(code, "tiny.py"), "w") as handle:
-        handle.write(
-            "import tensorflow as tf\n"
-            "def build(input_spec, num_classes, stats, units=4):\n"
-            "    inputs = tf.keras.Input(shape=input_spec['shape'], name='features')\n"
-            "    mean = [stats['features'][n]['mean'] for n in input_spec['feature_names']]\n"
-            "    x = tf.keras.layers.Lambda(lambda t: (t - mean) / 100.0)(inputs)\n"
-            "    x = tf.keras.layers.Dense(units, activation='relu')(x)\n"
-            "    return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(x))\n")
+    _, model = write_user_model(ws.data, "mymodels")
     for run_id in (None, "r2", "r3"):
         prep.run(ws.config("prep", run_id=run_id))
-    user = {"model": "mymodels.tiny:build", "code_path": "code", "epochs": 1,
+    user = {"model": model, "code_path": "code", "epochs": 1,
             "model_kwargs": {"units": 6}}
     result = train.run(ws.config("train", training=user))
     assert result["steps"] == 8
