@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 
 import pytest
 from airflow.sdk import DAG
+from docker.errors import NotFound
 
+from tfpipe import contract, debug
 from tfpipe.config import PipelineConfig
 from tests.integration.test_pipeline import CreatedContainers
 from tfpipe.exceptions import ImageNotFoundError
@@ -47,6 +50,81 @@ def test_leftover_container_of_an_earlier_try_is_removed(trainer_image, tfpipe_h
         for c in (leftover, other_run):
             try:
                 c.remove(force=True)
+            except Exception:
+                pass
+
+
+def _open_shell(op: TrainOperator, run_id: str, home) -> str:
+    """Start what ``tfpipe shell --detach`` starts for try 1 of the task (its own ``docker run`` line:
+    the task's labels plus ``tfpipe.role=shell``, a ``tfpipe-shell-...`` name); return its name."""
+    for volume in ("work", "models"):
+        (home / volume).mkdir(exist_ok=True)  # bind mounts need their sources
+    plan = debug.task_plan(op, dag_id="hygiene", run_id=run_id, try_number=1, params=None)
+    name = f"tfpipe-shell-train-{uuid.uuid4().hex[:6]}"
+    args = debug.shell_args(plan, dag_id="hygiene", run_id=run_id, task_id="train", name=name, detach=True,
+                            gpus=False)
+    subprocess.run(args, check=True, capture_output=True)
+    return name
+
+
+def _names(docker_client) -> list[str]:
+    return [c.name for c in docker_client.containers.list(all=True)]
+
+
+def test_a_new_try_removes_a_shell_left_open_on_the_task(trainer_image, tfpipe_home, docker_client):
+    """A ``tfpipe shell`` container has another name than the task's container: a new try finds it by
+    the task's labels and removes it before starting its own (one writer per run dir)."""
+    op = _train_operator(trainer_image, tfpipe_home)
+    run_id = f"manual__shell_{uuid.uuid4().hex[:8]}"
+    shell = _open_shell(op, run_id, tfpipe_home)
+    other_run = docker_client.containers.run(
+        trainer_image, ["sleep", "600"], detach=True,
+        labels=container_labels(dag_id="hygiene", run_id="another", task_id="train", try_number=1, stage="train"))
+    try:
+        inspected = docker_client.api.inspect_container(shell)
+        assert inspected["Config"]["Labels"]["tfpipe.role"] == "shell" and inspected["State"]["Running"]
+        plan = resolve_try(op.spec, TryIdentity("hygiene", run_id, "train", 2), image=trainer_image)
+        assert shell != plan.name
+        op._remove_leftovers_of(plan)  # what submit_job does before it creates the try's container
+        names = _names(docker_client)
+        assert shell not in names, "the shell open on the task must be removed before a new try starts"
+        assert other_run.name in names, "containers of other runs must be left alone"
+    finally:
+        for name in (shell, other_run.name):
+            try:
+                docker_client.api.remove_container(name, force=True)
+            except Exception:
+                pass
+
+
+def test_a_re_attaching_try_keeps_its_container_and_removes_every_other_one(
+        trainer_image, tfpipe_home, docker_client):
+    """Re-attaching to the running container of an earlier try removes a shell open on the task and
+    leaves that container running: the try then reads the result it prints after the removal."""
+    op = _train_operator(trainer_image, tfpipe_home)
+    run_id = f"manual__reattach_{uuid.uuid4().hex[:8]}"
+    earlier = resolve_try(op.spec, TryIdentity("hygiene", run_id, "train", 1), image=trainer_image)
+    shell = _open_shell(op, run_id, tfpipe_home)
+    token = uuid.uuid4().hex
+    try:
+        # still running when the re-attaching try removes the others; its result line comes afterwards
+        kept = docker_client.containers.run(
+            trainer_image, ["sh", "-c", f"sleep 3; echo '{contract.RESULT_PREFIX}{{\"token\": \"{token}\"}}'"],
+            name=earlier.name, labels=dict(earlier.labels), detach=True)
+        op._plan = resolve_try(op.spec, TryIdentity("hygiene", run_id, "train", 2), image=trainer_image)
+        op._fresh = False  # a container of an earlier try, as execute_resumable hands it over
+        try:
+            result = op.poll_until_complete(kept.id, {})
+        except NotFound as err:
+            pytest.fail(f"the container the try re-attached to was removed: {err}")
+        assert result == {"token": token}, "the kept container must have run to its end"
+        names = _names(docker_client)
+        assert shell not in names, "a shell open on the task must go when a try re-attaches"
+        assert earlier.name not in names, "the try removes its container once it has the result"
+    finally:
+        for name in (shell, earlier.name):
+            try:
+                docker_client.api.remove_container(name, force=True)
             except Exception:
                 pass
 

@@ -5,14 +5,15 @@ inside a container the operator creates (its real host config and environment) a
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 import pytest
 from airflow.sdk import DAG
 
 from tfpipe.config import PipelineConfig
-from tfpipe.operators import TrainOperator
-from tfpipe.specs import config_template
+from tfpipe.operators import PrepOperator, TrainOperator
+from tfpipe.specs import TryIdentity, config_template, resolve_try
 
 pytestmark = pytest.mark.integration
 
@@ -73,3 +74,41 @@ def test_the_image_itself_preloads_jemalloc_and_has_tzdata(trainer_image, docker
         trainer_image, ["sh", "-c", "grep -c libjemalloc /proc/self/maps; TZ=Europe/Berlin date +%Z"],
         remove=True, environment={}).decode().split()
     assert int(out[0]) >= 1 and out[1] in ("CET", "CEST")
+
+
+# A line the trainer logs (``2026-11-29 18:00:00 INFO message``), not TensorFlow's or Python's.
+TRAINER_LINE = re.compile(r"\b\d{4}-\d\d-\d\d \d\d:\d\d:\d\d INFO (.*?)(?: \[airflow\.task\S*\].*)?$")
+
+
+def _first_stage_lines(image, home, capfd, count=3, **resources):
+    """The first ``count`` lines the trainer logged in a real prep stage, as the task log shows them
+    (Airflow's task logger writes them to the test's output): the operator's own start and follow path
+    (submit_job, poll_until_complete)."""
+    cfg = PipelineConfig.from_dict({
+        "dag_id": "runtime", "image": {"ref": image}, "data": {"path": "digits/digits.csv"},
+        "volumes": {"data": f"{home}/data", "work": f"{home}/work", "models": f"{home}/models"},
+        "resources": resources,
+    })
+    with DAG("runtime", schedule=None):
+        op = PrepOperator(task_id="prep", image=image, stage_config=config_template(cfg, "prep"),
+                          volumes=cfg.volumes, cpus=cfg.resources.cpus, timezone=cfg.resources.timezone,
+                          jemalloc=cfg.resources.jemalloc)
+    plan = resolve_try(op.spec, TryIdentity("runtime", f"manual__runtime_{uuid.uuid4().hex[:8]}", "prep"),
+                       image=image)
+    op._plan, op.container_name, op.labels = plan, plan.name, dict(plan.labels)
+    op._dirs_ready = False
+    capfd.readouterr()
+    result = op.poll_until_complete(op.submit_job({}), {})
+    assert result["num_classes"] == 10, result  # the stage ran to its end
+    logged = [m.group(1) for m in map(TRAINER_LINE.search, "\n".join(capfd.readouterr()).splitlines()) if m]
+    return logged[:count]
+
+
+def test_a_stage_first_logs_its_allocator_time_zone_and_cpu_limit(trainer_image, tfpipe_home, capfd):
+    """A real prep stage says, among its first lines in the task log, which allocator, time zone and
+    CPU limit it runs with: the defaults, then the config's ``timezone``, ``cpus`` and ``jemalloc``."""
+    first = _first_stage_lines(trainer_image, tfpipe_home, capfd)
+    assert "process: malloc jemalloc, time zone UTC (UTC +0000), all CPUs" in first, first
+    first = _first_stage_lines(trainer_image, tfpipe_home, capfd, cpus=1.5, timezone="Asia/Shanghai",
+                               jemalloc=False)
+    assert "process: malloc glibc, time zone Asia/Shanghai (CST +0800), 1.5 CPUs" in first, first

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sqlite3
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+from airflow.sdk import DAG
 
 from tests.conftest import REPO, dag_command, parse_summary, run_dag, write_dag
+from tfpipe.config import PipelineConfig
+from tfpipe.exceptions import StageFailedError
+from tfpipe.operators.docker import TrainOperator, _RedactingLog
+from tfpipe.specs import config_template
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 
@@ -193,18 +200,29 @@ def build(input_spec, num_classes, stats):
 """
 
 
-def test_a_printed_secret_is_masked_in_the_task_log_and_absent_from_xcom_and_db(
-        tfpipe_home, trainer_image, docker_client, tmp_path):
-    secret = "s3cr3t-" + __import__("uuid").uuid4().hex  # unique: the metadata DB outlives test runs
-    code = tfpipe_home / "data" / "code" / "leaky"
+def _secret() -> str:
+    return "s3cr3t-" + uuid.uuid4().hex  # unique: the metadata DB outlives test runs
+
+
+def _dag_with_secret_and_model(home: Path, tmp_path: Path, dag_id: str, model_source: str) -> Path:
+    """A DAG folder whose pipeline trains the user model ``leaky:build`` (``model_source``) and passes
+    ``$TFPIPE_TEST_SECRET`` to the stages as ``private_environment`` ``API_TOKEN``."""
+    code = home / "data" / "code" / "leaky"
     code.mkdir(parents=True)
-    (code / "__init__.py").write_text(LEAKY_MODEL)
+    (code / "__init__.py").write_text(model_source)
     dags = tmp_path / "dags"
     # the DAG reads the secret from its environment (as from a secrets backend): a value written
     # into a DAG file would be stored with the file's source by Airflow
-    path = write_dag(dags, "with_secret", training={"model": "leaky:build", "code_path": "code", "epochs": 2},
+    path = write_dag(dags, dag_id, training={"model": "leaky:build", "code_path": "code", "epochs": 2},
                      resources={"private_environment": {"API_TOKEN": "@SECRET@"}})
     path.write_text(path.read_text().replace("'@SECRET@'", 'os.environ["TFPIPE_TEST_SECRET"]'))
+    return dags
+
+
+def test_a_printed_secret_is_masked_in_the_task_log_and_absent_from_xcom_and_db(
+        tfpipe_home, trainer_image, docker_client, tmp_path):
+    secret = _secret()
+    dags = _dag_with_secret_and_model(tfpipe_home, tmp_path, "with_secret", LEAKY_MODEL)
     inspector = StageInspector(docker_client, "with_secret")
     inspector.start()
     summary, log = run_dag("with_secret", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags,
@@ -227,6 +245,76 @@ def test_a_printed_secret_is_masked_in_the_task_log_and_absent_from_xcom_and_db(
                 assert secret not in repr(row), f"secret found in table {table}"
     for path in (tfpipe_home / "work" / "runs").rglob("*.json"):
         assert secret not in path.read_text(), f"secret found in {path}"
+
+
+# User code that fails with the secret in its output and in its error, as a careless client would.
+LEAKY_FAILING_MODEL = """
+import os
+
+print("leaky model: API_TOKEN is " + os.environ["API_TOKEN"] + " (end)", flush=True)
+raise RuntimeError("the registry refused API_TOKEN " + os.environ["API_TOKEN"] + " (end)")
+"""
+
+
+def test_a_secret_in_a_failing_stage_output_and_error_is_masked_in_the_task_log(
+        tfpipe_home, trainer_image, tmp_path):
+    """The train stage prints the secret, then fails with it in its error (a bad user module, exit 11):
+    the followed output, the error's log tail and the operator's exception all show ``***``."""
+    secret = _secret()
+    dags = _dag_with_secret_and_model(tfpipe_home, tmp_path, "secret_fails", LEAKY_FAILING_MODEL)
+    summary, log = run_dag("secret_fails", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags,
+                           extra_env={"TFPIPE_TEST_SECRET": secret})
+    assert summary["state"] == "failed"
+    assert summary["tasks"]["train"] == {"state": "failed", "try_number": 1}, "bad input must not be retried"
+    assert "train rejected its input" in log, "the operator's exception did not reach the task log"
+    printed = [line for line in log.splitlines() if "leaky model: API_TOKEN is" in line]
+    refused = [line for line in log.splitlines() if "the registry refused API_TOKEN" in line]
+    assert printed and refused, log[-4000:]
+    # refused: the stage's error line as followed, and again in the exception's tail of the output
+    assert len(refused) >= 2, refused
+    assert all("API_TOKEN is *** (end)" in line for line in printed), printed
+    assert all("refused API_TOKEN *** (end)" in line for line in refused), refused
+    assert secret not in log and secret not in json.dumps(summary)
+
+
+def test_the_operator_redacts_a_secret_in_a_failed_container_output_and_its_exception(
+        trainer_image, docker_client, tmp_path, capfd):
+    """A stage container that fails with the secret on stdout and in a traceback on stderr: every
+    line the operator logs and the exception it raises (message and the lines it carries) show
+    ``***``, through the operator's own follow-and-map path on the real engine."""
+    secret = _secret()
+    volumes = {name: str(tmp_path / name) for name in ("data", "work", "models")}
+    cfg = PipelineConfig.from_dict({"dag_id": "redact", "image": {"ref": trainer_image},
+                                    "data": {"path": "digits/digits.csv"}, "volumes": volumes})
+    with DAG("redact", schedule=None):
+        op = TrainOperator(task_id="train", image=trainer_image, stage_config=config_template(cfg, "train"),
+                           volumes=cfg.volumes, private_environment={"API_TOKEN": secret})
+    op.command = ["python3", "-c", "import os; t = os.environ['API_TOKEN']; print('token is ' + t, flush=True); "
+                  "raise RuntimeError('refused ' + t)"]
+    op.mounts = []  # the script reads no volume
+    op.container_name = f"tfpipe-redact-{uuid.uuid4().hex[:10]}"
+    op.labels = {"tfpipe.test": "redact"}
+    op._fresh = True  # started by this try: followed from its first line, as submit_job leaves it
+    capfd.readouterr()
+    with pytest.raises(StageFailedError) as err:
+        op.poll_until_complete(op._create_and_start()["Id"], {})
+    logged = "\n".join(capfd.readouterr())
+    assert err.value.exit_code == 1
+    message = str(err.value)
+    assert "token is ***" in message and "RuntimeError: refused ***" in message, message
+    assert "token is ***" in logged and "RuntimeError: refused ***" in logged, logged
+    assert secret not in message and secret not in logged and secret not in repr(err.value.logs)
+    assert docker_client.containers.list(all=True, filters={"name": op.container_name}) == []
+
+
+def test_redacting_log_replaces_every_secret_longest_first(caplog):
+    """Overlapping secrets leave no part of the longer one behind; %-arguments are redacted too."""
+    log = _RedactingLog(logging.getLogger("tfpipe.test.redact"), ["abc", "abcdef", "xyz"])
+    assert log.redact("abcdef abc xyz abcdefabc") == "*** *** *** ******"
+    with caplog.at_level(logging.INFO, logger="tfpipe.test.redact"):
+        log.info("token %s and %s", "abcdef", "xyz")
+        log.error("plain abc")
+    assert [r.getMessage() for r in caplog.records] == ["token *** and ***", "plain ***"]
 
 
 def test_out_of_memory_kill_names_the_stage_and_is_retried(tfpipe_home, trainer_image, tmp_path):
