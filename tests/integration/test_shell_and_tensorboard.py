@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import uuid
 import zlib
 from pathlib import Path
 
@@ -185,7 +186,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_tensorboard_serves_the_run(finished_run):
+def test_tensorboard_serves_the_run(finished_run, docker_client):
     ctx = finished_run
     run_id = ctx["summary"]["run_id"]
     port = _free_port()
@@ -213,8 +214,62 @@ def test_tensorboard_serves_the_run(finished_run):
                 break
             time.sleep(0.5)
         assert runs == [run_links.tensorboard_run_name(DAG_ID, run_id)]
+        # the task's non-root user, the run's event files read-only, the port on the loopback only
+        board = docker_client.api.inspect_container(cid)
+        train = ctx["inspected"].get("train")
+        assert train, f"never saw the train container (saw {sorted(ctx['inspected'])})"
+        assert board["Config"]["User"] == train["Config"]["User"] == "1000:1000"
+        event_dir = str(ctx["home"] / "work" / "runs" / DAG_ID / contract.safe_name(run_id, 120) / "train" / "tensorboard")
+        assert [(m["Source"], m["Destination"], m["RW"]) for m in board["Mounts"]] == [
+            (event_dir, f"/logs/{run_links.tensorboard_run_name(DAG_ID, run_id)}", False)]
+        assert board["HostConfig"]["PortBindings"] == {"6006/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(port)}]}
     finally:
         subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
+
+
+def test_ui_tensorboards_are_unprivileged_read_only_offline_and_capped(tmp_path, trainer_image, monkeypatch):
+    """The api-server's TensorBoard container, and at most TFPIPE_TENSORBOARD_MAX (default 4) of them."""
+    from tfpipe.plugins.engine import TensorBoards, api_client
+
+    # a role of this test's own, so TensorBoards of real runs on the shared engine are never touched
+    boards = TensorBoards(role=f"ui-tensorboard-test-{uuid.uuid4().hex[:8]}")
+    dag_id = f"tfpipe_tb_cap_{uuid.uuid4().hex[:6]}"
+    work = tmp_path / "work"
+    (work / "runs").mkdir(parents=True)
+    location = {"docker_url": "unix://var/run/docker.sock", "image": trainer_image, "work": str(work)}
+    cli = api_client(location["docker_url"])
+
+    def left() -> list[str]:
+        found = cli.containers(all=True, filters={"label": f"tfpipe.role={boards.role}"})
+        return sorted(c["Labels"]["tfpipe.tensorboard"].split("/", 1)[1] for c in found)
+
+    try:
+        now = time.time()
+        for age, run_id in zip((40, 30, 20, 10), ("old_0", "old_1", "old_2", "old_3")):
+            # created, never started: eviction goes by labels and last use alone
+            cli.create_container(trainer_image, command=["true"], entrypoint=[],
+                                 labels={"tfpipe.role": boards.role, "tfpipe.tensorboard": f"{dag_id}/{run_id}"})
+            boards.mark_used(dag_id, run_id, at=now - age)
+        monkeypatch.delenv("TFPIPE_TENSORBOARD_MAX", raising=False)
+        monkeypatch.setenv("TFPIPE_TENSORBOARD_IDLE_S", "1800")
+        cid = boards._ensure(cli, location, dag_id, "new_a")
+        boards.mark_used(dag_id, "new_a")
+        assert left() == ["new_a", "old_1", "old_2", "old_3"], "four by default: the least recently used went"
+
+        board = cli.inspect_container(cid)
+        assert board["State"]["Running"]
+        assert board["Config"]["User"] == "65534:65534", "an unprivileged uid, not the image's or root"
+        assert not board["HostConfig"]["Privileged"] and board["HostConfig"]["NetworkMode"] == "none"
+        assert [(m["Source"], m["Destination"], m["RW"]) for m in board["Mounts"]] == [
+            (str(work), contract.CONTAINER_WORK, False)], "the work volume only, read-only"
+
+        monkeypatch.setenv("TFPIPE_TENSORBOARD_MAX", "2")
+        boards._ensure(cli, location, dag_id, "new_b")
+        assert left() == ["new_a", "new_b"], "TFPIPE_TENSORBOARD_MAX=2: the two most recently used stay"
+    finally:
+        for c in cli.containers(all=True, filters={"label": f"tfpipe.role={boards.role}"}):
+            cli.remove_container(c["Id"], force=True)
+        cli.close()
 
 
 def _png_rows(data: bytes) -> tuple[int, int, list[bytes]]:

@@ -218,6 +218,18 @@ def test_tensorboard_args():
         "tensorboard", "--logdir", "/logs", "--host", "0.0.0.0", "--port", "6006"]
 
 
+def test_tensorboards_per_engine_default_to_four_and_follow_the_variable(monkeypatch):
+    """TFPIPE_TENSORBOARD_MAX caps the api-server's TensorBoards (the engine test evicts by it)."""
+    from tfpipe.plugins.engine import TensorBoards
+
+    monkeypatch.delenv("TFPIPE_TENSORBOARD_MAX", raising=False)
+    assert TensorBoards.max_running() == 4
+    monkeypatch.setenv("TFPIPE_TENSORBOARD_MAX", "9")
+    assert TensorBoards.max_running() == 9
+    monkeypatch.setenv("TFPIPE_TENSORBOARD_MAX", "0")
+    assert TensorBoards.max_running() == 1, "the run asked for always gets its TensorBoard"
+
+
 def test_jupyter_args_publish_on_loopback_with_a_token(dag):
     plan = debug.task_plan(dag.get_task("train"), dag_id="dbg", run_id=RUN_ID, try_number=1,
                            params=dag.params.dump())

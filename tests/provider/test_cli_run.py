@@ -1,0 +1,212 @@
+"""`tfpipe run` against the real metadata DB: missing pools, re-running only the failed tasks, `latest`.
+
+The DAGs run here are tiny DAGs of Python tasks (no containers): what is proven is the command's
+own work around ``dag.test()`` (pools, the Clear of ``--rerun --only-failed``) and how the debug
+commands pick a run, not the stages.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, parse_summary
+from tfpipe import contract
+from tfpipe.cli.common import resolve_run
+from tfpipe.cli.run import ensure_pools
+from tfpipe.config import PipelineConfig
+from tfpipe.dag_factory import training_pipeline
+
+TINY_DAG = '''"""A DAG of Python tasks written by tests/provider/test_cli_run.py."""
+from pathlib import Path
+
+import pendulum
+from airflow.sdk import DAG, task
+
+MARKS = Path({marks!r})
+
+
+def record(name):
+    with open(MARKS / name, "a") as f:
+        f.write("ran\\n")
+
+
+with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False):
+    @task(retries=0, pool={pool!r})
+    def steady():
+        record("steady")
+
+    @task(retries=0)
+    def flaky():
+        record("flaky")
+        if not (MARKS / "fixed").exists():
+            raise RuntimeError("fails until the test writes MARKS/fixed")
+
+    @task(retries=0)
+    def after_flaky():
+        record("after_flaky")
+
+    @task(retries=0)
+    def beside():
+        record("beside")
+
+    steady() >> flaky() >> after_flaky()
+    beside()
+'''
+
+
+def _tiny_dag(tmp_path: Path, dag_id: str, pool: str = "default_pool") -> tuple[Path, Path]:
+    """(dags folder, marks dir) of a DAG whose ``flaky`` fails until ``marks/fixed`` exists."""
+    dags, marks = tmp_path / "dags", tmp_path / "marks"
+    dags.mkdir()
+    marks.mkdir()
+    (dags / f"{dag_id}.py").write_text(TINY_DAG.format(marks=str(marks), dag_id=dag_id, pool=pool))
+    return dags, marks
+
+
+def _tfpipe_run(dag_id: str, dags: Path, *extra: str) -> tuple[dict, str, int]:
+    """``tfpipe run`` in a fresh interpreter, on this test session's metadata DB."""
+    env = {**os.environ, "AIRFLOW__CORE__DAGS_FOLDER": str(dags), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, "-m", "tfpipe.cli", "run", dag_id, "--dags-folder", str(dags), *extra],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    return parse_summary(proc.stdout, proc.stderr, proc.returncode), proc.stderr, proc.returncode
+
+
+def _runs(marks: Path, name: str) -> int:
+    path = marks / name
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+# --- pools ---------------------------------------------------------------------------------------
+
+def _pool_slots(name: str) -> int | None:
+    from airflow.models.pool import Pool
+
+    pool = Pool.get_pool(name)
+    return None if pool is None else pool.slots
+
+
+def _drop_pool(name: str) -> None:
+    from airflow.models.pool import Pool
+
+    if Pool.get_pool(name) is not None:
+        Pool.delete_pool(name)
+
+
+def test_ensure_pools_creates_the_gpu_pool_with_one_slot_and_leaves_existing_pools_alone():
+    from airflow.models.pool import Pool
+
+    missing, existing = f"tfpipe_gpu_{uuid.uuid4().hex[:8]}", f"tfpipe_gpu_{uuid.uuid4().hex[:8]}"
+    default_slots = _pool_slots(Pool.DEFAULT_POOL_NAME)
+    settings = {
+        "image": {"ref": "tfpipe/trainer:1f14aed53083"},
+        "volumes": {"data": "/srv/ml/data", "work": "/srv/ml/work", "models": "/srv/ml/models"},
+        "data": {"path": "digits/digits.csv"},
+        "export": {"model_name": "digits"},
+    }
+    try:
+        Pool.create_or_update_pool(existing, 3, "set by an operator", False)
+        dags = [training_pipeline(PipelineConfig.from_dict({"dag_id": dag_id, "gpu_pool": pool, **settings}))
+                for dag_id, pool in (("pools_missing", missing), ("pools_existing", existing))]
+        assert [dag.get_task("train").pool for dag in dags] == [missing, existing]
+        assert _pool_slots(missing) is None, "building the DAG creates no pool"
+        for dag in dags:
+            ensure_pools(dag)
+        # one slot: one training job at a time on the GPUs, as `airflow pools set gpu 1` in the README
+        assert _pool_slots(missing) == 1
+        assert Pool.get_pool(missing).description == "created by tfpipe: one training job at a time"
+        assert _pool_slots(existing) == 3, "a pool that exists keeps the slots its operator gave it"
+        assert Pool.get_pool(existing).description == "set by an operator"
+        assert _pool_slots(Pool.DEFAULT_POOL_NAME) == default_slots, "the default pool is never touched"
+    finally:
+        _drop_pool(missing)
+        _drop_pool(existing)
+
+
+def test_tfpipe_run_creates_the_missing_pool_of_a_task_and_runs_it(tmp_path):
+    pool = f"tfpipe_cli_pool_{uuid.uuid4().hex[:8]}"
+    dag_id = "tfpipe_cli_pool"
+    dags, marks = _tiny_dag(tmp_path, dag_id, pool=pool)
+    (marks / "fixed").write_text("")
+    assert _pool_slots(pool) is None
+    try:
+        summary, log, code = _tfpipe_run(dag_id, dags)
+        assert code == 0 and summary["state"] == "success", log[-4000:]
+        assert summary["tasks"]["steady"]["state"] == "success" and _runs(marks, "steady") == 1
+        assert _pool_slots(pool) == 1, "tfpipe run created the pool the task uses"
+    finally:
+        _drop_pool(pool)
+
+
+# --- --rerun --only-failed -----------------------------------------------------------------------
+
+def test_rerun_only_failed_reruns_the_failed_task_and_its_upstream_failed_ones_only(tmp_path):
+    dag_id = "tfpipe_cli_only_failed"
+    dags, marks = _tiny_dag(tmp_path, dag_id)
+    first, log, code = _tfpipe_run(dag_id, dags)
+    assert code == 1 and first["state"] == "failed", log[-4000:]
+    states = {task: info["state"] for task, info in first["tasks"].items()}
+    assert states == {"steady": "success", "flaky": "failed", "after_flaky": "upstream_failed",
+                      "beside": "success"}, states
+
+    (marks / "fixed").write_text("")
+    again, log, code = _tfpipe_run(dag_id, dags, "--rerun", first["run_id"], "--only-failed")
+    assert code == 0 and again["state"] == "success", log[-4000:]
+    assert again["run_id"] == first["run_id"], "the same run, not a new one"
+    cleared = next(line for line in log.splitlines() if line.startswith("tfpipe: cleared "))
+    assert sorted(cleared[len("tfpipe: cleared "):].split(", ")) == \
+        ["after_flaky (after try 0)", "flaky (after try 1)"], cleared
+    assert {task: info["state"] for task, info in again["tasks"].items()} == dict.fromkeys(states, "success")
+    # the failed task ran again (a new try), the one that never ran ran once, the succeeded ones not again
+    assert again["tasks"]["flaky"]["try_number"] == 2 and _runs(marks, "flaky") == 2
+    assert _runs(marks, "after_flaky") == 1
+    for kept in ("steady", "beside"):
+        assert again["tasks"][kept]["try_number"] == first["tasks"][kept]["try_number"] == 1, kept
+        assert _runs(marks, kept) == 1, f"{kept} succeeded before and must not run again"
+
+
+def test_only_failed_needs_rerun():
+    proc = subprocess.run([sys.executable, "-m", "tfpipe.cli", "run", "any_dag", "--only-failed"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2 and "--only-failed choose what --rerun RUN_ID clears" in proc.stderr
+
+
+# --- `latest` of tfpipe shell / tfpipe tensorboard ----------------------------------------------
+
+def test_latest_is_the_run_dir_modified_last_not_the_last_name(tmp_path):
+    dag_id = f"tfpipe_latest_{uuid.uuid4().hex[:8]}"  # no runs in the metadata DB: the run dirs decide
+    work = tmp_path / "work"
+    root = work / "runs" / contract.safe_name(dag_id)
+    # created in this order; names sort opposite to their modification times
+    ages = {"scheduled__2026-12-03T03_00_00_00_00": 300, "manual__2026-12-02T10_00_00_00_00": 200,
+            "manual__2026-12-01T09_00_00_00_00": 10, "backfill__2026-11-30T00_00_00_00_00": 100}
+    now = 1_800_000_000
+    for name, age in ages.items():
+        (root / name).mkdir(parents=True)
+        os.utime(root / name, (now - age, now - age))
+    stray = root / "notes.txt"  # a file, not a run dir, touched after every run
+    stray.write_text("not a run")
+    os.utime(stray, (now, now))
+
+    for asked in ("latest", None):
+        run_id, dag_run = resolve_run(dag_id, asked, str(work))
+        assert (run_id, dag_run) == ("manual__2026-12-01T09_00_00_00_00", None), asked
+    os.utime(root / "backfill__2026-11-30T00_00_00_00_00", (now - 1, now - 1))
+    assert resolve_run(dag_id, "latest", str(work))[0] == "backfill__2026-11-30T00_00_00_00_00"
+    # a named run is that run, whatever is newest
+    assert resolve_run(dag_id, "scheduled__2026-12-03T03_00_00_00_00", str(work))[0] == \
+        "scheduled__2026-12-03T03_00_00_00_00"
+
+
+def test_latest_without_run_dirs_or_runs_says_where_it_looked(tmp_path):
+    dag_id = f"tfpipe_latest_{uuid.uuid4().hex[:8]}"
+    with pytest.raises(SystemExit) as info:
+        resolve_run(dag_id, "latest", str(tmp_path / "work"))
+    message = str(info.value)
+    assert f"no run of {dag_id} found" in message and str(tmp_path / "work" / "runs") in message
+
