@@ -1,15 +1,21 @@
-"""Missing buckets, rejected credentials and malformed URIs: clear messages, no retries."""
+"""Missing buckets, rejected credentials and malformed URIs: clear messages, no retries; a key stays on the worker."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import threading
+import time
+import uuid
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from urllib.parse import parse_qs
 
 import pytest
 from airflow.providers.common.compat.sdk import AirflowFailException
 
-from tests.integration.conftest import fake_context
+from tests.conftest import run_dag
+from tests.integration.conftest import fake_context, object_names
 from tfpipe.hooks.gcs import GcsAccessError
 from tfpipe.gcs.publish import list_published_versions
 from tfpipe.operators.gcs import GcsPublishOperator, GcsStageInOperator
@@ -66,6 +72,17 @@ class _JsonReplies(BaseHTTPRequestHandler):
         pass
 
 
+def _service_account_key(token_uri: str) -> dict:
+    """A fresh service-account key (its RSA key made here) whose tokens come from ``token_uri``."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    pem = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
+    return {"type": "service_account", "project_id": "test", "private_key_id": uuid.uuid4().hex, "private_key": pem,
+            "client_email": "trainer@test.iam.gserviceaccount.com", "client_id": "1", "token_uri": token_uri}
+
+
 @pytest.fixture
 def rejecting_token_endpoint():
     """An OAuth token endpoint that rejects every key, as Google's does for a deleted key."""
@@ -86,14 +103,9 @@ def rejecting_token_endpoint():
 
 def test_rejected_credentials_fail_without_retry(tmp_path, trainer_image, bucket, monkeypatch,
                                                  rejecting_token_endpoint):
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
     token_uri, calls = rejecting_token_endpoint
-    pem = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
-    key = {"type": "service_account", "project_id": "test", "private_key_id": "0123abcd", "private_key": pem,
-           "client_email": "trainer@test.iam.gserviceaccount.com", "client_id": "1", "token_uri": token_uri}
+    key = _service_account_key(token_uri)
+    pem = key["private_key"]
     monkeypatch.setenv("AIRFLOW_CONN_GCS_REVOKED", json.dumps(
         {"conn_type": "google_cloud_platform", "extra": {"keyfile_dict": json.dumps(key)}}))
     bucket.blob("raw/digits/a.csv").upload_from_string(b"x,label\n1,0\n")
@@ -151,3 +163,137 @@ def test_the_clients_http_settings_come_from_the_environment_once(bucket, emulat
     paths = [path.split("?", 1)[0] for path, _auth in _RecordingProxy.seen]
     assert paths.count(listing) == 1 and set(paths) <= {listing, listing[:-2]}, paths
     assert all(auth is None for _path, auth in _RecordingProxy.seen), "no netrc login was added to a request"
+
+
+@pytest.fixture
+def granting_token_endpoint():
+    """An OAuth token endpoint that grants a token for every signed assertion, as Google's does for a
+    valid key (Google's cannot be reached here; the emulator accepts any token). Yields its URL, the
+    token it grants and the JWT assertions it received."""
+    token, assertions = f"ya29.{uuid.uuid4().hex}", []
+
+    class Handler(_JsonReplies):
+        def do_POST(self):  # noqa: N802 (http.server's naming)
+            form = parse_qs(self.rfile.read(int(self.headers.get("Content-Length", 0))).decode())
+            assertions.extend(form.get("assertion", []))
+            self.reply(200, {"access_token": token, "expires_in": 3600, "token_type": "Bearer"})
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/token", token, assertions
+    server.shutdown()
+    server.server_close()
+
+
+KEYED_DAG = '''"""Airflow DAG written by a test: stage-in and publish with the key of connection gcs_keyed."""
+import os
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from tfpipe.operators.gcs import GcsPublishOperator, GcsStageInOperator
+
+with DAG("tfpipe_gcs_keyed", schedule=None, start_date=datetime(2026, 1, 1), catchup=False):
+    home, image, bucket = os.environ["TFPIPE_HOME"], os.environ["TFPIPE_IMAGE"], os.environ["TFPIPE_TEST_BUCKET"]
+    stage_in = GcsStageInOperator(task_id="stage_in", data_volume=f"{home}/data", data_path="raw/", image=image,
+                                  source_uri=f"gs://{bucket}/raw/digits/", gcp_conn_id="gcs_keyed")
+    publish = GcsPublishOperator(task_id="publish", models_volume=f"{home}/models", model_name="digits",
+                                 image=image, destination_uri=f"gs://{bucket}/models", version=1,
+                                 gcp_conn_id="gcs_keyed")
+    stage_in >> publish
+'''
+
+
+class EngineWatcher(threading.Thread):
+    """Records ``docker inspect`` of every container of DAG ``dag_id`` while it exists."""
+
+    def __init__(self, client, dag_id: str):
+        super().__init__(daemon=True)
+        self.client, self.dag_id = client, dag_id
+        self.seen: dict[str, dict] = {}
+        self.stopped = threading.Event()
+
+    def run(self):
+        while not self.stopped.is_set():
+            for c in self.client.api.containers(all=True, filters={"label": f"tfpipe.dag_id={self.dag_id}"}):
+                if c["Id"] not in self.seen:
+                    try:
+                        self.seen[c["Id"]] = self.client.api.inspect_container(c["Id"])
+                    except Exception:  # removed meanwhile
+                        pass
+            time.sleep(0.02)
+
+
+def _jwt_part(token: str, index: int) -> dict:
+    part = token.split(".")[index]
+    return json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+
+
+def test_a_key_in_the_connection_reaches_no_log_xcom_db_row_or_container(
+        tmp_path, trainer_image, bucket, gcs_client, docker_client, granting_token_endpoint):
+    """A real DAG run (``tfpipe run``: Airflow's task runner and metadata DB) stages in and publishes
+    with a service-account key from the connection's ``keyfile_dict``; the key signs the token
+    requests. Neither the key nor its token is in the task log (``dag.test`` prints it unmasked,
+    so nothing logged it), an XCom, any other row of the metadata DB (rendered fields included)
+    or the configuration of any container the tasks start. That Airflow's masker hides the key
+    should something log it is proven in ``tests/provider/test_gcs_credentials.py``."""
+    token_uri, token, assertions = granting_token_endpoint
+    key = _service_account_key(token_uri)
+    secrets = {"a line of the private key": key["private_key"].splitlines()[5], "the private key id": key["private_key_id"],
+               "the access token": token}
+    for i in range(3):
+        bucket.blob(f"raw/digits/part-{i}.csv").upload_from_string(f"x,label\n{i},0\n".encode())
+    home = tmp_path / "home"
+    (home / "data" / "raw").mkdir(parents=True)  # an existing target: a helper container surveys it
+    version = home / "models" / "digits" / "1"
+    version.mkdir(parents=True)
+    (version / "saved_model.pb").write_bytes(os.urandom(2048))
+    for path in [home / "data", home / "data" / "raw", *(home / "models").rglob("*"), home / "models"]:
+        os.chown(path, 1000, 1000)
+    (tmp_path / "dags").mkdir()
+    (tmp_path / "dags" / "tfpipe_gcs_keyed.py").write_text(KEYED_DAG)
+
+    watcher = EngineWatcher(docker_client, "tfpipe_gcs_keyed")
+    watcher.start()
+    try:
+        summary, log = run_dag("tfpipe_gcs_keyed", {}, home=home, image=trainer_image, dags_folder=tmp_path / "dags",
+                               timeout=300, extra_env={
+                                   "AIRFLOW_CONN_GCS_KEYED": json.dumps({"conn_type": "google_cloud_platform",
+                                                                         "extra": {"keyfile_dict": json.dumps(key)}}),
+                                   "TFPIPE_TEST_BUCKET": bucket.name})
+    finally:
+        watcher.stopped.set()
+        watcher.join(timeout=5)
+    assert summary["state"] == "success", log[-6000:]
+    assert {t: s["state"] for t, s in summary["tasks"].items()} == {"stage_in": "success", "publish": "success"}
+    assert sorted(p.name for p in (home / "data" / "raw").glob("*.csv")) == [f"part-{i}.csv" for i in range(3)]
+    assert "models/digits/1/saved_model.pb" in object_names(gcs_client, bucket.name, "models/")
+
+    # the key was used: each task's client signed its token request with it
+    assert len(assertions) >= 2, "both tasks asked the token endpoint"
+    assert all(_jwt_part(a, 0)["kid"] == key["private_key_id"] and _jwt_part(a, 1)["iss"] == key["client_email"]
+               for a in assertions)
+
+    assert "Cloud Storage: connection 'gcs_keyed' (key in extra keyfile_dict)" in log, "the task log is here"
+    for what, secret in secrets.items():
+        assert secret not in log, f"{what} is in the task log"
+
+    from sqlalchemy import inspect, text
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        xcoms = session.execute(text("SELECT task_id, value FROM xcom WHERE dag_id = 'tfpipe_gcs_keyed' AND "
+                                     "run_id = :run_id"), {"run_id": summary["run_id"]}).fetchall()
+        assert {task for task, _ in xcoms} >= {"stage_in", "publish"}, "both tasks pushed their results"
+        for table in inspect(session.get_bind()).get_table_names():
+            for row in session.execute(text(f'SELECT * FROM "{table}"')):
+                for what, secret in secrets.items():
+                    assert secret not in repr(row), f"{what} is in table {table}"
+
+    roles = {c["Config"]["Labels"].get("tfpipe.role") for c in watcher.seen.values()}
+    assert roles == {"gcs-stage-in", "gcs-publish"}, f"saw the containers of roles {roles}"
+    for container in watcher.seen.values():
+        config = json.dumps(container)  # environment, command, labels, mounts, everything the engine keeps
+        for what, secret in secrets.items():
+            assert secret not in config, f"{what} was handed to container {container['Name']}"
+        assert "PRIVATE KEY" not in config and "GOOGLE_APPLICATION_CREDENTIALS" not in config
