@@ -230,6 +230,20 @@ def test_tensorboards_per_engine_default_to_four_and_follow_the_variable(monkeyp
     assert TensorBoards.max_running() == 1, "the run asked for always gets its TensorBoard"
 
 
+@pytest.mark.parametrize("name, bad", [("TFPIPE_TENSORBOARD_MAX", "four"), ("TFPIPE_TENSORBOARD_MAX", "2.5"),
+                                       ("TFPIPE_TENSORBOARD_IDLE_S", "30m")])
+def test_a_bad_tensorboard_setting_names_the_variable_and_the_fix(monkeypatch, name, bad):
+    from tfpipe.config import TfpipeConfigError
+    from tfpipe.plugins.engine import TensorBoards
+
+    monkeypatch.setenv(name, bad)
+    read = TensorBoards.max_running if name.endswith("MAX") else TensorBoards.idle_seconds
+    with pytest.raises(TfpipeConfigError, match=f"{name}='{bad}' is not .*Fix: set {name}"):
+        read()
+    monkeypatch.setenv("TFPIPE_TENSORBOARD_IDLE_S", "90.5")
+    assert TensorBoards.idle_seconds() == 90.5
+
+
 def test_jupyter_args_publish_on_loopback_with_a_token(dag):
     plan = debug.task_plan(dag.get_task("train"), dag_id="dbg", run_id=RUN_ID, try_number=1,
                            params=dag.params.dump())

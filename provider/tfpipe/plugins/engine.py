@@ -123,6 +123,18 @@ def tensorboard_container_name(dag_id: str, run_id: str) -> str:
     return f"tfpipe-tb-{contract.safe_name(dag_id, 30)}-{digest}"
 
 
+def _env_number(name: str, default: str, kind: type, example: str) -> Any:
+    """The api-server's setting ``name`` as ``kind``; a value that is not one names the variable."""
+    from tfpipe.config import TfpipeConfigError
+
+    text = os.environ.get(name, default)
+    try:
+        return kind(text)
+    except ValueError:
+        raise TfpipeConfigError(f"{name}={text!r} is not {example}. Fix: set {name} to {example} in the "
+                                "api-server's environment, or unset it") from None
+
+
 class TensorBoards:
     """On-demand TensorBoard containers, one per run, reached only through the engine API."""
 
@@ -134,11 +146,13 @@ class TensorBoards:
 
     @staticmethod
     def idle_seconds() -> float:
-        return float(os.environ.get(_IDLE_ENV, "1800"))
+        """``TFPIPE_TENSORBOARD_IDLE_S``: a TensorBoard unused this long is removed (default 1800)."""
+        return _env_number(_IDLE_ENV, "1800", float, "a number of seconds such as 1800")
 
     @staticmethod
     def max_running() -> int:
-        return max(1, int(os.environ.get(_MAX_ENV, "4")))
+        """``TFPIPE_TENSORBOARD_MAX``: TensorBoards kept per engine (default 4; 0 counts as 1)."""
+        return max(1, _env_number(_MAX_ENV, "4", int, "a whole number of containers such as 4"))
 
     def _ensure(self, cli: Any, location: Mapping[str, str], dag_id: str, run_id: str) -> str:
         name = tensorboard_container_name(dag_id, run_id)
