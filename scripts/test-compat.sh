@@ -9,8 +9,8 @@
 # one (.cache/airflow-home-X.Y.Z): each release has its own schema. Then, with that venv's Python:
 # every test not marked `integration` (provider unit tests, the DagBag import check of every dags/
 # file), plus the integration tests marked `compat` (a whole tfpipe_digits run with real containers
-# and a Param changed, a resume after a container kill). The trainer image and the data set come
-# from `make image data`.
+# and a Param changed, a resume after a container kill, a re-run after a worker kill). The trainer
+# image and the data set come from `make image data`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,7 +53,7 @@ if [[ ! -f $AIRFLOW_HOME/.migrated || $venv/.installed -nt $AIRFLOW_HOME/.migrat
 fi
 
 tests_started=$SECONDS
-echo "[compat $version] tests: unit, DagBag, one tfpipe_digits run with a Param changed, one resume after a kill"
+echo "[compat $version] tests: unit, DagBag, one tfpipe_digits run with a Param changed, one resume after a killed container, one re-run after a killed worker"
 status=0
 "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not integration or compat" "$@" || status=$?
 echo "[compat $version] Airflow $("$venv/bin/python" -c 'import airflow; print(airflow.__version__)'):" \

@@ -16,6 +16,10 @@ tfpipe takes these names from here: a difference between releases lives in this 
   returns None. What tfpipe does then is the README's "Supported Airflow versions".
 * :func:`doubling_backoff`: ``retry_exponential_backoff`` is a multiplier (a number) from 3.3 on
   and a bool before; both double the wait after each failed try, written differently.
+* :func:`dag_test_seams`: where ``dag.test()`` gets its run (``get_or_create_dagrun`` in
+  ``airflow.models.dagrun``, or ``_get_or_create_dagrun`` in ``airflow.models.dag`` on older
+  releases) and whose ``clear_dags`` it calls first (the scheduler's ``SerializedDAG``, or
+  ``airflow.models.dag.DAG`` before): ``tfpipe run --rerun`` hands it an existing run there.
 
 Names resolve when first used (PEP 562), so importing this module imports nothing heavy.
 """
@@ -38,7 +42,13 @@ _HOMES: dict[str, tuple[tuple[str, str], ...]] = {
                          ("airflow.serialization.serialized_objects", "SerializedDAG")),
 }
 
-__all__ = ["doubling_backoff", "has_resumable_jobs", "task_state_store", "write_dags_for_test", *_HOMES]
+#: Where ``dag.test()`` looks up the function that finds or creates its run, newest first.
+_RUN_MAKERS = (("airflow.models.dagrun", "get_or_create_dagrun"), ("airflow.models.dag", "_get_or_create_dagrun"))
+#: The classes whose ``clear_dags`` ``dag.test()`` calls before it runs, newest first.
+_DAG_CLEARERS = (("airflow.serialization.definitions.dag", "SerializedDAG"), ("airflow.models.dag", "DAG"))
+
+__all__ = ["dag_test_seams", "doubling_backoff", "has_resumable_jobs", "task_state_store", "write_dags_for_test",
+           *_HOMES]
 
 
 def _find(name: str) -> tuple[Any, str]:
@@ -99,6 +109,41 @@ def doubling_backoff() -> float | bool:
     """
     return 2.0 if backoff_takes_multiplier() else True
 
+
+
+def dag_test_seams() -> tuple[list[tuple[Any, str]], list[Any]]:
+    """``(run makers, dag clearers)`` of this Airflow's ``dag.test()``: each ``(module, name)`` of a
+    function it may call to find or create its run, and each class whose ``clear_dags`` it may call.
+
+    Every one that exists is returned (a release that keeps an old one beside the new one has both):
+    a caller replaces them all for the length of one ``dag.test()``. Raises ImportError naming what
+    was looked for when this Airflow has none of either.
+    """
+    def defined(module_name: str, attr: str) -> tuple[Any, Any]:
+        # The module's own names only: a module-level __getattr__ that forwards a moved name (and
+        # warns about it) is not what dag.test() calls.
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            return None, None
+        return module, vars(module).get(attr)
+
+    makers = []
+    for module_name, attr in _RUN_MAKERS:
+        module, function = defined(module_name, attr)
+        if callable(function):
+            makers.append((module, attr))
+    clearers = []
+    for module_name, attr in _DAG_CLEARERS:
+        _, cls = defined(module_name, attr)
+        if callable(getattr(cls, "clear_dags", None)):
+            clearers.append(cls)
+    if not makers or not clearers:
+        looked = ", ".join(f"{m}.{a}" for m, a in (_RUN_MAKERS if not makers else _DAG_CLEARERS))
+        raise ImportError(f"this Airflow's dag.test() has none of {looked}, so `tfpipe run --rerun` cannot "
+                          "hand it an existing run. Fix: clear the tasks in the UI (or POST "
+                          "/api/v2/dags/{dag_id}/clearTaskInstances) on a deployment with a scheduler")
+    return makers, clearers
 
 
 def write_dags_for_test(bag: Any) -> None:

@@ -68,9 +68,10 @@ def clear_run(dag_id: str, run_id: str, *, task_ids: Sequence[str] | None = None
 
 
 def _serialized_dag(dag_id: str, session: Any) -> Any:
-    from airflow.models.dagbag import DBDagBag
+    # The newest serialized version, as the scheduler reads it (every Airflow 3 release has this).
+    from airflow.models.serialized_dag import SerializedDagModel
 
-    return DBDagBag().get_latest_version_of_dag(dag_id, session=session)
+    return SerializedDagModel.get_dag(dag_id, session=session)
 
 
 def drive_run(dag: Any, run_id: str) -> Any:
@@ -81,13 +82,15 @@ def drive_run(dag: Any, run_id: str) -> Any:
     would, and its own clearing by date (which would also clear other runs without a logical date)
     is left out: :func:`clear_run` cleared what the user asked for.
     """
+    from contextlib import ExitStack
     from unittest import mock
 
     from airflow.models.dagrun import DagRun
-    from airflow.serialization.definitions.dag import SerializedDAG
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState
     from sqlalchemy import select
+
+    from tfpipe.compat import dag_test_seams
 
     def existing_run(*, dag: Any, session: Any, **_: Any) -> DagRun:
         run = session.scalar(select(DagRun).where(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id))
@@ -99,6 +102,10 @@ def drive_run(dag: Any, run_id: str) -> Any:
     with create_session() as session:
         found = session.scalar(select(DagRun).where(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id))
         logical_date, run_after = found.logical_date, found.run_after
-    with mock.patch("airflow.models.dagrun.get_or_create_dagrun", existing_run), \
-            mock.patch.object(SerializedDAG, "clear_dags", classmethod(lambda cls, *a, **k: 0)):
+    makers, clearers = dag_test_seams()
+    with ExitStack() as seams:
+        for module, name in makers:
+            seams.enter_context(mock.patch.object(module, name, existing_run))
+        for cls in clearers:
+            seams.enter_context(mock.patch.object(cls, "clear_dags", classmethod(lambda cls, *a, **k: 0)))
         return dag.test(logical_date=logical_date, run_after=run_after)

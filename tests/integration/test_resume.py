@@ -76,11 +76,16 @@ def _newest_checkpoint_on_disk(home: Path, dag_id: str) -> int:
 
 
 class _TrainingContainerSampler(threading.Thread):
-    """Samples how many training containers of a DAG run at once, and which ever existed."""
+    """Samples how many training containers of a DAG run at once, and which ever existed.
+
+    Only containers created since the sampler was: one an earlier, failed test left behind (its
+    labels are the same DAG's) is not this test's.
+    """
 
     def __init__(self, client, dag_id: str):
         super().__init__(daemon=True)
         self.client, self.dag_id = client, dag_id
+        self.since = int(time.time()) - 1  # the engine's Created is whole seconds
         self.max_running = 0
         self.ids: set[str] = set()
         self.stop = threading.Event()
@@ -90,10 +95,19 @@ class _TrainingContainerSampler(threading.Thread):
             # the low-level list: no per-container inspect that races with a removal
             found = [c for c in self.client.api.containers(
                 all=True, filters={"label": [f"tfpipe.dag_id={self.dag_id}", "tfpipe.stage=train"]})
-                if "tfpipe.role" not in (c.get("Labels") or {})]
+                if "tfpipe.role" not in (c.get("Labels") or {}) and c["Created"] >= self.since]
             self.ids.update(c["Id"] for c in found)
             self.max_running = max(self.max_running, len([c for c in found if c["State"] in ("running", "paused")]))
             time.sleep(0.1)
+
+
+def _gone_or_exited(container) -> bool:
+    """Whether ``container`` is gone, or exited (what a finished try leaves is its own to remove)."""
+    try:
+        container.reload()
+    except docker.errors.NotFound:
+        return True
+    return container.status == "exited"
 
 
 def _task_history(dag_id: str, run_id: str) -> dict[str, list[tuple[int, str]]]:
@@ -162,9 +176,18 @@ def test_container_killed_mid_training_resumes_on_retry(tfpipe_home, trainer_ima
     assert summary["metrics"]["accuracy"] == pytest.approx(reference["metrics"]["accuracy"], abs=0.02)
 
 
+@pytest.mark.compat
 def test_worker_killed_then_cleared_reattaches_to_the_running_container(
         tfpipe_home, trainer_image, docker_client, tmp_path):
-    """The worker dies mid-training; the re-run's train try re-attaches to the container that still runs."""
+    """The worker dies mid-training; the re-run's train try re-attaches to the container that still runs.
+
+    Before Airflow 3.3 (no ``ResumableJobMixin`` in Airflow; the compat run) a try cannot re-attach:
+    the re-run removes the still-running container and resumes from its newest checkpoint, with no
+    error and no traceback, and never two training containers at once.
+    """
+    from tfpipe.compat import has_resumable_jobs
+
+    reattaches = has_resumable_jobs()
     dags = tmp_path / "dags"
     write_dag(dags, "reattach_worker", training=TRAINING, retries=2)
     cmd, env = dag_command("reattach_worker", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
@@ -172,6 +195,7 @@ def test_worker_killed_then_cleared_reattaches_to_the_running_container(
                             start_new_session=True)
     sampler = _TrainingContainerSampler(docker_client, "reattach_worker")
     sampler.start()
+    orphan = None
     try:
         orphan = _wait_for(lambda: _training_container(docker_client, "reattach_worker"), 240,
                            "the training container")
@@ -181,31 +205,36 @@ def test_worker_killed_then_cleared_reattaches_to_the_running_container(
         orphan.reload()
         assert orphan.status == "running", "the orphaned training container outlives its worker"
         run_id = orphan.labels["tfpipe.run_id"]
-        # Frozen until the re-run has re-attached, so that on a slow machine training cannot end
-        # before the new try looks (a paused container is as alive as a running one).
+        # Frozen until the re-run has re-attached (or, before Airflow 3.3, removed it), so that on a
+        # slow machine training cannot end before the new try looks (a paused container is as alive
+        # as a running one).
         orphan.pause()
+        newest = _newest_checkpoint_on_disk(tfpipe_home, "reattach_worker")  # frozen: no newer one comes
         # the UI's Clear of train (and downstream), in one process: same run, next try number
         cmd, env = dag_command("reattach_worker", None, home=tfpipe_home, image=trainer_image, dags_folder=dags,
                                rerun=run_id, rerun_tasks=["train"])
         rerun = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         err_lines: list[str] = []
-        attached = threading.Event()
+        looked = threading.Event()
+        seen = (f"re-attached to the running train container {orphan.id[:12]}" if reattaches
+                else "removing leftover container")
 
         def read_stderr():
             for line in rerun.stderr:
                 err_lines.append(line)
-                if f"re-attached to the running train container {orphan.id[:12]}" in line:
-                    attached.set()
+                if seen in line:
+                    looked.set()
 
         reader = threading.Thread(target=read_stderr, daemon=True)
         reader.start()
         try:
             deadline = time.time() + 600
-            while not attached.wait(1) and rerun.poll() is None and time.time() < deadline:
+            while not looked.wait(1) and rerun.poll() is None and time.time() < deadline:
                 pass
-            assert attached.is_set(), "".join(err_lines)[-6000:]
+            assert looked.is_set(), "".join(err_lines)[-6000:]
         finally:
-            orphan.unpause()
+            if reattaches:
+                orphan.unpause()
         out = rerun.stdout.read()
         rerun.wait(timeout=600)
         reader.join(timeout=30)
@@ -214,16 +243,29 @@ def test_worker_killed_then_cleared_reattaches_to_the_running_container(
     finally:
         sampler.stop.set()
         sampler.join()
+        if orphan is not None and not _gone_or_exited(orphan):
+            orphan.remove(force=True)  # a failed test leaves no paused container to later ones
     assert summary["state"] == "success", log[-6000:]
     assert summary["run_id"] == run_id
-    assert f"re-attached to the running train container {orphan.id[:12]}" in log, log[-6000:]
-    assert "removing leftover container" not in log
-    assert sampler.ids == {orphan.id}, "a second training container was created"
-    assert sampler.max_running == 1
-    # the run kept its history: train's first try is recorded, the re-attaching try is the second
+    assert sampler.max_running == 1, "two training containers ran at once"
+    # the run kept its history: train's first try is recorded, the re-run's is the second
     assert summary["tasks"]["train"]["try_number"] == 2
     assert summary["tasks"]["prep"]["try_number"] == 1, "clearing train must not rerun prep"
     assert _task_history("reattach_worker", run_id)["train"] == [(1, "failed")]
+    if not reattaches:
+        assert "Traceback" not in log, log[-6000:]
+        with pytest.raises(docker.errors.NotFound):
+            docker_client.containers.get(orphan.id)
+        assert len(sampler.ids) == 2 and orphan.id in sampler.ids, sampler.ids
+        last = _attempts(tfpipe_home, summary["model_dir"])[-1]
+        assert last["status"] == "completed" and last["resumed_from"]["step"] > 0, last
+        # from the newest checkpoint the removed container wrote: at most one interval of steps lost
+        assert last["resumed_from"]["checkpoint"].endswith(f"/ckpt-{newest}"), (newest, last)
+        assert last["start_step"] == last["resumed_from"]["step"] and last["end_step"] == last["target_steps"]
+        return
+    assert f"re-attached to the running train container {orphan.id[:12]}" in log, log[-6000:]
+    assert "removing leftover container" not in log
+    assert sampler.ids == {orphan.id}, "a second training container was created"
     # one attempt trained every step exactly once: the trainer never restarted
     (attempt,) = _attempts(tfpipe_home, summary["model_dir"])
     assert attempt["status"] == "completed" and attempt["resumed_from"] is None, attempt
