@@ -17,7 +17,7 @@ from datetime import datetime
 
 import pytest
 
-from tests.deployment.conftest import TERMINAL
+from tests.deployment.conftest import TERMINAL, stack_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.deployment]
 
@@ -66,6 +66,21 @@ def test_up_prints_the_ui_url_and_admin_credentials_and_the_image_travels_by_dig
     first = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
                            text=True, check=True).stdout
     assert f"{stack.registry}/" not in first
+
+
+def test_status_lists_each_part_with_its_pid_health_and_urls(stack):
+    """`make status` (deploy/stack.py status): every part's pid, the health of the scheduler, the
+    dag-processor and the triggerer, and the URLs; exit 0 while every part runs."""
+    proc = stack_cli(stack.env, "status")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line.startswith("  ")}
+    for part in ("api-server", "scheduler", "dag-processor", "triggerer", "worker1", "engine", "registry",
+                 "redis", "postgres"):
+        assert rows[part][1:] == ["pid", str(stack.pid(part))], (part, proc.stdout)
+    health = dict(item.split("=") for item in " ".join(rows["health:"][1:]).split(", "))
+    assert {health[p] for p in ("scheduler", "dag_processor", "triggerer")} == {"healthy"}, health
+    assert f"UI and REST API: {stack.api_url}" in proc.stdout
+    assert f"image: {stack.image_ref()}" in proc.stdout
 
 
 CRON = "tfpipe_stack_cron"
