@@ -17,9 +17,10 @@ tfpipe takes these names from here: a difference between releases lives in this 
 * :func:`doubling_backoff`: ``retry_exponential_backoff`` is a multiplier (a number) from 3.3 on
   and a bool before; both double the wait after each failed try, written differently.
 * :func:`dag_test_seams`: where ``dag.test()`` gets its run (``get_or_create_dagrun`` in
-  ``airflow.models.dagrun``, or ``_get_or_create_dagrun`` in ``airflow.models.dag`` on older
-  releases) and whose ``clear_dags`` it calls first (the scheduler's ``SerializedDAG``, or
-  ``airflow.models.dag.DAG`` before): ``tfpipe run --rerun`` hands it an existing run there.
+  ``airflow.models.dagrun``, or ``_get_or_create_dagrun`` in ``airflow.models.dag`` on 3.0) and
+  whose ``clear_dags`` it calls first (the scheduler's ``SerializedDAG`` from
+  ``airflow.serialization.definitions.dag`` or, on 3.1, ``serialized_objects``; on 3.0
+  ``airflow.models.dag.DAG``): ``tfpipe run --rerun`` hands it an existing run there.
 
 Names resolve when first used (PEP 562), so importing this module imports nothing heavy.
 """
@@ -45,7 +46,8 @@ _HOMES: dict[str, tuple[tuple[str, str], ...]] = {
 #: Where ``dag.test()`` looks up the function that finds or creates its run, newest first.
 _RUN_MAKERS = (("airflow.models.dagrun", "get_or_create_dagrun"), ("airflow.models.dag", "_get_or_create_dagrun"))
 #: The classes whose ``clear_dags`` ``dag.test()`` calls before it runs, newest first.
-_DAG_CLEARERS = (("airflow.serialization.definitions.dag", "SerializedDAG"), ("airflow.models.dag", "DAG"))
+_DAG_CLEARERS = (("airflow.serialization.definitions.dag", "SerializedDAG"),
+                 ("airflow.serialization.serialized_objects", "SerializedDAG"), ("airflow.models.dag", "DAG"))
 
 __all__ = ["dag_test_seams", "doubling_backoff", "has_resumable_jobs", "task_state_store", "write_dags_for_test",
            *_HOMES]
@@ -136,7 +138,7 @@ def dag_test_seams() -> tuple[list[tuple[Any, str]], list[Any]]:
     clearers = []
     for module_name, attr in _DAG_CLEARERS:
         _, cls = defined(module_name, attr)
-        if callable(getattr(cls, "clear_dags", None)):
+        if callable(getattr(cls, "clear_dags", None)) and cls not in clearers:  # one class, two homes
             clearers.append(cls)
     if not makers or not clearers:
         looked = ", ".join(f"{m}.{a}" for m, a in (_RUN_MAKERS if not makers else _DAG_CLEARERS))

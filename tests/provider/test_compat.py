@@ -96,3 +96,32 @@ def test_lower_bound_readme_and_locks_agree():
     readme = (REPO / "README.md").read_text()
     for lock, version in pins.items():
         assert f"| {version} | `" in readme and lock.split("-")[1].removesuffix(".lock") in version, lock
+
+
+def test_dag_test_seams_are_what_this_airflows_dag_test_calls():
+    """``tfpipe run --rerun`` replaces, for one ``dag.test()``, the function it finds or creates its
+    run with and the ``clear_dags`` it calls first. Read from ``dag.test()``'s own source on the
+    installed release (the compat run checks 3.0 too): if a release moves either, this fails
+    instead of a re-run quietly making a new run."""
+    import ast
+    import textwrap
+
+    from airflow.sdk.definitions.dag import DAG
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(DAG.test)))
+    imported = {alias.asname or alias.name: (node.module, alias.name)
+                for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+    called = {node.func.id for node in ast.walk(tree)
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    cleared_on = {node.func.value.id for node in ast.walk(tree)
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr == "clear_dags" and isinstance(node.func.value, ast.Name)}
+    makers, clearers = compat.dag_test_seams()
+    run_makers = [imported[name] for name in called if name in imported and "get_or_create_dagrun" in name]
+    assert run_makers, "dag.test() no longer calls a *get_or_create_dagrun function"
+    for module, attr in run_makers:
+        assert any(m.__name__ == module and a == attr for m, a in makers), (module, attr, makers)
+    assert cleared_on, "dag.test() no longer calls clear_dags"
+    for name in cleared_on:
+        module, attr = imported[name]
+        assert getattr(importlib.import_module(module), attr) in clearers, (module, attr, clearers)
