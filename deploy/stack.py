@@ -179,6 +179,23 @@ class Stack:
     def admin_password(self) -> str:
         return self.secret("admin-password")
 
+    def check_owner(self, command: str) -> None:
+        """Refuse, before touching anything, a stack that another user started.
+
+        Its processes run as that user (or as the users root gave them), and its secrets are that
+        user's only: someone else could neither signal the one nor read the other.
+        """
+        if self.root:
+            return
+        try:
+            owner = self.dir.stat().st_uid
+        except FileNotFoundError:
+            return
+        except PermissionError:
+            owner = -1
+        if owner != os.geteuid():
+            raise StackError(f"the stack in {self.dir} was started by {_user_name(owner)}: run `sudo make {command}`")
+
     # -- processes ----------------------------------------------------------------------------
 
     def pidfile(self, name: str) -> Path:
@@ -623,6 +640,13 @@ def _drop_to(user: str):
     return preexec
 
 
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "another user" if uid < 0 else f"uid {uid}"
+
+
 def _user_exists(user: str) -> bool:
     try:
         pwd.getpwnam(user)
@@ -747,6 +771,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stack = Stack()
     try:
+        stack.check_owner(args.command)
         if args.command == "up":
             try:
                 stack.up(fresh=args.fresh)
@@ -761,6 +786,11 @@ def main(argv: list[str] | None = None) -> int:
         return stack.status()
     except StackError as err:
         print(f"[stack] error: {err}", file=sys.stderr)
+        return 1
+    except PermissionError as err:
+        # A part of the state dir another user owns (check_owner saw only the dir itself).
+        print(f"[stack] error: {err}: the stack in {stack.dir} belongs to another user: run `sudo make "
+              f"{args.command}`", file=sys.stderr)
         return 1
 
 

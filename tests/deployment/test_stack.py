@@ -12,8 +12,10 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +24,7 @@ from tests.deployment.conftest import TERMINAL, stack_cli
 pytestmark = [pytest.mark.integration, pytest.mark.deployment]
 
 DIGITS = "tfpipe_digits"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _started(docker, run_id: str, since: float) -> list[dict]:
@@ -81,6 +84,44 @@ def test_status_lists_each_part_with_its_pid_health_and_urls(stack):
     assert {health[p] for p in ("scheduler", "dag_processor", "triggerer")} == {"healthy"}, health
     assert f"UI and REST API: {stack.api_url}" in proc.stdout
     assert f"image: {stack.image_ref()}" in proc.stdout
+
+
+#: An unprivileged user to run `make status` / `make down` as, as a user would without sudo.
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def test_status_and_down_without_sudo_say_to_use_sudo_and_stop_nothing(stack, rest):
+    """`sudo make up`, then a plain `make status` or `make down`: each says that root started the stack
+    and to run it with sudo, exits non-zero without a traceback, and every part of the stack runs on."""
+    names = stack.names()
+    pids = {name: stack.pid(name) for name in names}
+    assert all(pids.values()), pids
+    for command in ("status", "down"):
+        proc = subprocess.run([*NOBODY, sys.executable, str(REPO / "deploy" / "stack.py"), command], env=stack.env,
+                              capture_output=True, text=True)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 1, out
+        assert f"the stack in {stack.dir} was started by root: run `sudo make {command}`" in proc.stderr, out
+        assert "Traceback" not in out, out
+    assert {name: stack.pid(name) for name in names} == pids
+    health = rest.get("monitor/health")
+    assert {health[p]["status"] for p in ("metadatabase", "scheduler", "dag_processor", "triggerer")} == {"healthy"}
+
+
+def test_sourcing_stack_env_gives_a_shell_the_stack_s_airflow_cli(stack, rest):
+    """`source .stack/stack.env` in a shell with no Airflow settings and no venv on PATH: its `airflow`
+    lists the stack's DAGs (the stack's own DAG bundles) with the pause state the stack's API reports."""
+    shell = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
+    proc = subprocess.run(["bash", "-c", f"source {stack.dir / 'stack.env'} && airflow dags list -o json"],
+                          env=shell, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    listed = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("[")))
+    dags = {d["dag_id"]: d for d in listed}
+    assert dags[DIGITS]["bundle_name"] == "dags-folder", dags
+    # Only the stack's settings name this bundle: the test DAGs under tests/deployment/dags.
+    assert dags["tfpipe_stack_cron"]["bundle_name"] == "extra-dags", dags
+    api_paused = rest.get(f"dags/{DIGITS}")["is_paused"]
+    assert str(dags[DIGITS]["is_paused"]) == str(api_paused), (dags[DIGITS], api_paused)
 
 
 CRON = "tfpipe_stack_cron"

@@ -27,6 +27,14 @@ def test_make_down_leaves_nothing_behind(stack):
     names = stack.names()
     assert {"postgres", "redis", "registry", "engine", "api-server", "scheduler", "worker1", "worker2"} <= set(names)
     pids = {name: stack.pid(name) for name in names}
+    # A running and an exited container on the GPU host: the engine keeps both in its data root
+    # when it stops, unless make down removes them first.
+    label = "tfpipe.stack-test=make-down"
+    stack.engine_docker("run", "-d", "--network", "none", "--label", label, "--entrypoint", "sleep",
+                        stack.image_ref(), "600")
+    stack.engine_docker("create", "--network", "none", "--label", label, "--entrypoint", "true", stack.image_ref())
+    containers = stack.gpuhost / "docker" / "containers"
+    assert len(list(containers.iterdir())) >= 2
     done = stack_cli(stack.env, "down")
     assert done.returncode == 0, done.stderr
     state = str(stack.dir)
@@ -47,5 +55,10 @@ def test_make_down_leaves_nothing_behind(stack):
     for part in ("api", "pg", "redis", "registry", "engine"):
         assert not _open(stack.port(part)), f"port of {part} ({stack.port(part)}) still open"
     assert stack.names() == []
+    assert not list(containers.iterdir()), f"containers left in the GPU host's data root: {list(containers.iterdir())}"
+    # Nor on the first engine, where the stack's sharded DAG runs one shard (tfpipe removes its containers).
+    first = subprocess.run(["docker", "ps", "-a", "--filter", "label=tfpipe.dag_id", "--format",
+                            '{{.ID}} {{.Label "tfpipe.dag_id"}}'], capture_output=True, text=True, check=True).stdout
+    assert not [line for line in first.splitlines() if " tfpipe_stack_" in line], first
     # The first engine's bridge is untouched (a second engine with --bridge=none would delete it).
     assert subprocess.run(["ip", "link", "show", "docker0"], capture_output=True).returncode == 0

@@ -1,0 +1,96 @@
+"""``make up`` installs the Debian packages it needs as root on Debian, and otherwise says what to install.
+
+These need no stack. ``PATH`` is a directory of the test's own, so which tools are "installed" is
+up to the test; where root on Debian would run ``apt-get``, the ``apt-get`` on that ``PATH`` only
+writes down its arguments, so nothing is ever installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from deploy.stack import StackError, _check_tools, _install_hint
+
+REPO = Path(__file__).resolve().parents[2]
+INSTALL = "sudo apt-get install -y"
+
+
+def _bin(tmp_path: Path, monkeypatch, *tools: str, script: str = "exit 0") -> Path:
+    """A PATH holding only ``tools`` (each running ``script``)."""
+    path = tmp_path / "bin"
+    path.mkdir()
+    for tool in tools:
+        (path / tool).write_text(f"#!/bin/sh\n{script}\n")
+        (path / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", str(path))
+    return path
+
+
+def test_install_hint_names_each_package_and_the_apt_get_command():
+    hint = _install_hint(["redis-server", "docker-registry"])
+    assert hint.startswith("missing: redis-server, docker-registry. ")
+    assert f"{INSTALL} redis-server docker-registry " in hint
+    assert "`make up` as root on Debian" in hint
+
+
+def test_not_root_names_what_is_missing_and_the_command_that_installs_it(tmp_path, monkeypatch):
+    """Not root: no install; a StackError naming each missing package and the apt-get line."""
+    _bin(tmp_path, monkeypatch, "postgres")
+    with pytest.raises(StackError) as err:
+        _check_tools(root=False)
+    assert str(err.value) == _install_hint(["redis-server", "docker-registry"])
+    assert f"{INSTALL} redis-server docker-registry " in str(err.value)
+
+def test_nothing_missing_means_nothing_to_install(tmp_path, monkeypatch):
+    record = tmp_path / "apt-get.calls"
+    _bin(tmp_path, monkeypatch, "postgres", "redis-server", "docker-registry", "apt-get",
+         script=f'echo "$*" >> {shlex.quote(str(record))}')
+    assert _check_tools(root=True) is None
+    assert not record.exists()
+
+
+@pytest.mark.skipif(not Path("/etc/debian_version").exists(), reason="the install path is for Debian only")
+def test_root_on_debian_installs_exactly_what_is_missing_with_apt_get(tmp_path, monkeypatch):
+    """Root on Debian: ``apt-get update`` then ``apt-get install`` of the missing packages, non-interactively."""
+    record = tmp_path / "apt-get.calls"
+    monkeypatch.delenv("DEBIAN_FRONTEND", raising=False)  # the install sets it itself
+    _bin(tmp_path, monkeypatch, "postgres", "apt-get",
+         script=f'echo "$DEBIAN_FRONTEND $*" >> {shlex.quote(str(record))}')
+    _check_tools(root=True)
+    assert record.read_text().splitlines() == [
+        " update -qq",
+        "noninteractive install -y -qq --no-install-recommends redis-server docker-registry",
+    ]
+
+
+def test_root_without_apt_get_says_what_to_install(tmp_path, monkeypatch):
+    """Root where there is no apt-get (not Debian, or no package manager): the same hint, no install."""
+    _bin(tmp_path, monkeypatch, "postgres")
+    with pytest.raises(StackError) as err:
+        _check_tools(root=True)
+    assert str(err.value) == _install_hint(["redis-server", "docker-registry"])
+
+
+def test_make_up_as_a_user_with_tools_missing_says_what_to_install_without_a_traceback():
+    """`make up` (deploy/stack.py up) run by a user, not root, with the packages missing: exit 1, one
+    line naming the packages and the apt-get command, and no traceback."""
+    # No tool on PATH; a state dir that does not exist: make up stops at the tools, before it makes anything.
+    env = {"PATH": "/nonexistent", "TFPIPE_STACK_DIR": f"/tmp/tfpipe-stack-absent-{uuid.uuid4().hex}"}
+    argv = [sys.executable, str(REPO / "deploy" / "stack.py"), "up"]
+    if os.geteuid() == 0:
+        argv = [shutil.which("setpriv"), "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    # postgresql is missing too where /usr/lib/postgresql does not exist (found there without PATH).
+    assert "[stack] error: missing: redis-server, docker-registry" in proc.stderr, proc.stderr
+    assert f"{INSTALL} redis-server docker-registry" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert not Path(env["TFPIPE_STACK_DIR"]).exists()
