@@ -10,7 +10,8 @@ The chain a lineage tool (Marquez, DataHub, ...) shows for one DAG run::
 Volume paths are files on the Docker engine's host: namespace ``file`` for a local engine,
 ``file://<host>`` for a remote one; ``gs://`` URIs follow OpenLineage's naming (namespace
 ``gs://<bucket>``, name the object path). Facets (``tfpipe_*``): the data fingerprint on the raw
-data and the dataset dir; metrics, the blessing and the image on the trained and exported model.
+data and the dataset dir; metrics and the image on the trained model; metrics and the blessing on
+``evaluation.json``; all three on the exported and published model.
 
 :func:`stage_lineage` is pure (plain dicts); :func:`to_operator_lineage` turns its answer into the
 provider's ``OperatorLineage``, importing OpenLineage only then (the extra ``openlineage``).

@@ -46,8 +46,12 @@ def test_missing_bucket_fails_without_retry(tmp_path, trainer_image, emulator_en
 
 def test_empty_prefix_is_an_error(tmp_path, trainer_image, bucket):
     bucket.blob("raw/digits-old/a.csv").upload_from_string(b"x")
-    with pytest.raises(AirflowFailException, match="matched no objects"):
-        _stage_in(tmp_path, trainer_image, f"gs://{bucket.name}/raw/digits").execute(fake_context("stage_in"))
+    uri = f"gs://{bucket.name}/raw/digits"
+    with pytest.raises(AirflowFailException) as err:
+        _stage_in(tmp_path, trainer_image, uri).execute(fake_context("stage_in"))
+    message = str(err.value)
+    assert f"{uri} matched no objects" in message, message
+    assert "Fix: check the bucket and prefix" in message, message
 
 
 def test_malformed_uri_in_a_run_parameter(tmp_path, trainer_image, emulator_env):

@@ -28,11 +28,38 @@ def test_a_pinned_image_wins(no_image_variable):
 
 
 def test_missing_everywhere_says_how_to_set_it(no_image_variable):
+    """The task fails at once: the exception is the one the task runner fails without retrying."""
+    from airflow.sdk.execution_time.task_runner import AirflowFailException
+
     with pytest.raises(ImageNotSetError) as err:
         resolve_image(None, task="train")
+    assert isinstance(err.value, AirflowFailException), "a missing image must not use the task's retries"
     message = str(err.value)
-    assert message.startswith("train: no trainer image")
+    assert message.startswith("train: no trainer image: the pipeline names none (image.ref) and the Airflow "
+                              "Variable 'tfpipe_image' is not set. Fix:")
     assert "airflow variables set tfpipe_image" in message and "make image" in message
+
+
+def test_a_stage_task_without_an_image_fails_in_execute_before_any_container(no_image_variable):
+    """A pipeline naming no image parses; its task's ``execute()`` raises the no-retry error before it
+    asks any engine for anything (the engine URL here leads nowhere, so reaching it would fail otherwise)."""
+    import copy
+    from types import SimpleNamespace
+
+    from airflow.sdk.execution_time.task_runner import AirflowFailException
+
+    from tests.provider.test_config import GOOD
+    from tfpipe.config import PipelineConfig
+    from tfpipe.dag_factory import training_pipeline
+
+    mapping = {**copy.deepcopy(GOOD), "image": {"ref": None}, "docker_url": "tcp://nowhere.invalid:2376"}
+    dag = training_pipeline(PipelineConfig.from_dict(mapping))
+    task = dag.get_task("train")
+    assert task.retries > 0, "the task has retries, and this failure must not use them"
+    ti = SimpleNamespace(dag_id=dag.dag_id, run_id="manual__1", task_id="train", try_number=1, map_index=-1)
+    with pytest.raises(AirflowFailException, match=r"^train: no trainer image.*Fix:") as err:
+        task.execute({"ti": ti, "run_id": "manual__1", "dag": dag, "task": task, "params": dag.params.dump()})
+    assert isinstance(err.value, ImageNotSetError)
 
 
 def test_read_from_the_metadata_db(no_image_variable):

@@ -150,6 +150,7 @@ def test_gpus_only_on_gpu_stages_and_the_run_can_change_them():
      ["resources.tolerations[0].operator", "Fix:"]),
     ({"kubernetes": {"claims": {"scratch": "x"}}}, ["kubernetes.claims", "Fix:"]),
     ({"kubernetes": {"namespace": "ML Training"}}, ["kubernetes.namespace", "Fix:"]),
+    ({"data_uri": "gs://bucket/raw"}, ["data_uri", "Docker engine", "Fix:"]),
     ({"publish_uri": "gs://bucket/models"}, ["publish_uri", "Docker engine", "Fix:"]),
     ({"gcs_tasks": True}, ["gcs_tasks", "Docker engine", "Fix:"]),
     ({"backend": "nomad"}, ["backend", "'kubernetes'", "Fix:"]),
@@ -234,3 +235,39 @@ def test_the_example_dag_is_a_kubernetes_pipeline(monkeypatch):
     assert _stage_container(pod)["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert _stage_container(pod)["image"] == "registry.example:5000/tfpipe/trainer:3f2a9c1b7e4d"
     assert pod["spec"]["initContainers"][0]["image"] == _stage_container(pod)["image"]
+
+
+def test_a_misspelt_conf_key_fails_the_pod_task_before_any_pod_is_built():
+    """The pod operator checks the run's ``conf`` first thing in ``execute()``, with the Docker
+    operators' message, and fails without retrying; no cluster is reachable here, so getting this
+    error at all (not a connection error) shows no pod was built or sent."""
+    dag = _dag()
+    task = dag.get_task("train")
+    context = {**_context(dag, task), "dag_run": SimpleNamespace(conf={"epoch": 3})}
+    with pytest.raises(AirflowFailException) as err:
+        task.execute(context)
+    message = str(err.value)
+    assert message.startswith("train: unknown run parameter 'epoch'; did you mean 'epochs'?. Fix:")
+    assert message.endswith("Nothing ran.")
+    assert task.name is None and contract.CONFIG_ENV not in task.env_vars, "the try was never prepared"
+    # the Docker backend's task says the same about the same conf
+    docker_settings = {k: v for k, v in SETTINGS.items() if k not in ("backend", "kubernetes")}
+    docker_dag = training_pipeline(PipelineConfig.from_dict(copy.deepcopy(docker_settings)))
+    docker_task = docker_dag.get_task("train")
+    with pytest.raises(AirflowFailException) as docker_err:
+        docker_task.execute({**_context(docker_dag, docker_task), "dag_run": SimpleNamespace(conf={"epoch": 3})})
+    assert str(docker_err.value).split(". Fix:")[0] == message.split(". Fix:")[0]
+
+
+@pytest.mark.parametrize("timezone, jemalloc", [("UTC", True), ("Europe/Berlin", False)])
+def test_the_pod_environment_carries_the_time_zone_and_the_jemalloc_switch(timezone, jemalloc):
+    """``resources.timezone`` becomes ``TZ`` and ``resources.jemalloc: false`` an empty ``LD_PRELOAD``
+    (the image preloads jemalloc), as on Docker; left on, the image's ``LD_PRELOAD`` stands."""
+    dag = _dag(resources={**SETTINGS["resources"], "timezone": timezone, "jemalloc": jemalloc})
+    for stage in ("prep", "train"):
+        env = {e["name"]: e.get("value") for e in _stage_container(_pod(dag, stage))["env"]}
+        assert env["TZ"] == timezone
+        if jemalloc:
+            assert "LD_PRELOAD" not in env
+        else:
+            assert env["LD_PRELOAD"] == ""

@@ -188,3 +188,23 @@ def test_the_merge_stands_for_prep_in_gauges_and_lineage():
     train = stage_lineage("train", volumes=volumes, docker_url=None, image=None, data_path="digits",
                           result={}, upstream={"prep_merge": merged})
     assert [d.name for d in train.inputs] == [f"/srv/tfpipe/work/datasets/{'ab' * 32}"]
+
+
+def test_a_two_slash_unix_shard_entry_means_the_deployment_engine_and_three_slashes_stay_local(monkeypatch):
+    """``unix://var/run/docker.sock`` (the local default's spelling) in ``shard_docker_urls`` is the
+    deployment's engine (``[tfpipe] docker_url``), as for ``docker_url``; ``unix:///var/run/docker.sock``
+    names the worker's own socket and is kept."""
+    from tfpipe.engine import DEFAULT_DOCKER_URL, EngineSettings
+    from tfpipe.operators import PrepShardOperator
+
+    monkeypatch.setenv("AIRFLOW__TFPIPE__DOCKER_URL", "tcp://deployment.example:2375")
+    engines = [DEFAULT_DOCKER_URL, "unix:///var/run/docker.sock"]
+    assert engines[0] == "unix://var/run/docker.sock"
+    shard = training_pipeline(_cfg(2, shard_docker_urls=engines)).get_task("prep_shard")
+    default, local = (PrepShardOperator(**{**shard.partial_kwargs, **kw, "task_id": "prep_shard"})
+                      for kw in shard.expand_input.value)
+    settings = EngineSettings.from_airflow_config()
+    for op in (default, local):
+        settings.apply_to(op, tls_for_named_engine=op.engine_from_shard_list)
+    assert default.docker_url == "tcp://deployment.example:2375"
+    assert local.docker_url == "unix:///var/run/docker.sock"

@@ -87,6 +87,40 @@ def test_stage_lineage_links_each_stage_to_the_next():
     assert lineage.stage_lineage("train", result=None, upstream={"prep": prep}, **common).outputs == ()
 
 
+def test_each_stage_output_carries_its_facets():
+    """The trained model carries metrics and the image (evaluate has not judged it yet); evaluation.json
+    the metrics and the blessing; the exported model and its published copy metrics, blessing and image."""
+    prep = {"fingerprint": "abc123", "dataset_dir": "/work/datasets/abc123"}
+    train = {"final_dir": "/work/runs/d/r/train/final", "final_loss": 0.1, "final_accuracy": 0.9}
+    evaluate = {**EVALUATE, "evaluation_path": "/work/runs/d/r/evaluation.json"}
+    export = {"model_dir": "/models/digits/4", "version": 4, "metrics": {"accuracy": 0.97123}}
+    common = dict(volumes=VOLUMES, docker_url="unix://var/run/docker.sock", image="img:1", data_path="d/x.csv")
+    blessing = {"blessed": True, "metric": "accuracy", "value": 0.97123, "threshold": 0.9, "tolerance": 0.01,
+                "reason": None, "baseline_version": 3, "baseline_value": 0.965}
+
+    (trained,) = lineage.stage_lineage("train", result=train, upstream={"prep": prep}, **common).outputs
+    assert trained.facets == {"tfpipe_metrics": {"metrics": {"loss": 0.1, "accuracy": 0.9}},
+                              "tfpipe_image": {"image": "img:1"}}
+    judged = lineage.stage_lineage("evaluate", result=evaluate, upstream={"prep": prep, "train": train}, **common)
+    assert [d.name for d in judged.inputs] == ["/srv/work/runs/d/r/train/final", "/srv/work/datasets/abc123"]
+    (report,) = judged.outputs
+    assert report.name == "/srv/work/runs/d/r/evaluation.json"
+    assert report.facets == {"tfpipe_metrics": {"metrics": {"accuracy": 0.97123, "loss": 0.1}},
+                             "tfpipe_blessing": blessing}
+    model = {"tfpipe_metrics": {"metrics": {"accuracy": 0.97123}}, "tfpipe_blessing": blessing,
+             "tfpipe_image": {"image": "img:1"}}
+    (exported,) = lineage.stage_lineage("export", result=export, upstream={"train": train, "evaluate": evaluate},
+                                        **common).outputs
+    assert exported.facets == model
+    (published,) = lineage.publish_lineage(
+        models_volume="/srv/models", model_name="digits", docker_url=common["docker_url"], image="img:1",
+        result={"uri": "gs://b/models/digits/4"}, export=export, evaluation=evaluate).outputs
+    assert (published.namespace, published.name, published.facets) == ("gs://b", "models/digits/4", model)
+    # the image facet names the image the task ran; without one it is left out, not empty
+    (bare,) = lineage.stage_lineage("train", result=train, upstream={}, **{**common, "image": None}).outputs
+    assert "tfpipe_image" not in bare.facets
+
+
 def test_a_note_a_person_wrote_is_kept():
     from tfpipe.plugins.listener import write_note
 
