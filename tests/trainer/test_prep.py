@@ -249,3 +249,32 @@ def test_progress_is_throttled_and_quiet_for_short_phases(capsys):
     quiet.add(3)
     quiet.finish()
     assert "prep: read" not in capsys.readouterr().out
+
+
+def test_prep_removes_temp_dirs_older_than_an_hour_in_datasets(ws):
+    """Every prep, cache hit or not, deletes the ``.tmp-*`` dirs under ``datasets/`` that a killed
+    prep or an interrupted data set removal (``.tmp-deleted-*``) left more than an hour ago; younger
+    ones (perhaps another prep still writing) stay."""
+    root = os.path.join(ws.work, "datasets")
+    now = time.time()
+
+    def plant():
+        planted = {}
+        for name, age in ((".tmp-killedprep", 2 * 3600), (".tmp-deleted-old", 2 * 3600),
+                          (".tmp-writing", 60)):
+            path = os.path.join(root, name)
+            os.makedirs(os.path.join(path, "part"))
+            for inner in (os.path.join(path, "part"), path):
+                os.utime(inner, (now - age, now - age))
+            planted[name] = path
+        return planted
+
+    for run_id, cache_hit in (("first_run", False), ("second_run", True)):
+        planted = plant()
+        result = prep.run(ws.config("prep", run_id=run_id))
+        assert result["cache_hit"] is cache_hit
+        assert not os.path.exists(planted[".tmp-killedprep"])
+        assert not os.path.exists(planted[".tmp-deleted-old"])
+        assert os.path.isdir(planted[".tmp-writing"])
+        os.rmdir(os.path.join(planted[".tmp-writing"], "part"))
+        os.rmdir(planted[".tmp-writing"])

@@ -185,3 +185,37 @@ def test_program_does_not_import_tensorflow():
     code = "import sys, trainer.retention; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, universal_newlines=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def _plant_temps(parent, now):
+    """An old (2 h) and a fresh hidden temporary dir in ``parent``, as an interrupted removal
+    (``.tmp-deleted-*``) or a killed stage (``.tmp-*``) leaves them; return their paths."""
+    old_removal = os.path.join(parent, ".tmp-deleted-old")
+    old_stage = os.path.join(parent, ".tmp-killedprep")
+    fresh = os.path.join(parent, ".tmp-deleted-fresh")
+    for path in (old_removal, old_stage, fresh):
+        _write(os.path.join(path, "left", "part"), b"p" * 4000)
+    _age(old_removal, 2 * HOUR, now)
+    _age(old_stage, 2 * HOUR, now)
+    _age(fresh, 60, now)
+    return {"old": [old_removal, old_stage], "fresh": fresh}
+
+
+def test_cleanup_finishes_interrupted_removals_in_its_runs_dir_only(tmp_path, volume):
+    """Cleanup deletes ``.tmp-*`` dirs older than an hour in ``runs/<its dag>/`` (an interrupted
+    removal), keeps younger ones there, and leaves those under ``datasets/`` (prep's to remove) and
+    under another DAG's runs dir alone; a dry run removes none."""
+    now = volume["now"]
+    work = volume["work"]
+    runs = _plant_temps(os.path.join(work, "runs", DAG), time.time())
+    datasets = _plant_temps(os.path.join(work, "datasets"), time.time())
+    other = _plant_temps(os.path.join(work, "runs", "other"), time.time())
+    retention.run(request(tmp_path), dry_run=True, now=now)
+    assert all(os.path.isdir(p) for p in runs["old"] + [runs["fresh"]])
+    result = retention.run(request(tmp_path), now=now)
+    assert not any(os.path.exists(p) for p in runs["old"]), "an old temp dir in runs/<dag>/ survived cleanup"
+    assert os.path.isdir(runs["fresh"]), "a temp dir younger than an hour was removed"
+    for place in (datasets, other):
+        assert all(os.path.isdir(p) for p in place["old"] + [place["fresh"]])
+    # temp dirs are never reported as run dirs or data sets, kept or removed
+    assert not [r for r in result["removed"] + result["kept"] if ".tmp-" in r["path"]]
