@@ -54,6 +54,15 @@ def test_leftover_container_of_an_earlier_try_is_removed(trainer_image, tfpipe_h
                 pass
 
 
+def _remove(docker_client, *names: str) -> None:
+    """Remove the test's containers, whichever of them are still there."""
+    for name in names:
+        try:
+            docker_client.api.remove_container(name, force=True)
+        except Exception:
+            pass
+
+
 def _open_shell(op: TrainOperator, run_id: str, home) -> str:
     """Start what ``tfpipe shell --detach`` starts for try 1 of the task (its own ``docker run`` line:
     the task's labels plus ``tfpipe.role=shell``, a ``tfpipe-shell-...`` name); return its name."""
@@ -90,11 +99,7 @@ def test_a_new_try_removes_a_shell_left_open_on_the_task(trainer_image, tfpipe_h
         assert shell not in names, "the shell open on the task must be removed before a new try starts"
         assert other_run.name in names, "containers of other runs must be left alone"
     finally:
-        for name in (shell, other_run.name):
-            try:
-                docker_client.api.remove_container(name, force=True)
-            except Exception:
-                pass
+        _remove(docker_client, *(shell, other_run.name))
 
 
 def test_a_re_attaching_try_keeps_its_container_and_removes_every_other_one(
@@ -122,11 +127,7 @@ def test_a_re_attaching_try_keeps_its_container_and_removes_every_other_one(
         assert shell not in names, "a shell open on the task must go when a try re-attaches"
         assert earlier.name not in names, "the try removes its container once it has the result"
     finally:
-        for name in (shell, earlier.name):
-            try:
-                docker_client.api.remove_container(name, force=True)
-            except Exception:
-                pass
+        _remove(docker_client, *(shell, earlier.name))
 
 
 def test_prepare_dirs_hands_directories_to_the_stage_user(trainer_image, tfpipe_home):

@@ -6,7 +6,6 @@ import base64
 import json
 import os
 import threading
-import time
 import uuid
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from urllib.parse import parse_qs
@@ -16,6 +15,7 @@ from airflow.providers.common.compat.sdk import AirflowFailException
 
 from tests.conftest import run_dag
 from tests.integration.conftest import fake_context, object_names
+from tests.integration.test_gcs_stage_in import HelperInspector
 from tfpipe.hooks.gcs import GcsAccessError
 from tfpipe.gcs.publish import list_published_versions
 from tfpipe.operators.gcs import GcsPublishOperator, GcsStageInOperator
@@ -208,26 +208,6 @@ with DAG("tfpipe_gcs_keyed", schedule=None, start_date=datetime(2026, 1, 1), cat
 '''
 
 
-class EngineWatcher(threading.Thread):
-    """Records ``docker inspect`` of every container of DAG ``dag_id`` while it exists."""
-
-    def __init__(self, client, dag_id: str):
-        super().__init__(daemon=True)
-        self.client, self.dag_id = client, dag_id
-        self.seen: dict[str, dict] = {}
-        self.stopped = threading.Event()
-
-    def run(self):
-        while not self.stopped.is_set():
-            for c in self.client.api.containers(all=True, filters={"label": f"tfpipe.dag_id={self.dag_id}"}):
-                if c["Id"] not in self.seen:
-                    try:
-                        self.seen[c["Id"]] = self.client.api.inspect_container(c["Id"])
-                    except Exception:  # removed meanwhile
-                        pass
-            time.sleep(0.02)
-
-
 def _jwt_part(token: str, index: int) -> dict:
     part = token.split(".")[index]
     return json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
@@ -257,7 +237,7 @@ def test_a_key_in_the_connection_reaches_no_log_xcom_db_row_or_container(
     (tmp_path / "dags").mkdir()
     (tmp_path / "dags" / "tfpipe_gcs_keyed.py").write_text(KEYED_DAG)
 
-    watcher = EngineWatcher(docker_client, "tfpipe_gcs_keyed")
+    watcher = HelperInspector(docker_client, label="tfpipe.dag_id=tfpipe_gcs_keyed")
     watcher.start()
     try:
         summary, log = run_dag("tfpipe_gcs_keyed", {}, home=home, image=trainer_image, dags_folder=tmp_path / "dags",

@@ -300,17 +300,18 @@ class DroppingProxy(threading.Thread):
 
 
 class HelperInspector(threading.Thread):
-    """Records ``docker inspect`` of every helper container of ``role`` while it exists."""
+    """Records ``docker inspect`` of every container labelled ``label`` (``tfpipe.role=<role>`` for a
+    bare role) while it exists."""
 
-    def __init__(self, client, role: str):
+    def __init__(self, client, role: str = "", *, label: str = ""):
         super().__init__(daemon=True)
-        self.client, self.role = client, role
+        self.client, self.label = client, label or f"tfpipe.role={role}"
         self.seen: dict[str, dict] = {}
         self.stopped = threading.Event()
 
     def run(self):
         while not self.stopped.is_set():
-            for c in self.client.api.containers(all=True, filters={"label": f"tfpipe.role={self.role}"}):
+            for c in self.client.api.containers(all=True, filters={"label": self.label}):
                 if c["Id"] not in self.seen:
                     try:
                         self.seen[c["Id"]] = self.client.api.inspect_container(c["Id"])

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import re
-import threading
-import time
 
 import pytest
 
 from tests.conftest import run_dag, write_dag
+from tests.engine_watch import InspectOnCreate
 
 pytestmark = pytest.mark.integration
 
@@ -29,38 +28,6 @@ def _set_states(run_id: str, run_state: str, task_states: dict[str, str]) -> Non
                                                              TaskInstance.run_id == run_id)):
             if ti.task_id in task_states:
                 ti.state = task_states[ti.task_id]
-
-
-class RetentionHelpers(threading.Thread):
-    """Inspects each retention helper container of one DAG as the engine creates it: the operator
-    removes the helper when it exits, so its settings can only be read while it exists."""
-
-    def __init__(self, client, dag_id: str):
-        super().__init__(daemon=True)
-        self.client = client
-        self.inspected: list[dict] = []
-        self.missed: list[str] = []
-        self.stream = client.events(decode=True, filters={"type": "container", "event": "create",
-                                                          "label": [f"tfpipe.dag_id={dag_id}", "tfpipe.role=retention"]})
-
-    def run(self):
-        import docker
-
-        try:
-            for event in self.stream:
-                try:
-                    self.inspected.append(self.client.api.inspect_container(event["Actor"]["ID"]))
-                except docker.errors.NotFound:
-                    self.missed.append(event["Actor"]["ID"])
-        except Exception:  # the stream was closed
-            pass
-
-    def stop(self) -> list[dict]:
-        time.sleep(1)  # the last events reach the stream
-        self.stream.close()
-        self.join(timeout=10)
-        assert not self.missed, f"helper containers gone before they could be inspected: {self.missed}"
-        return self.inspected
 
 
 def _cleanup_result(run_id: str) -> dict:
@@ -107,12 +74,14 @@ def test_cleanup_keeps_active_runs_and_removes_them_once_finished(tfpipe_home, t
     # (keep_versions=1): so the second run stays, for its kept version, until the next run.
     _set_states(first["run_id"], "failed", {"train": "failed", "evaluate": "upstream_failed",
                                             "export": "upstream_failed"})
-    helpers = RetentionHelpers(docker_client, DAG_ID)
+    # the operator removes its helper when it exits: inspect it the moment the engine creates it
+    helpers = InspectOnCreate(docker_client, f"tfpipe.dag_id={DAG_ID}", "tfpipe.role=retention")
     helpers.start()
     try:
         third, log3 = run()
     finally:
-        inspected = helpers.stop()
+        inspected = list(helpers.stop().values())
+    assert not helpers.missed, f"helper containers gone before they could be inspected: {helpers.missed}"
     assert sorted(p.name for p in runs_dir.iterdir()) == sorted([run_dir(second).name, run_dir(third).name])
     # one line per removal: the path, its size and the reason; then the summary with what was kept
     # (the third run as the newest and current, the second for its kept version; the one data set)

@@ -24,16 +24,20 @@ PROBE = ("import json, subprocess; from trainer import common; "
          "'cpus': common.cpu_limit()}))")
 
 
-def _probe(image, home, docker_client, **resources):
+def _stage_operator(operator, stage, image, home, **resources):
+    """A ``stage`` operator of a one-task DAG "runtime" on ``home``'s volumes with ``resources``."""
     cfg = PipelineConfig.from_dict({
         "dag_id": "runtime", "image": {"ref": image}, "data": {"path": "digits/digits.csv"},
         "volumes": {"data": f"{home}/data", "work": f"{home}/work", "models": f"{home}/models"},
         "resources": resources,
     })
     with DAG("runtime", schedule=None):
-        op = TrainOperator(task_id="train", image=image, stage_config=config_template(cfg, "train"),
-                           volumes=cfg.volumes, cpus=cfg.resources.cpus, timezone=cfg.resources.timezone,
-                           jemalloc=cfg.resources.jemalloc)
+        return operator(task_id=stage, image=image, stage_config=config_template(cfg, stage), volumes=cfg.volumes,
+                        cpus=cfg.resources.cpus, timezone=cfg.resources.timezone, jemalloc=cfg.resources.jemalloc)
+
+
+def _probe(image, home, docker_client, **resources):
+    op = _stage_operator(TrainOperator, "train", image, home, **resources)
     op.container_name = f"tfpipe-test-runtime-{uuid.uuid4().hex[:8]}"
     op.labels = {"tfpipe.test": "runtime"}
     op.command = ["python3", "-c", PROBE]
@@ -84,15 +88,7 @@ def _first_stage_lines(image, home, capfd, count=3, **resources):
     """The first ``count`` lines the trainer logged in a real prep stage, as the task log shows them
     (Airflow's task logger writes them to the test's output): the operator's own start and follow path
     (submit_job, poll_until_complete)."""
-    cfg = PipelineConfig.from_dict({
-        "dag_id": "runtime", "image": {"ref": image}, "data": {"path": "digits/digits.csv"},
-        "volumes": {"data": f"{home}/data", "work": f"{home}/work", "models": f"{home}/models"},
-        "resources": resources,
-    })
-    with DAG("runtime", schedule=None):
-        op = PrepOperator(task_id="prep", image=image, stage_config=config_template(cfg, "prep"),
-                          volumes=cfg.volumes, cpus=cfg.resources.cpus, timezone=cfg.resources.timezone,
-                          jemalloc=cfg.resources.jemalloc)
+    op = _stage_operator(PrepOperator, "prep", image, home, **resources)
     plan = resolve_try(op.spec, TryIdentity("runtime", f"manual__runtime_{uuid.uuid4().hex[:8]}", "prep"),
                        image=image)
     op._plan, op.container_name, op.labels = plan, plan.name, dict(plan.labels)

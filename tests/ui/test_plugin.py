@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
-import time
 from urllib.parse import quote
 
 import pytest
 
 from tests.conftest import REPO
+from tests.engine_watch import InspectOnCreate
 from tests.ui.conftest import DAG_ID
 
 pytestmark = pytest.mark.integration
@@ -61,40 +60,6 @@ def test_the_report_is_served_to_users_who_may_read_the_dag_and_to_no_one_else(u
     assert server.get(_report_path("manual__no_such_run"), user="admin")[0] == 404
 
 
-class _ReportReaders(threading.Thread):
-    """Inspects each report-reader helper of one run the moment the engine reports it created: the
-    plugin removes it within the request, so afterwards there is nothing left to inspect."""
-
-    def __init__(self, client, run_id: str):
-        from tfpipe.plugins.engine import REPORT_READER_ROLE
-
-        super().__init__(daemon=True)
-        self.client = client
-        self.created: list[str] = []
-        self.inspected: dict[str, dict] = {}
-        self.stream = client.api.events(decode=True, filters={
-            "type": "container", "event": "create",
-            "label": [f"tfpipe.role={REPORT_READER_ROLE}", f"tfpipe.dag_id={DAG_ID}", f"tfpipe.run_id={run_id}"]})
-
-    def run(self):
-        import docker
-
-        try:
-            for event in self.stream:
-                self.created.append(event["id"])
-                try:
-                    self.inspected[event["id"]] = self.client.api.inspect_container(event["id"])
-                except docker.errors.NotFound:  # removed before we looked: its removal is checked below
-                    pass
-        except Exception:  # the stream was closed
-            pass
-
-    def stop(self) -> None:
-        time.sleep(1)  # events of the last helpers reach the stream
-        self.stream.close()
-        self.join(timeout=10)
-
-
 def test_each_report_read_binds_the_work_volume_read_only_and_leaves_no_container(ui_run, docker_client):
     """The report reader is a helper of the trainer image with ``tfpipe.role=report-reader`` that
     binds the engine host's work volume read-only, and is removed after each request."""
@@ -103,7 +68,9 @@ def test_each_report_read_binds_the_work_volume_read_only_and_leaves_no_containe
     from tfpipe.plugins.engine import REPORT_READER_ROLE
 
     server, run_id = ui_run["server"], ui_run["summary"]["run_id"]
-    watcher = _ReportReaders(docker_client, run_id)
+    # the plugin removes each helper within its request: inspect it the moment the engine creates it
+    watcher = InspectOnCreate(docker_client, f"tfpipe.role={REPORT_READER_ROLE}", f"tfpipe.dag_id={DAG_ID}",
+                              f"tfpipe.run_id={run_id}")
     watcher.start()
     try:
         for _ in range(3):
