@@ -99,10 +99,16 @@ test-trainer: image
 	@echo "[test] trainer tests inside the TF 2.9 image"
 	@tests/trainer/run-in-image.sh $(PYTEST_ARGS)
 
+# The host suite waits on containers most of the time (one test keeps about one core busy), so it
+# runs on TEST_WORKERS pytest-xdist workers, each with its own copy of the Airflow DB
+# (tests/conftest.py); TEST_WORKERS=1 runs it in this process, in file order.
+TEST_WORKERS ?= 2
+XDIST_ARGS = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
+
 test-host: venv image airflow-db image-variable data
 	@scripts/ensure-chromium.sh
-	@echo "[test] host tests: provider, DAGs, Airflow runs with real containers"
-	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+	@echo "[test] host tests: provider, DAGs, Airflow runs with real containers ($(TEST_WORKERS) workers)"
+	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m pytest -q --durations=25 $(XDIST_ARGS) $(PYTEST_ARGS)
 
 # Airflow version matrix: one lock per supported release in requirements/airflow-X.Y.lock (the
 # newest is host.lock, the main venv's). `make test` runs the matrix ends: the newest through

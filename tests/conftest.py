@@ -2,21 +2,49 @@
 
 Airflow reads its configuration when first imported, so the environment is set here, before
 any test module imports it: a project-local AIRFLOW_HOME (SQLite), this repo's dags/, no
-example DAGs. `make test` sets the same values.
+example DAGs. `make test` sets the same values. Under pytest-xdist (``make test-host`` runs two
+workers) each worker gets a copy of that Airflow home in a temporary directory, and the work is
+split into units that keep shared fixtures on one worker (``pytest_xdist_make_scheduler``).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _worker_airflow_home(worker: str) -> None:
+    """Give this xdist worker a copy of the project's Airflow home (metadata DB included).
+
+    Two workers running DAG runs against one SQLite file would lock each other out; each gets
+    the migrated DB (Variables and all) copied, with the configuration's paths pointed at the copy.
+    """
+    source = Path(os.environ.get("AIRFLOW_HOME", REPO / ".airflow"))
+    if not (source / "airflow.db").exists():
+        raise SystemExit(f"{source / 'airflow.db'} is missing: run `make airflow-db` (make test does)")
+    home = Path(tempfile.mkdtemp(prefix=f"tfpipe-{worker}-airflow-"))
+    atexit.register(shutil.rmtree, home, True)
+    for name in ("airflow.db", ".migrated", ".tfpipe_image"):
+        if (source / name).exists():
+            shutil.copy2(source / name, home / name)
+    if (source / "airflow.cfg").exists():
+        (home / "airflow.cfg").write_text((source / "airflow.cfg").read_text().replace(str(source), str(home)))
+    os.environ["AIRFLOW_HOME"] = str(home)
+    os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{home / 'airflow.db'}"
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _worker_airflow_home(os.environ["PYTEST_XDIST_WORKER"])
 os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".airflow"))
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
@@ -127,3 +155,44 @@ dag = training_pipeline(PipelineConfig.from_dict({{
 }}))
 ''')
     return path
+
+
+
+#: Work that stays on one xdist worker (``make test`` runs the host suite on two), in the order the
+#: workers take it: the deployment tests share one stack and end with ``make down``; the soak is one
+#: long test; the UI tests share one run and api-server. The long units go first, so that no worker
+#: is left alone with one of them at the end. Every other module is a unit of its own (its
+#: module-scoped fixtures are built once).
+_UNITS_FIRST = ("tests/deployment/", "tests/reliability/test_soak.py", "tests/ui/")
+
+
+def _work_unit(nodeid: str) -> str:
+    for prefix in _UNITS_FIRST:
+        if nodeid.startswith(prefix):
+            return prefix.rstrip("/")
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist: the long work units first (each worker collects, so each sorts alike)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {unit.rstrip("/"): i for i, unit in enumerate(_UNITS_FIRST)}
+        items.sort(key=lambda item: rank.get(_work_unit(item.nodeid), len(rank)))  # stable: file order kept
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` by :func:`_work_unit` rather than by module or class.
+
+    xdist's own ``loadgroup`` marks do not take under pytest 9 (it renames the node id attribute
+    they rewrite), so the units are drawn here, where xdist asks for them.
+    """
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(nodeid)
+
+    return WorkUnitScheduling(config, log)

@@ -1,0 +1,70 @@
+"""How ``make test-host`` splits the host suite over pytest-xdist workers (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import _UNITS_FIRST, _work_unit
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+def test_shared_fixtures_stay_on_one_worker_and_modules_are_units():
+    assert _work_unit("tests/deployment/test_stack.py::test_a") == _work_unit("tests/deployment/test_zz_down.py::t")
+    assert _work_unit("tests/ui/test_browser.py::test_a") == _work_unit("tests/ui/test_plugin.py::test_b")
+    assert _work_unit("tests/reliability/test_soak.py::test_x") != _work_unit("tests/reliability/test_faults.py::t")
+    assert _work_unit("tests/provider/test_config.py::test_a") == _work_unit("tests/provider/test_config.py::t[1]")
+    assert _work_unit("tests/provider/test_config.py::test_a") != _work_unit("tests/provider/test_specs.py::test_a")
+    assert [u.rstrip("/") for u in _UNITS_FIRST] == ["tests/deployment", "tests/reliability/test_soak.py", "tests/ui"]
+
+
+def test_make_runs_two_workers_unless_told_one():
+    def pytest_line(*args: str) -> str:
+        out = subprocess.run(["make", "-n", "--no-print-directory", "test-host", *args], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout
+        return next(line for line in out.splitlines() if "-m pytest" in line)
+
+    assert "-n 2 --dist loadscope --no-loadscope-reorder" in pytest_line()
+    assert " -n " not in pytest_line("TEST_WORKERS=1") and "--dist" not in pytest_line("TEST_WORKERS=1")
+
+
+def test_each_worker_has_its_own_copy_of_the_airflow_db():
+    home = Path(os.environ["AIRFLOW_HOME"])
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:  # one process (TEST_WORKERS=1): the home make configured, no copy
+        assert not home.name.startswith("tfpipe-") and "tfpipe-" not in os.environ.get(
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "")
+        return
+    assert home.name.startswith(f"tfpipe-{worker}-airflow-") and home != REPO / ".airflow"
+    assert os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{home / 'airflow.db'}"
+    assert str(home) in (home / "airflow.cfg").read_text() and str(REPO / ".airflow") not in (home / "airflow.cfg").read_text()
+    with sqlite3.connect(home / "airflow.db") as db:  # migrated: Airflow's own tables are there
+        assert db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'dag_run'").fetchone() == (1,)
+
+
+def test_a_two_worker_run_keeps_each_unit_on_one_worker_long_units_first():
+    """A real two-worker pytest run of a few cheap modules: the deployment unit's tests all run on
+    one worker, ahead of every other module on that worker."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env.pop("PYTEST_ADDOPTS", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadscope",
+         "--no-loadscope-reorder", "tests/contract/test_schema_parity.py", "tests/deployment/test_stack_tools.py",
+         "tests/contract/test_import_wall.py"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    ran = re.findall(r"^\[(gw\d)\] \[\s*\d+%\] PASSED (\S+?)::", proc.stdout, re.M)
+    deployment = {w for w, path in ran if path.startswith("tests/deployment/")}
+    assert len(deployment) == 1, ran
+    worker = deployment.pop()
+    on_it = [path for w, path in ran if w == worker]
+    assert on_it[0].startswith("tests/deployment/"), on_it
+    first_other = next(i for i, path in enumerate(on_it) if not path.startswith("tests/deployment/"))
+    assert all(not p.startswith("tests/deployment/") for p in on_it[first_other:]), on_it
+    assert {path for _, path in ran} == {"tests/contract/test_schema_parity.py", "tests/deployment/test_stack_tools.py",
+                                         "tests/contract/test_import_wall.py"}
