@@ -118,10 +118,10 @@ AIRFLOW_VERSION ?= $(AIRFLOW_OLDEST)
 .PHONY: test-compat test-compat-oldest
 
 test-compat: image data
-	@TFPIPE_IMAGE=$(IMAGE_REF) PYTHON=$(PYTHON) TEST_WORKERS=$(TEST_WORKERS) scripts/test-compat.sh $(AIRFLOW_VERSION) $(PYTEST_ARGS)
+	@TFPIPE_IMAGE=$(IMAGE_REF) PYTHON=$(PYTHON) XDIST_ARGS="$(XDIST_ARGS)" scripts/test-compat.sh $(AIRFLOW_VERSION) $(PYTEST_ARGS)
 
 test-compat-oldest: image data
-	@TFPIPE_IMAGE=$(IMAGE_REF) PYTHON=$(PYTHON) TEST_WORKERS=$(TEST_WORKERS) scripts/test-compat.sh $(AIRFLOW_OLDEST) $(PYTEST_ARGS)
+	@TFPIPE_IMAGE=$(IMAGE_REF) PYTHON=$(PYTHON) XDIST_ARGS="$(XDIST_ARGS)" scripts/test-compat.sh $(AIRFLOW_OLDEST) $(PYTEST_ARGS)
 
 bench: venv image airflow-db data
 	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) bench/run.py $(BENCH_ARGS)

@@ -54,10 +54,9 @@ fi
 
 tests_started=$SECONDS
 echo "[compat $version] tests: unit, DagBag, one tfpipe_digits run with a Param changed, one resume after a killed container, one re-run after a killed worker"
-# The same workers as make test-host (TEST_WORKERS, default 2; 1: one process).
-workers=${TEST_WORKERS:-2}
-xdist=()
-if ((workers > 1)); then xdist=(-n "$workers" --dist loadscope --no-loadscope-reorder); fi
+# The same pytest-xdist flags as make test-host: make passes its XDIST_ARGS (from TEST_WORKERS);
+# run directly without them, the tests run in this one process.
+read -r -a xdist <<<"${XDIST_ARGS:-}"
 status=0
 "$venv/bin/python" -m pytest -q -p no:cacheprovider -m "not integration or compat" "${xdist[@]}" "$@" || status=$?
 echo "[compat $version] Airflow $("$venv/bin/python" -c 'import airflow; print(airflow.__version__)'):" \

@@ -157,13 +157,20 @@ dag = training_pipeline(PipelineConfig.from_dict({{
     return path
 
 
-
 #: Work that stays on one xdist worker (``make test`` runs the host suite on two), in the order the
 #: workers take it: the deployment tests share one stack and end with ``make down``; the soak is one
-#: long test; the UI tests share one run and api-server. The long units go first, so that no worker
-#: is left alone with one of them at the end. Every other module is a unit of its own (its
+#: long test; the UI tests share one run and api-server. Every other module is a unit of its own (its
 #: module-scoped fixtures are built once).
 _UNITS_FIRST = ("tests/deployment/", "tests/reliability/test_soak.py", "tests/ui/")
+#: Then the modules that run whole DAGs or many containers, longest first as measured on the 2-core
+#: VM (a few minutes each), then the other modules that start containers, then the rest, which take
+#: seconds. Handing the short units out last keeps one worker from finishing minutes before the
+#: other. A stale order costs time only: every unit still runs, on one worker.
+_LONG_MODULES = ("tests/integration/test_resume.py", "tests/integration/test_retention.py",
+                 "tests/reliability/test_faults.py", "tests/integration/test_sharded_prep.py",
+                 "tests/integration/test_pipeline.py", "tests/integration/test_gcs_pipeline.py",
+                 "tests/provider/test_cli_run.py")
+_CONTAINER_DIRS = ("tests/integration/", "tests/reliability/")
 
 
 def _work_unit(nodeid: str) -> str:
@@ -173,11 +180,18 @@ def _work_unit(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+def _unit_rank(unit: str) -> int:
+    """Where a work unit goes in the queue (lower first; equal ranks keep file order)."""
+    order = [u.rstrip("/") for u in _UNITS_FIRST] + list(_LONG_MODULES)
+    if unit in order:
+        return order.index(unit)
+    return len(order) + (0 if unit.startswith(_CONTAINER_DIRS) else 1)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under xdist: the long work units first (each worker collects, so each sorts alike)."""
+    """Under xdist: the units in :func:`_unit_rank` order (each worker collects, so each sorts alike)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        rank = {unit.rstrip("/"): i for i, unit in enumerate(_UNITS_FIRST)}
-        items.sort(key=lambda item: rank.get(_work_unit(item.nodeid), len(rank)))  # stable: file order kept
+        items.sort(key=lambda item: _unit_rank(_work_unit(item.nodeid)))  # stable: file order kept
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -194,5 +208,18 @@ def pytest_xdist_make_scheduler(config, log):
     class WorkUnitScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return _work_unit(nodeid)
+
+        def _reschedule(self, node) -> None:
+            # xdist queues the next unit on a worker while it still has two tests to run; one of
+            # them can be a minutes-long DAG run, and the queued unit then waits behind it while the
+            # other worker runs out of work. A worker gets its next unit when it is on its last test
+            # (it needs one test queued behind the running one to start it).
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
 
     return WorkUnitScheduling(config, log)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import _UNITS_FIRST, _work_unit
+from tests.conftest import _UNITS_FIRST, _unit_rank, _work_unit, pytest_xdist_make_scheduler
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -23,14 +23,82 @@ def test_shared_fixtures_stay_on_one_worker_and_modules_are_units():
     assert [u.rstrip("/") for u in _UNITS_FIRST] == ["tests/deployment", "tests/reliability/test_soak.py", "tests/ui"]
 
 
+def test_units_are_handed_out_shared_then_long_then_container_modules_then_the_rest():
+    units = ["tests/provider/test_config.py", "tests/integration/test_containers.py", "tests/ui",
+             "tests/integration/test_resume.py", "tests/contract/test_lint.py", "tests/deployment",
+             "tests/reliability/test_soak.py", "tests/reliability/test_config_fuzz.py"]
+    assert sorted(units, key=_unit_rank) == [
+        "tests/deployment", "tests/reliability/test_soak.py", "tests/ui", "tests/integration/test_resume.py",
+        "tests/integration/test_containers.py", "tests/reliability/test_config_fuzz.py",
+        "tests/provider/test_config.py", "tests/contract/test_lint.py"]
+    # every long module named is a real module, so a rename cannot silently drop it to the end
+    from tests.conftest import _LONG_MODULES
+    assert all((REPO / module).is_file() for module in _LONG_MODULES)
+
+
+class _Node:
+    """What the scheduler sees of a worker: the test indices it was sent."""
+
+    def __init__(self, name: str) -> None:
+        self.gateway = type("Gateway", (), {"id": name})()
+        self.sent: list[int] = []
+        self.shutting_down = False
+
+    def send_runtest_some(self, indices) -> None:
+        self.sent.extend(indices)
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def test_a_worker_gets_its_next_unit_only_on_its_last_test():
+    """The scheduler itself (xdist's LoadScopeScheduling with tfpipe's units), two fake workers."""
+    class Config:
+        option = type("Option", (), {"loadscopereorder": False})()
+
+        def getoption(self, name):
+            return "loadscope"
+
+        def getvalue(self, name):
+            return ["2*popen"]
+
+    collection = ["tests/deployment/test_stack.py::a", "tests/deployment/test_stack.py::b",
+                  "tests/deployment/test_zz_down.py::c", "tests/reliability/test_soak.py::s",
+                  "tests/ui/test_browser.py::u", "tests/integration/test_resume.py::r1",
+                  "tests/integration/test_resume.py::r2", "tests/provider/test_config.py::p1"]
+    sched = pytest_xdist_make_scheduler(Config(), log=None)
+    one, two = _Node("gw0"), _Node("gw1")
+    for node in (one, two):
+        sched.add_node(node)
+        sched.add_node_collection(node, collection)
+    sched.schedule()
+    # the deployment unit (3 tests) alone on one; the soak (1 test) needs a next test: the UI unit
+    assert one.sent == [0, 1, 2] and two.sent == [3, 4]
+    sched.mark_test_complete(one, 0)  # a, b, c -> b, c left: nothing more yet (xdist's default would queue)
+    assert one.sent == [0, 1, 2]
+    sched.mark_test_complete(one, 1)  # on its last test: the next unit
+    assert one.sent == [0, 1, 2, 5, 6]
+    sched.mark_test_complete(two, 3)
+    assert two.sent == [3, 4, 7] and not two.shutting_down
+    sched.mark_test_complete(one, 2)
+    assert one.shutting_down  # nothing left to hand out
+
+
 def test_make_runs_two_workers_unless_told_one():
-    def pytest_line(*args: str) -> str:
-        out = subprocess.run(["make", "-n", "--no-print-directory", "test-host", *args], cwd=REPO,
+    def line(target: str, marker: str, *args: str) -> str:
+        out = subprocess.run(["make", "-n", "--no-print-directory", target, *args], cwd=REPO,
                              capture_output=True, text=True, check=True).stdout
-        return next(line for line in out.splitlines() if "-m pytest" in line)
+        return next(line for line in out.splitlines() if marker in line)
+
+    def pytest_line(*args: str) -> str:
+        return line("test-host", "-m pytest", *args)
 
     assert "-n 2 --dist loadscope --no-loadscope-reorder" in pytest_line()
     assert " -n " not in pytest_line("TEST_WORKERS=1") and "--dist" not in pytest_line("TEST_WORKERS=1")
+    # the compat suite gets the same flags from make (one home: the Makefile's XDIST_ARGS)
+    assert 'XDIST_ARGS="-n 2 --dist loadscope --no-loadscope-reorder"' in line("test-compat-oldest", "test-compat.sh")
+    assert 'XDIST_ARGS=""' in line("test-compat-oldest", "test-compat.sh", "TEST_WORKERS=1")
+    assert 'read -r -a xdist <<<"${XDIST_ARGS:-}"' in (REPO / "scripts/test-compat.sh").read_text()
 
 
 def test_each_worker_has_its_own_copy_of_the_airflow_db():

@@ -88,9 +88,11 @@ def bucket(gcs_client):
     return gcs_client.create_bucket(f"tfpipe-test-{uuid.uuid4().hex[:12]}")
 
 
-def fake_context(task_id: str, *, params: dict | None = None, xcom: dict | None = None) -> dict:
-    """The parts of an Airflow task context the transfer operators read."""
-    ti = SimpleNamespace(dag_id="tfpipe_gcs_test", run_id=f"manual__{uuid.uuid4().hex[:8]}", task_id=task_id,
+def fake_context(task_id: str, *, params: dict | None = None, xcom: dict | None = None,
+                 dag_id: str = "tfpipe_gcs_test") -> dict:
+    """The parts of an Airflow task context the transfer operators read (``dag_id`` labels the
+    helper containers, so a test can find its own among those of tests on the other worker)."""
+    ti = SimpleNamespace(dag_id=dag_id, run_id=f"manual__{uuid.uuid4().hex[:8]}", task_id=task_id,
                          try_number=1, map_index=-1, xcom_pull=lambda task_ids: xcom)
     return {"ti": ti, "params": params or {}}
 

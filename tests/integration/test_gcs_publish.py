@@ -15,6 +15,9 @@ from tfpipe.gcs.publish import MARKER_NAME, list_published_versions, local_files
 from tfpipe.hooks.gcs import GcsUri
 from tfpipe.operators.gcs import GcsPublishOperator
 
+#: The dag_id label of this module's helper containers (tests on the other xdist worker run theirs).
+HELPER_DAG = "tfpipe_gcs_publish_test"
+
 pytestmark = [pytest.mark.gcs, pytest.mark.integration]
 
 FILES = {"saved_model.pb": 300_000, "variables/variables.index": 2_000,
@@ -63,7 +66,7 @@ def test_interrupted_upload_is_completed_by_a_retry(tmp_path, trainer_image, buc
     op = GcsPublishOperator(task_id="publish", models_volume=str(tmp_path / "models"), model_name="digits",
                             image=trainer_image, destination_uri=base, max_workers=4)
     result = op.execute(fake_context("publish", xcom={"version": 7, "model_name": "digits",
-                                                      "model_dir": "/models/digits/7"}))
+                                                      "model_dir": "/models/digits/7"}, dag_id=HELPER_DAG))
     assert (result["files"], result["skipped"], result["uploaded"], result["deleted_stray"]) == (
         5, len(landed), 5 - len(landed), 1), "only the missing and the corrupted files are uploaded"
     names = object_names(gcs_client, bucket.name, dest.prefix)
@@ -78,7 +81,8 @@ def test_interrupted_upload_is_completed_by_a_retry(tmp_path, trainer_image, buc
     assert all(blobs[f"{dest.prefix}{f['name']}"].crc32c == f["crc32c"] for f in marker["files"])
     assert marker["version"] == 7 and marker["model_name"] == "digits"
     assert list_published_versions(base, "digits") == [7]
-    assert docker_client.containers.list(all=True, filters={"label": "tfpipe.role=gcs-publish"}) == []
+    assert docker_client.containers.list(all=True, filters={"label": ["tfpipe.role=gcs-publish",
+                                                                      f"tfpipe.dag_id={HELPER_DAG}"]}) == []
 
     # try 3 (say, a cleared task): nothing to do; a different export under the same version is refused
     again = op.execute(fake_context("publish", params={"publish_uri": base}, xcom={"version": 7}))

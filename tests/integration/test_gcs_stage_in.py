@@ -17,6 +17,9 @@ from tests.integration.conftest import fake_context
 from tfpipe.gcs.plan import MANIFEST_NAME
 from tfpipe.operators.gcs import GcsStageInOperator
 
+#: The dag_id label of this module's helper containers (tests on the other xdist worker run theirs).
+HELPER_DAG = "tfpipe_gcs_stage_in_test"
+
 pytestmark = [pytest.mark.gcs, pytest.mark.integration]
 
 
@@ -34,7 +37,7 @@ def test_second_sync_downloads_only_the_changed_object(tmp_path, trainer_image, 
     op = _operator(tmp_path, trainer_image, "digits/", source_uri=uri)
     target = tmp_path / "data" / "digits"
 
-    first = op.execute(fake_context("stage_in"))
+    first = op.execute(fake_context("stage_in", dag_id=HELPER_DAG))
     assert (first["objects"], first["downloaded"], first["deleted"]) == (3, 3, 0)
     assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()) == [
         MANIFEST_NAME, "2024/c.csv", "a.csv", "b.csv"]
@@ -49,7 +52,7 @@ def test_second_sync_downloads_only_the_changed_object(tmp_path, trainer_image, 
     bucket.blob("raw/digits/b.csv").upload_from_string(b"x,label\n2,1\n5,0\n")
     bucket.blob("raw/digits/2024/c.csv").delete()
     (target / "local-notes.txt").write_text("mine")
-    second = op.execute(fake_context("stage_in"))
+    second = op.execute(fake_context("stage_in", dag_id=HELPER_DAG))
     assert (second["downloaded"], second["unchanged"], second["deleted"], second["untracked"]) == (1, 1, 1, 1)
     assert (target / "b.csv").read_bytes() == b"x,label\n2,1\n5,0\n"
     assert not (target / "2024").exists(), "the deleted object's file and its empty folder are removed"
@@ -57,9 +60,10 @@ def test_second_sync_downloads_only_the_changed_object(tmp_path, trainer_image, 
     assert (target / "local-notes.txt").exists() and "left in place" in capsys.readouterr().out
 
     # nothing changed: nothing moves; a run Param wins over source_uri
-    third = op.execute(fake_context("stage_in", params={"data_uri": uri}))
+    third = op.execute(fake_context("stage_in", params={"data_uri": uri}, dag_id=HELPER_DAG))
     assert (third["downloaded"], third["deleted"]) == (0, 0)
-    assert docker_client.containers.list(all=True, filters={"label": "tfpipe.role=gcs-stage-in"}) == []
+    assert docker_client.containers.list(all=True, filters={"label": ["tfpipe.role=gcs-stage-in",
+                                                                      f"tfpipe.dag_id={HELPER_DAG}"]}) == []
 
 
 def test_one_object_replaces_the_data_file(tmp_path, trainer_image, bucket):
