@@ -270,6 +270,7 @@ class Workers(object):
     def __init__(self, count):
         self.count = count
         self._pool = None
+        self._in_flight = []  # one deque of results per map() call, so exit can wait for them
         if count > 1:
             self._pool = multiprocessing.get_context("fork").Pool(count)
 
@@ -280,6 +281,7 @@ class Workers(object):
                 yield function(task)
             return
         pending = collections.deque()
+        self._in_flight.append(pending)
         for task in tasks:
             pending.append(self._pool.apply_async(function, (task,)))
             if len(pending) >= _WINDOW_PER_WORKER * self.count:
@@ -291,9 +293,18 @@ class Workers(object):
         return self
 
     def __exit__(self, *exc):
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
+        if self._pool is None:
+            return
+        # Never Pool.terminate() with tasks in flight: it can hang for good (its task handler
+        # blocks on the task pipe's lock while terminate waits for it; seen within a few runs of
+        # a CSV with a bad line, where one batch's error leaves the others in flight). The tasks
+        # in flight are at most two per worker and take a batch's time: let them finish, then
+        # close the pool the ordinary way.
+        for pending in self._in_flight:
+            while pending:
+                pending.popleft().wait()
+        self._pool.close()
+        self._pool.join()
 
 
 def worker_count(files, layout, scans):
