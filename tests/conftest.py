@@ -162,7 +162,7 @@ dag = training_pipeline(PipelineConfig.from_dict({{
 #: long test; the UI tests share one run and api-server. Every other module is a unit of its own (its
 #: module-scoped fixtures are built once).
 _UNITS_FIRST = ("tests/deployment/", "tests/reliability/test_soak.py", "tests/ui/")
-#: Then the modules that run whole DAGs or many containers, longest first as measured on the 2-core
+#: Then the modules that run whole DAGs or many containers, roughly longest first on the 2-core
 #: VM (a few minutes each), then the other modules that start containers, then the rest, which take
 #: seconds. Handing the short units out last keeps one worker from finishing minutes before the
 #: other. A stale order costs time only: every unit still runs, on one worker.
