@@ -150,7 +150,7 @@ from trainer.errors import BadInput
 prep.READ_BYTES, prep.BATCH_BYTES, prep.usable_cpus = 1024, 2048, lambda: 2
 bad = ["1.0,abc,3.0,4.0,0", "1.0,2.0,0", "1,2,3,nan,0", "1,2,3,4,", "1,2,3,4,-2"]
 for i in range(int(sys.argv[2])):
-    ws = Workspace(tempfile.mkdtemp())
+    ws = Workspace(tempfile.mkdtemp(dir=sys.argv[3]))
     path = os.path.join(ws.data, "blobs.csv")
     write_blobs_csv(path, rows=2000)
     lines = open(path).read().splitlines()
@@ -167,18 +167,20 @@ print("done")
 """
 
 
-def test_a_bad_line_fails_every_time_and_never_hangs_the_workers():
+def test_a_bad_line_fails_every_time_and_never_hangs_the_workers(tmp_path):
     """One batch's error leaves the others in flight on the workers; the pool is then closed
     without Pool.terminate(), which hung within a few of these runs (a stage hung for good)."""
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
-        out = subprocess.run([sys.executable, "-c", REPEATED_ERRORS, os.path.join(REPO, "tests", "trainer"), "150"],
+        out = subprocess.run([sys.executable, "-c", REPEATED_ERRORS, os.path.join(REPO, "tests", "trainer"), "150",
+                              str(tmp_path)],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
                              timeout=240)
     except subprocess.TimeoutExpired:
         pytest.fail("prep hung on a CSV with a bad line (the worker pool did not shut down)")
     assert out.returncode == 0 and out.stdout.strip().endswith("done"), (
         "prep hung or failed on a CSV with a bad line:\n" + out.stderr[-4000:])
+
 
 def test_names_as_labels_after_numbers_in_early_batches(ws, batched, capsys):
     path = os.path.join(ws.data, "blobs.csv")
