@@ -571,6 +571,9 @@ class Stack:
             # PostgreSQL's "fast" shutdown is SIGINT; SIGTERM would wait for every client.
             self.stop(name, signal.SIGINT if name == "postgres" else signal.SIGTERM,
                       timeout=60 if name.startswith("worker") else 30)
+            if name == "engine":
+                for shim in stop_leftover_shims(self.gpuhost / "exec"):
+                    log(f"engine: stopped leftover containerd shim {shim} and its container's processes")
             if not quiet:
                 log(f"stopped {name}")
         self.unmount_leftovers()
@@ -684,6 +687,47 @@ def _group_alive(pgid: int) -> bool:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(-pgid, os.WNOHANG)
     return _pgid_has_live_members(pgid)
+
+
+def stop_leftover_shims(exec_root: Path, timeout: float = 10) -> list[int]:
+    """SIGKILL the containerd shims of the engine whose exec root is ``exec_root``, and what they run.
+
+    Shims run in process groups of their own, so stopping the engine's group never reaches them.
+    One whose container was just removed exits when containerd tells it to; if containerd stops
+    first (``make down`` stops it right after ``docker rm -f``), or the engine crashed, nobody
+    does, and the shim, with any container still under it, would outlive the stack. Returns the
+    shims' pids.
+    """
+    address = f"-address {exec_root.resolve()}/"
+    procs = _processes()
+    shims = [pid for pid, (_, _, cmdline) in procs.items() if "containerd-shim" in cmdline and address in cmdline]
+    doomed = set()
+    todo = list(shims)
+    while todo:  # each shim and everything under it: its container's init and that one's children
+        pid = todo.pop()
+        if pid not in doomed:
+            doomed.add(pid)
+            todo += [child for child, (ppid, _, _) in procs.items() if ppid == pid]
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(pid) for pid in doomed):
+        time.sleep(0.1)
+    if left := [pid for pid in doomed if _alive(pid)]:
+        raise StackError(f"engine: processes {left} of its leftover shims survived SIGKILL")
+    return sorted(shims)
+
+
+def _processes() -> dict[int, tuple[int, str, str]]:
+    """Every process now: pid -> (parent pid, state, command line)."""
+    found = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            found[int(proc.name)] = (int(fields[1]), fields[0], cmdline)
+    return found
 
 
 def _pgid_has_live_members(pgid: int) -> bool:

@@ -1,4 +1,5 @@
-"""``make up`` installs the Debian packages it needs as root on Debian, and otherwise says what to install.
+"""``make up`` installs the Debian packages it needs as root on Debian, and otherwise says what to install;
+``make down`` stops the GPU host's leftover containerd shims.
 
 These need no stack. ``PATH`` is a directory of the test's own, so which tools are "installed" is
 up to the test; where root on Debian would run ``apt-get``, the ``apt-get`` on that ``PATH`` only
@@ -7,6 +8,7 @@ writes down its arguments, so nothing is ever installed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.stack import StackError, _check_tools, _install_hint
+from deploy.stack import StackError, _alive, _check_tools, _install_hint, stop_leftover_shims
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL = "sudo apt-get install -y"
@@ -94,3 +96,30 @@ def test_make_up_as_a_user_with_tools_missing_says_what_to_install_without_a_tra
     assert f"{INSTALL} redis-server docker-registry" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert not Path(env["TFPIPE_STACK_DIR"]).exists()
+
+
+def _fake_shim(exec_root: Path) -> tuple[subprocess.Popen, int]:
+    """A process whose command line is a containerd shim's for ``exec_root``, with a "container" under it."""
+    code = "import subprocess, time; print(subprocess.Popen(['sleep', '600']).pid, flush=True); time.sleep(600)"
+    shim = subprocess.Popen([sys.executable, "-c", code, "containerd-shim-runc-v2", "-namespace", "t", "-id", "c1",
+                             "-address", f"{exec_root}/containerd/containerd.sock"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    return shim, int(shim.stdout.readline())
+
+
+def test_leftover_shims_of_the_stacks_engine_are_stopped_with_their_containers_and_no_others(tmp_path):
+    """A shim outlives the engine when containerd stops before telling it to exit: ``make down`` kills it."""
+    ours, theirs = tmp_path / "gpuhost" / "exec", tmp_path / "other" / "exec"
+    shim, container = _fake_shim(ours)
+    other, other_container = _fake_shim(theirs)
+    try:
+        assert stop_leftover_shims(ours) == [shim.pid]
+        assert not _alive(shim.pid) and not _alive(container)
+        assert _alive(other.pid) and _alive(other_container)
+        assert stop_leftover_shims(ours) == []
+    finally:
+        for pid in (shim.pid, container, other.pid, other_container):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        shim.wait()
+        other.wait()
