@@ -13,7 +13,10 @@ size, epochs, optimizer and seed, with per-epoch validation, checkpoints (model 
   ``tf.train.CheckpointManager`` checkpoint when a multiple of ``--every`` steps has passed and at
   every epoch end, and ``TensorBoard(update_freq="epoch")``. ``steps_per_execution`` is tuned
   first: every value of ``--spe`` runs ``--tune-runs`` times (untimed for the ratio) and the one
-  with the least median CPU time is B.
+  with the least median CPU time is B. Each value must divide ``--every``: Keras runs callbacks
+  only between executions, so a longer one would checkpoint less often than A (200 steps per
+  execution on a 45-step epoch saves once per epoch where A saves three times), and the two arms
+  would no longer do the same work. Both arms count their saves; a run where they differ fails.
 
 The timed span of both is the training call alone (``Loop.fit`` / ``model.fit``); the model is
 built and compiled outside it, tracing happens inside it for both. A and B alternate.
@@ -38,9 +41,15 @@ def main():
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--every", type=int, default=20, help="training.checkpoint_every_steps")
-    parser.add_argument("--spe", default="1,10,50,200", help="steps_per_execution values to tune B over")
+    parser.add_argument("--spe", default="1,5,10,20",
+                        help="steps_per_execution values to tune B over; each must divide --every")
     parser.add_argument("--tune-runs", type=int, default=2)
     args = parser.parse_args()
+    candidates = [int(v) for v in args.spe.split(",")]
+    for value in candidates:
+        if value < 1 or (args.every and args.every % value):
+            parser.error("--spe %d: use values that divide --every %d, so that B checkpoints on the same "
+                         "steps as A (Keras runs callbacks only between executions)" % (value, args.every))
 
     from trainer import checkpoints, common, data, models, prep, train
     import tensorflow as tf
@@ -72,12 +81,20 @@ def main():
         loop = train.Loop(config, strategy, schema, stats, dataset_dir)
         loop.state.record_inputs(schema["fingerprint"], args.batch_size, loop.spe)
         attempts, writer = util.first_try(loop, train, common)
+        save = loop.state.save
+        saves = []
+
+        def counted_save(*a, **kw):
+            saves.append(1)
+            return save(*a, **kw)
+        loop.state.save = counted_save
         started = time.perf_counter()
         history = loop.fit(attempts, writer)
         seconds = time.perf_counter() - started
         writer.close()
         loop_sample.steps, loop_sample.spe = loop.total_steps, loop.spe
         loop_sample.val_accuracy = history[-1]["val_accuracy"]
+        loop_sample.saves = len(saves)
         return seconds
 
     class Checkpointing(tf.keras.callbacks.Callback):
@@ -88,7 +105,12 @@ def main():
         def __init__(self, manager, every):
             super().__init__()
             self.manager, self.every, self.step, self.saved_at = manager, every, 0, 0
-            self.epoch_start = 0
+            self.epoch_start = self.saves = 0
+
+        def save(self):
+            self.manager.save(checkpoint_number=self.step)
+            self.saved_at = self.step
+            self.saves += 1
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch_start = self.step
@@ -96,13 +118,11 @@ def main():
         def on_train_batch_end(self, batch, logs=None):
             self.step = self.epoch_start + batch + 1
             if self.every and self.step // self.every > self.saved_at // self.every:
-                self.manager.save(checkpoint_number=self.step)
-                self.saved_at = self.step
+                self.save()
 
         def on_epoch_end(self, epoch, logs=None):
             if self.saved_at != self.step:
-                self.manager.save(checkpoint_number=self.step)
-                self.saved_at = self.step
+                self.save()
 
     def fit_sample(i, steps_per_execution):
         config = config_for("fit%d" % steps_per_execution)
@@ -126,7 +146,8 @@ def main():
         manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=optimizer),
                                              os.path.join(run_dir, "train", "checkpoints"),
                                              max_to_keep=training["keep_checkpoints"])
-        callbacks = [Checkpointing(manager, args.every),
+        checkpointing = Checkpointing(manager, args.every)
+        callbacks = [checkpointing,
                      tf.keras.callbacks.TensorBoard(os.path.join(run_dir, "train", "tensorboard"),
                                                     update_freq="epoch", write_graph=False,
                                                     profile_batch=0)]
@@ -137,12 +158,13 @@ def main():
                             validation_steps=-(-schema["counts"]["eval"] // args.batch_size))
         seconds = time.perf_counter() - started
         fit_sample.val_accuracy = history.history["val_accuracy"][-1]
+        fit_sample.saves = checkpointing.saves
         return seconds
 
     started = time.time()
     # B's steps_per_execution: the value with the least median CPU time over --tune-runs runs each
     tuning = {}
-    for spe in [int(v) for v in args.spe.split(",")]:
+    for spe in candidates:
         cpu = []
         for run in range(args.tune_runs):
             t0 = time.process_time()
@@ -154,10 +176,13 @@ def main():
     util.log("B uses steps_per_execution=%d", best)
     samples = util.interleave(args.pairs, [("A", loop_sample), ("B", lambda i: fit_sample(i, best))],
                               warmup=lambda: loop_sample(-1))
+    if loop_sample.saves != fit_sample.saves:
+        raise SystemExit("train_loop: A saved %d checkpoints and B %d: the arms did different work"
+                         % (loop_sample.saves, fit_sample.saves))
     util.emit(dict(samples, unit="seconds per training run (Loop.fit / model.fit)", model=args.model,
                    epochs=args.epochs, batch_size=args.batch_size, steps=loop_sample.steps,
                    steps_per_epoch=loop_sample.spe, checkpoint_every_steps=args.every,
-                   steps_per_execution=best,
+                   steps_per_execution=best, saves_per_run=loop_sample.saves,
                    tuning_cpu_s={str(k): round(v, 3) for k, v in sorted(tuning.items())},
                    val_accuracy_a=round(loop_sample.val_accuracy, 4),
                    val_accuracy_b=round(fit_sample.val_accuracy, 4),
