@@ -414,7 +414,8 @@ def stage_docker_args(spec, config: dict[str, Any], cfg=None) -> list[str]:
 
 def orchestration(ctx: Context) -> dict[str, Any]:
     from tfpipe import contract
-    from tfpipe.specs import TryIdentity, plan_pipeline, resolve_try
+    from tfpipe.specs import plan_pipeline
+    from tfpipe.tries import TryIdentity, resolve_try
 
     dag_id = "tfpipe_digits"
     dag_file = REPO / "dags" / f"{dag_id}.py"
@@ -584,7 +585,8 @@ RESUME_MIN_JOB_S = 60.0
 
 def resume_cost(ctx: Context) -> dict[str, Any]:
     from tfpipe.config import PipelineConfig
-    from tfpipe.specs import TryIdentity, plan_pipeline, resolve_try
+    from tfpipe.specs import plan_pipeline
+    from tfpipe.tries import TryIdentity, resolve_try
 
     root = ctx.images_root()
     logfile = LOGS / "resume_cost_ratio.log"

@@ -415,6 +415,10 @@ class _Section:
         return json_ready(self)
 
 
+#: Types :func:`json_ready` returns as they are (their subclasses take the general path).
+_JSON_LEAVES = frozenset((str, int, float, bool, type(None)))
+
+
 def json_ready(value: Any) -> Any:
     """Convert dataclass instances, tuples and mappings recursively into JSON-native dicts and lists.
 
@@ -422,9 +426,16 @@ def json_ready(value: Any) -> Any:
     deep copy ``asdict`` makes of every value first: every container here is copied anyway, and
     what is left is immutable. A DAG file makes one such dict per stage section and stage.
     """
-    if hasattr(type(value), "__dataclass_fields__"):
+    kind = type(value)
+    if kind in _JSON_LEAVES:
+        # Most values are these; ``isinstance(value, Mapping)`` on them is an ABC check, which
+        # after any ``register()`` anywhere walks Mapping's subclasses again.
+        return value
+    if hasattr(kind, "__dataclass_fields__"):
         return {f.name: json_ready(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, Mapping):
+    if kind is tuple or kind is list:
+        return [json_ready(v) for v in value]
+    if kind is dict or isinstance(value, Mapping):
         return {str(k): json_ready(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_ready(v) for v in value]

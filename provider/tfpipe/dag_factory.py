@@ -20,7 +20,7 @@ from airflow.providers.common.compat.sdk import DAG, Asset, BaseOperator, Param,
 
 from tfpipe import compat, contract
 from tfpipe.config import IMAGE_VARIABLE, PipelineConfig
-from tfpipe.operators.docker import OPERATORS
+from tfpipe.operators.docker import stage_operator
 from tfpipe.specs import StageSpec, plan_pipeline
 
 GPU_PARAM_PATTERN = r"^(all|none|[0-9]+|[0-9]+(,[0-9]+)+)$"
@@ -209,11 +209,11 @@ def operator_from_spec(spec: StageSpec, cfg: PipelineConfig) -> Any:
     if spec.stage == "prep_shard":  # one mapped task instance per slice of the input files
         shards = range(spec.config["data"]["shards"])
         if not cfg.shard_docker_urls:
-            return OPERATORS[spec.stage].partial(**docker).expand(shard_index=list(shards))
+            return stage_operator(spec.stage).partial(**docker).expand(shard_index=list(shards))
         del docker["docker_url"]  # each instance gets its own engine
-        return OPERATORS[spec.stage].partial(engine_from_shard_list=True, **docker).expand_kwargs(
+        return stage_operator(spec.stage).partial(engine_from_shard_list=True, **docker).expand_kwargs(
             [{"shard_index": k, "docker_url": cfg.shard_engine(k)} for k in shards])
-    return OPERATORS[spec.stage](**docker)
+    return stage_operator(spec.stage)(**docker)
 
 
 def training_pipeline(cfg: PipelineConfig, **dag_kwargs: Any) -> DAG:

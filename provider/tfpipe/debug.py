@@ -21,7 +21,8 @@ from urllib.parse import quote
 from tfpipe import contract
 from tfpipe.config import GpuRequest
 from tfpipe.links import tensorboard_run_name
-from tfpipe.specs import MountSpec, TryIdentity, resolve_try
+from tfpipe.specs import MountSpec
+from tfpipe.tries import TryIdentity, resolve_try
 
 #: The port TensorBoard listens on inside its container.
 TENSORBOARD_CONTAINER_PORT = 6006
@@ -67,12 +68,12 @@ def task_plan(task: Any, *, dag_id: str, run_id: str, try_number: int, params: M
               image_identity: Mapping[str, Any] | None = None) -> ContainerPlan:
     """The container a tfpipe stage task starts for one try, as its ``execute()`` builds it.
 
-    Both resolve the try with :func:`tfpipe.specs.resolve_try` from the task's spec. ``params``
+    Both resolve the try with :func:`tfpipe.tries.resolve_try` from the task's spec. ``params``
     are the run's params (the DAG's defaults updated with ``dag_run.conf``, as Airflow hands them
     to the task); ``image`` overrides the task's image (e.g. the image recorded in the run's
     ``config/<stage>.json`` when the DAG file now names another one). Private environment values
     are left out (their names are in ``left_out``). ``image_identity`` is what the task adds to the
-    config's ``run`` section once the engine showed the image (:func:`tfpipe.specs.image_identity`).
+    config's ``run`` section once the engine showed the image (:func:`tfpipe.tries.image_identity`).
     """
     from docker.utils import parse_bytes
 

@@ -17,7 +17,8 @@ def get_provider_info() -> dict:
                 "tags": ["software"],
             }
         ],
-        "operators": [{"integration-name": "tfpipe", "python-modules": ["tfpipe.operators.docker", "tfpipe.operators.gcs"]}],
+        "operators": [{"integration-name": "tfpipe",
+                       "python-modules": ["tfpipe.operators.docker", "tfpipe.operators.sharded", "tfpipe.operators.gcs"]}],
         "extra-links": ["tfpipe.links.RunReportLink", "tfpipe.links.TensorBoardLink"],
         "hooks": [{"integration-name": "tfpipe", "python-modules": ["tfpipe.hooks.docker", "tfpipe.hooks.gcs"]}],
     }

@@ -15,7 +15,8 @@ from tfpipe.config import PipelineConfig
 from tests.integration.test_pipeline import CreatedContainers
 from tfpipe.exceptions import ImageNotFoundError
 from tfpipe.operators.docker import PREPARE_ROLE, TrainOperator
-from tfpipe.specs import TryIdentity, config_template, container_labels, container_name, resolve_try
+from tfpipe.specs import config_template, container_labels, container_name
+from tfpipe.tries import TryIdentity, resolve_try
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,8 @@ from airflow.sdk import DAG
 
 from tfpipe.config import PipelineConfig
 from tfpipe.operators import PrepOperator, TrainOperator
-from tfpipe.specs import TryIdentity, config_template, resolve_try
+from tfpipe.specs import config_template
+from tfpipe.tries import TryIdentity, resolve_try
 
 pytestmark = pytest.mark.integration
 

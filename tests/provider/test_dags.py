@@ -30,7 +30,8 @@ print(json.dumps({"seconds": elapsed, "heavy": heavy, "dag_id": mod.dag.dag_id, 
 """
 #: tfpipe modules only a running task needs: a DAG file's parse imports none of them.
 TASK_TIME_MODULES = ("tfpipe.hooks.docker", "tfpipe.hooks.gcs", "tfpipe.engine", "tfpipe.lineage", "tfpipe.metrics",
-                     "tfpipe.run_params", "tfpipe.gcs.sync", "tfpipe.gcs.publish", "tfpipe.exceptions", "tfpipe.settings")
+                     "tfpipe.run_params", "tfpipe.gcs.sync", "tfpipe.gcs.publish", "tfpipe.exceptions", "tfpipe.settings",
+                     "tfpipe.tries", "tfpipe.redact")
 PROBE = PROBE.replace("TASK_TIME", repr(TASK_TIME_MODULES))
 
 
@@ -140,6 +141,25 @@ def test_a_dag_without_a_bucket_parses_without_the_gcs_operators_or_the_plugin()
     with_bucket = _parse_probe(REPO / "dags" / "tfpipe_digits_manual.py")["tfpipe_modules"]
     assert "tfpipe.operators.gcs" in with_bucket  # gcs_tasks=True: the stage_in and publish tasks need it
     assert [m for m in with_bucket if m.startswith("tfpipe.plugins")] == []
+
+
+SHARDED_DAG = """
+from tfpipe import PipelineConfig, training_pipeline
+dag = training_pipeline(PipelineConfig(
+    dag_id="sharded_probe", image={"ref": None},
+    volumes={"data": "/srv/data", "work": "/srv/work", "models": "/srv/models"},
+    data={"path": "digits", "format": "csv", "label": "label", "shards": 2}))
+"""
+
+
+def test_only_a_sharded_dag_makes_the_sharded_prep_operators(tmp_path):
+    """prep_shard and prep_merge's classes are made only when a parse needs them: most pipelines
+    have no shards, and a class of Airflow's operator metaclass is not free to make."""
+    plain = _parse_probe(REPO / "dags" / "tfpipe_digits.py")["tfpipe_modules"]
+    assert "tfpipe.operators.docker" in plain and "tfpipe.operators.sharded" not in plain
+    sharded_file = tmp_path / "sharded_probe.py"
+    sharded_file.write_text(SHARDED_DAG)
+    assert "tfpipe.operators.sharded" in _parse_probe(sharded_file)["tfpipe_modules"]
 
 
 def _scheduled(dag):

@@ -11,7 +11,8 @@ from tfpipe import contract
 from tfpipe.config import PipelineConfig
 from tfpipe.dag_factory import training_pipeline
 from tfpipe.exceptions import TfpipeConfigError
-from tfpipe.specs import plan_pipeline, resolve_try, writable_dirs
+from tfpipe.specs import plan_pipeline, writable_dirs
+from tfpipe.tries import resolve_try
 
 from .test_config import GOOD
 

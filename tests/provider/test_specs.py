@@ -13,7 +13,6 @@ from tfpipe.exceptions import TfpipeConfigError
 from tfpipe.specs import (
     container_labels,
     container_name,
-    image_identity,
     numeric_owner,
     plan_pipeline,
     prepare_dirs_command,
@@ -21,6 +20,7 @@ from tfpipe.specs import (
     run_writable_dirs,
     writable_dirs,
 )
+from tfpipe.tries import image_identity
 
 from .test_config import GOOD
 

@@ -18,7 +18,8 @@ from airflow.sdk import DAG
 from tests.conftest import REPO, dag_command, parse_summary, run_dag, write_dag
 from tfpipe.config import PipelineConfig
 from tfpipe.exceptions import StageFailedError
-from tfpipe.operators.docker import TrainOperator, _RedactingLog
+from tfpipe.operators.docker import TrainOperator
+from tfpipe.redact import RedactingLog
 from tfpipe.specs import config_template
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
@@ -309,7 +310,7 @@ def test_the_operator_redacts_a_secret_in_a_failed_container_output_and_its_exce
 
 def test_redacting_log_replaces_every_secret_longest_first(caplog):
     """Overlapping secrets leave no part of the longer one behind; %-arguments are redacted too."""
-    log = _RedactingLog(logging.getLogger("tfpipe.test.redact"), ["abc", "abcdef", "xyz"])
+    log = RedactingLog(logging.getLogger("tfpipe.test.redact"), ["abc", "abcdef", "xyz"])
     assert log.redact("abcdef abc xyz abcdefabc") == "*** *** *** ******"
     with caplog.at_level(logging.INFO, logger="tfpipe.test.redact"):
         log.info("token %s and %s", "abcdef", "xyz")

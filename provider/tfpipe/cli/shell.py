@@ -45,7 +45,7 @@ def _image_present(image: str, docker: list[str]) -> bool:
 
 def _image_identity(image: str, docker: list[str]) -> dict[str, Any] | None:
     """The image ID and repo digest the task's config carries (as the operator reads them)."""
-    from tfpipe.specs import image_identity
+    from tfpipe.tries import image_identity
 
     proc = subprocess.run([*docker, "image", "inspect", image], capture_output=True, text=True)
     return image_identity(image, json.loads(proc.stdout)[0]) if proc.returncode == 0 else None

@@ -1,8 +1,8 @@
 """Operators of the tfpipe provider, one module per backend or concern.
 
 - :mod:`tfpipe.operators.docker`: the stage operators (``PrepOperator``, ``TrainOperator``,
-  ``EvaluateOperator``, ``ExportOperator``; ``PrepShardOperator`` and ``PrepMergeOperator`` for
-  sharded prep) on a Docker engine;
+  ``EvaluateOperator``, ``ExportOperator``) on a Docker engine;
+- :mod:`tfpipe.operators.sharded`: ``PrepShardOperator`` and ``PrepMergeOperator`` for sharded prep;
 - :mod:`tfpipe.operators.gcs`: Google Cloud Storage stage-in and publish.
 
 The stage operators are importable from here too (``from tfpipe.operators import TrainOperator``),
@@ -19,8 +19,8 @@ _LAZY = {
     "TrainOperator": "tfpipe.operators.docker",
     "EvaluateOperator": "tfpipe.operators.docker",
     "ExportOperator": "tfpipe.operators.docker",
-    "PrepShardOperator": "tfpipe.operators.docker",
-    "PrepMergeOperator": "tfpipe.operators.docker",
+    "PrepShardOperator": "tfpipe.operators.sharded",
+    "PrepMergeOperator": "tfpipe.operators.sharded",
     "OPERATORS": "tfpipe.operators.docker",
     "GcsStageInOperator": "tfpipe.operators.gcs",
     "GcsPublishOperator": "tfpipe.operators.gcs",

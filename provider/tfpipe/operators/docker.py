@@ -5,7 +5,7 @@ Construction only stores the spec and hands Docker's arguments to ``DockerOperat
 DAG files parse fast and offline). ``execute()`` then, against the Docker engine at ``docker_url``:
 
 1. resolves the image (the spec's, else the Airflow Variable ``tfpipe_image``: :mod:`tfpipe.settings`)
-   and this try (:func:`tfpipe.specs.resolve_try`: config with the run's overrides and identity,
+   and this try (:func:`tfpipe.tries.resolve_try`: config with the run's overrides and identity,
    GPUs, container name and labels), and has the engine's
    :class:`~tfpipe.hooks.docker.TfpipeDockerHook` check the engine;
 2. **re-attaches** to the container of an earlier try of the same task when it still runs (its id
@@ -44,11 +44,8 @@ from tfpipe.links import RunReportLink, TensorBoardLink
 from tfpipe.specs import (
     MountSpec,
     StageSpec,
-    TryPlan,
-    image_identity,
     numeric_owner,
     prepare_dirs_command,
-    resolve_try,
     run_writable_dirs,
     stage_spec,
 )
@@ -58,6 +55,7 @@ from tfpipe.specs import (
 # often than tasks run.
 if TYPE_CHECKING:
     from tfpipe.hooks.docker import TfpipeDockerHook
+    from tfpipe.tries import TryPlan
 
 _NO_GPU_DRIVER = "could not select device driver"
 _NO_BIND_SOURCE = "bind source path does not exist"
@@ -112,50 +110,6 @@ def device_requests(gpus: GpuRequest | None) -> list | None:
     return gpus.to_docker() if gpus else None
 
 
-class _RedactingLog:
-    """A logger that writes ``***`` in place of each secret value before anything is logged.
-
-    Airflow masks ``mask_secret`` values only on some log paths (a deployment's supervisor masks
-    them in the task log file; ``dag.test`` prints task logs unmasked), so the stage operator
-    redacts its secrets itself, once, for every path: container output, errors, its own lines.
-    """
-
-    def __init__(self, log: Any, secrets: list[str]) -> None:
-        self._log = log
-        self._secrets = sorted(set(secrets), key=len, reverse=True)  # longest first: no partial leftovers
-
-    def redact(self, text: str) -> str:
-        """``text`` with every secret value replaced by ``***``."""
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
-
-    def _emit(self, level: str, msg: Any, *args: Any, **kwargs: Any) -> None:
-        text = str(msg) % args if args else str(msg)
-        getattr(self._log, level)("%s", self.redact(text), **kwargs)
-
-    def debug(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        self._emit("debug", msg, *args, **kwargs)
-
-    def info(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        self._emit("info", msg, *args, **kwargs)
-
-    def warning(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        self._emit("warning", msg, *args, **kwargs)
-
-    def error(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        self._emit("error", msg, *args, **kwargs)
-
-    def exception(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        self._emit("exception", msg, *args, **kwargs)
-
-    def critical(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        self._emit("critical", msg, *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._log, name)
-
-
 class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
     """Run one tfpipe stage (``python3 -m trainer <stage>``) in the trainer image.
 
@@ -194,7 +148,8 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
     """
 
     stage: ClassVar[str] = ""
-    #: The slice of the input a prep_shard task prepares (:class:`PrepShardOperator`); None elsewhere.
+    #: The slice of the input a prep_shard task prepares
+    #: (:class:`~tfpipe.operators.sharded.PrepShardOperator`); None elsewhere.
     shard_index: int | None = None
     #: Whether docker_url came from the pipeline's ``shard_docker_urls`` (a ``prep_shard`` task
     #: only): a ``tcp://`` one then presents the deployment's TLS files
@@ -291,11 +246,17 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
         """The task logger; with private_environment set, one that writes ``***`` for its values."""
         log = super().log
         secrets = [str(v) for v in (getattr(self, "_private_environment", None) or {}).values() if v]
-        return _RedactingLog(log, secrets) if secrets else log
+        if not secrets:
+            return log
+        from tfpipe.redact import RedactingLog  # only a task with secrets, when it runs
+
+        return RedactingLog(log, secrets)
 
     def _redact(self, text: str) -> str:
         log = self.log
-        return log.redact(text) if isinstance(log, _RedactingLog) else text
+        from tfpipe.redact import RedactingLog
+
+        return log.redact(text) if isinstance(log, RedactingLog) else text
 
     # -- execute ---------------------------------------------------------------------------
 
@@ -306,6 +267,7 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
         from tfpipe.plugins.paths import LOCATION_XCOM_KEY, location_record
         from tfpipe.run_params import reject_unknown_conf
         from tfpipe.settings import resolve_image
+        from tfpipe.tries import resolve_try
 
         reject_unknown_conf(context, self.task_id)
         self.image = resolve_image(self.spec.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
@@ -348,6 +310,8 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
 
     def submit_job(self, context: Any) -> str:
         """Start a new stage container (after removing any of an earlier try); return its id."""
+        from tfpipe.tries import image_identity
+
         plan = self._plan
         self._remove_leftovers_of(plan)
         # Provenance for metadata.json: the image's ID and repo digest as this engine knows them.
@@ -702,28 +666,6 @@ class PrepOperator(TfpipeStageOperator):
     stage = "prep"
 
 
-class PrepShardOperator(TfpipeStageOperator):
-    """Prep one slice of the input files (``data.shards`` > 1); mapped over the slice indexes.
-
-    :param shard_index: the slice, 0 .. ``data.shards`` - 1 (``.expand(shard_index=range(n))``).
-    :param engine_from_shard_list: ``docker_url`` is one of the pipeline's ``shard_docker_urls``; a
-        ``tcp://`` one then presents the deployment's ``[tfpipe] tls_*`` files.
-    """
-
-    stage = "prep_shard"
-
-    def __init__(self, *, shard_index: int, engine_from_shard_list: bool = False, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.shard_index = shard_index
-        self.engine_from_shard_list = engine_from_shard_list
-
-
-class PrepMergeOperator(TfpipeStageOperator):
-    """Merge the prep_shard parts into the one data set train and evaluate read (cached)."""
-
-    stage = "prep_merge"
-
-
 class TrainOperator(TfpipeStageOperator):
     """Train with checkpoints; a retried or cleared try resumes from the newest checkpoint."""
 
@@ -746,7 +688,19 @@ class ExportOperator(TfpipeStageOperator):
     operator_extra_links = (RunReportLink(), TensorBoardLink())
 
 
+#: The operator of each stage of an unsharded pipeline; sharded prep's two are in
+#: :mod:`tfpipe.operators.sharded` (:func:`stage_operator` finds either).
 OPERATORS: dict[str, type[TfpipeStageOperator]] = {
-    op.stage: op for op in (PrepOperator, TrainOperator, EvaluateOperator, ExportOperator, PrepShardOperator,
-                            PrepMergeOperator)
+    op.stage: op for op in (PrepOperator, TrainOperator, EvaluateOperator, ExportOperator)
 }
+
+
+def stage_operator(stage: str) -> type[TfpipeStageOperator]:
+    """The operator class of ``stage`` (any of ``contract.RUNNABLE_STAGES``)."""
+    if stage in contract.SHARDED_PREP_STAGES:
+        # Imported only for a sharded pipeline: most have none, and every parse of a DAG file
+        # would otherwise make their two operator classes.
+        from tfpipe.operators.sharded import SHARDED_OPERATORS
+
+        return SHARDED_OPERATORS[stage]
+    return OPERATORS[stage]

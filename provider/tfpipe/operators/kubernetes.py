@@ -4,7 +4,7 @@ Needs the optional extra ``kubernetes`` (``apache-airflow-providers-cncf-kuberne
 factory imports this module only for ``backend="kubernetes"``. A pod gets, from the spec alone:
 
 - the trainer image and command, the stage config in ``TFPIPE_CONFIG`` (from
-  :func:`tfpipe.specs.resolve_try`, as on Docker), the environment; secrets come from Kubernetes
+  :func:`tfpipe.tries.resolve_try`, as on Docker), the environment; secrets come from Kubernetes
   Secrets (``kubernetes.secret_env``), never from values in the DAG file;
 - ``nvidia.com/gpu`` limits for the try's GPUs (a count: Kubernetes schedules GPUs by count),
   a memory limit, and ``/dev/shm`` as a memory ``emptyDir`` of ``shm_size``;
@@ -41,7 +41,8 @@ from tfpipe.links import RunReportLink, TensorBoardLink
 from tfpipe.operators.exits import raise_for_exit
 from tfpipe.run_params import reject_unknown_conf
 from tfpipe.settings import resolve_image
-from tfpipe.specs import StageSpec, TryPlan, prepare_dirs_command, resolve_try
+from tfpipe.specs import StageSpec, prepare_dirs_command
+from tfpipe.tries import TryPlan, resolve_try
 
 #: The resource name of NVIDIA's device plugin.
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -223,7 +224,7 @@ class TfpipeStagePodOperator(KubernetesPodOperator):
     # -- one try --------------------------------------------------------------------------------
 
     def prepare_try(self, context: Any) -> TryPlan:
-        """Set the pod's per-try parts from :func:`~tfpipe.specs.resolve_try`: config, GPUs,
+        """Set the pod's per-try parts from :func:`~tfpipe.tries.resolve_try`: config, GPUs,
         name, labels and the init container. :meth:`execute` calls it before building the pod."""
         # A spec without an image takes the deployment's (the Airflow Variable tfpipe_image).
         self.image = resolve_image(self.spec.image, task=self.task_id)

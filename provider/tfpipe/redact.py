@@ -1,0 +1,49 @@
+"""Secret values kept out of a stage operator's log lines (see :class:`RedactingLog`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RedactingLog:
+    """A logger that writes ``***`` in place of each secret value before anything is logged.
+
+    Airflow masks ``mask_secret`` values only on some log paths (a deployment's supervisor masks
+    them in the task log file; ``dag.test`` prints task logs unmasked), so the stage operator
+    redacts its secrets itself, once, for every path: container output, errors, its own lines.
+    """
+
+    def __init__(self, log: Any, secrets: list[str]) -> None:
+        self._log = log
+        self._secrets = sorted(set(secrets), key=len, reverse=True)  # longest first: no partial leftovers
+
+    def redact(self, text: str) -> str:
+        """``text`` with every secret value replaced by ``***``."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _emit(self, level: str, msg: Any, *args: Any, **kwargs: Any) -> None:
+        text = str(msg) % args if args else str(msg)
+        getattr(self._log, level)("%s", self.redact(text), **kwargs)
+
+    def debug(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        self._emit("debug", msg, *args, **kwargs)
+
+    def info(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        self._emit("info", msg, *args, **kwargs)
+
+    def warning(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        self._emit("warning", msg, *args, **kwargs)
+
+    def error(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        self._emit("error", msg, *args, **kwargs)
+
+    def exception(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        self._emit("exception", msg, *args, **kwargs)
+
+    def critical(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        self._emit("critical", msg, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
