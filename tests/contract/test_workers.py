@@ -132,7 +132,9 @@ def test_a_two_worker_run_keeps_each_unit_on_one_worker_long_units_first():
     worker = deployment.pop()
     on_it = [path for w, path in ran if w == worker]
     assert on_it[0].startswith("tests/deployment/"), on_it
-    first_other = next(i for i, path in enumerate(on_it) if not path.startswith("tests/deployment/"))
-    assert all(not p.startswith("tests/deployment/") for p in on_it[first_other:]), on_it
+    # The unit's tests first, then whatever else that worker got: none, when the other worker was
+    # quicker with both other modules (timing decides that, not the scheduler).
+    is_deployment = [path.startswith("tests/deployment/") for path in on_it]
+    assert is_deployment == sorted(is_deployment, reverse=True), on_it
     assert {path for _, path in ran} == {"tests/contract/test_schema_parity.py", "tests/deployment/test_stack_tools.py",
                                          "tests/contract/test_import_wall.py"}
