@@ -19,6 +19,13 @@ class BadInput(TrainerError):
     exit_code = ExitCode.BAD_INPUT
 
 
+class WorkerDied(TrainerError):
+    """A worker process of the stage died abruptly, most likely killed by the out-of-memory killer:
+    exit 137, as when the stage's own process is killed (retried; the message says what to change)."""
+
+    exit_code = 137
+
+
 class Diverged(TrainerError):
     """Training produced a NaN or infinite loss (exit 12, no retry, nothing exported)."""
 

@@ -17,15 +17,18 @@ most two batches per worker are in flight, so memory stays the same whatever the
 """
 
 import collections
+import concurrent.futures
+import concurrent.futures.process
 import hashlib
 import json
 import math
 import multiprocessing
 import os
+import signal
 
 from trainer import atomic, common, records, sources
 from trainer.common import LOG
-from trainer.errors import BadInput
+from trainer.errors import BadInput, WorkerDied
 
 #: Bumped whenever the data set layout changes, so old data sets are not reused.
 PREP_VERSION = 1
@@ -265,14 +268,22 @@ class Workers(object):
     standard library only, never TensorFlow, so forking is safe even from a process that holds
     TensorFlow's threads (the in-image tests import it first; the stage itself imports it only
     after the pool exists, for the shard writers).
+
+    A ``concurrent.futures`` pool, not ``multiprocessing.Pool``: a worker that dies abruptly (the
+    out-of-memory killer picks the process with the most memory, often a worker parsing a large
+    batch) leaves ``Pool`` waiting for its batch forever; here every pending batch fails at once
+    and the stage exits with :class:`~trainer.errors.WorkerDied`.
     """
 
     def __init__(self, count):
         self.count = count
         self._pool = None
-        self._in_flight = []  # one deque of results per map() call, so exit can wait for them
+        self._in_flight = []  # one deque of futures per map() call, so exit can wait for them
         if count > 1:
-            self._pool = multiprocessing.get_context("fork").Pool(count)
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                count, mp_context=multiprocessing.get_context("fork"))
+            # The first task forks every worker: now, before the stage imports TensorFlow.
+            self._pool.submit(int).result()
 
     def map(self, function, tasks):
         """``function`` over ``tasks``; results in task order, at most two per worker pending."""
@@ -283,11 +294,22 @@ class Workers(object):
         pending = collections.deque()
         self._in_flight.append(pending)
         for task in tasks:
-            pending.append(self._pool.apply_async(function, (task,)))
+            pending.append(self._pool.submit(function, task))
             if len(pending) >= _WINDOW_PER_WORKER * self.count:
-                yield pending.popleft().get()
+                yield self._result(pending.popleft())
         while pending:
-            yield pending.popleft().get()
+            yield self._result(pending.popleft())
+
+    def _result(self, future):
+        try:
+            return future.result()
+        except concurrent.futures.process.BrokenProcessPool:
+            # The pool then stops the other workers itself (SIGTERM): only a SIGKILL is news.
+            codes = [p.exitcode for p in list(getattr(self._pool, "_processes", {}).values())]
+            raise WorkerDied(
+                "prep: a parse worker process died abruptly%s, most likely killed by the out-of-memory "
+                "killer; nothing was written. Fix: give the stage more memory (resources.mem_limit) or "
+                "fewer workers (resources.cpus)" % (" (SIGKILL)" if -signal.SIGKILL in codes else ""))
 
     def __enter__(self):
         return self
@@ -295,16 +317,13 @@ class Workers(object):
     def __exit__(self, *exc):
         if self._pool is None:
             return
-        # Never Pool.terminate() with tasks in flight: it can hang for good (its task handler
-        # blocks on the task pipe's lock while terminate waits for it; seen within a few runs of
-        # a CSV with a bad line, where one batch's error leaves the others in flight). The tasks
-        # in flight are at most two per worker and take a batch's time: let them finish, then
-        # close the pool the ordinary way.
+        # Never kill the workers with tasks in flight (multiprocessing.Pool.terminate() could hang
+        # for good there: seen within a few runs of a CSV with a bad line, where one batch's error
+        # leaves the others in flight). They are at most two per worker and take a batch's time:
+        # let them finish (or fail, with a dead worker), then shut the pool down the ordinary way.
         for pending in self._in_flight:
-            while pending:
-                pending.popleft().wait()
-        self._pool.close()
-        self._pool.join()
+            concurrent.futures.wait(pending)
+        self._pool.shutdown(wait=True)
 
 
 def worker_count(files, layout, scans):

@@ -182,6 +182,56 @@ def test_a_bad_line_fails_every_time_and_never_hangs_the_workers(tmp_path):
         "prep hung or failed on a CSV with a bad line:\n" + out.stderr[-4000:])
 
 
+WORKER_KILLED = """
+import faulthandler, os, signal, sys, tempfile
+import tensorflow  # noqa: F401
+sys.path.insert(0, sys.argv[1])
+from conftest import Workspace, write_blobs_csv
+from trainer import prep
+from trainer.errors import WorkerDied
+prep.READ_BYTES, prep.BATCH_BYTES, prep.usable_cpus = 1024, 2048, lambda: 2
+real = prep.prepare_batch
+calls = []
+
+
+def killed_on_the_fourth_batch(task):  # as the out-of-memory killer would end a worker mid-batch
+    calls.append(1)
+    if len(calls) == 2:  # each of the two workers counts its own batches: the second of one of them
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(task)
+
+
+prep.prepare_batch = killed_on_the_fourth_batch  # before the pool forks: the workers see it
+ws = Workspace(tempfile.mkdtemp(dir=sys.argv[2]))
+write_blobs_csv(os.path.join(ws.data, "blobs.csv"), rows=2000)
+faulthandler.dump_traceback_later(60, exit=True)  # a hang: every thread's stack, then exit
+try:
+    prep.run(ws.config("prep"))
+except WorkerDied as error:
+    faulthandler.cancel_dump_traceback_later()
+    print("exit", error.exit_code, error)
+    print("datasets", os.listdir(os.path.join(ws.work, "datasets")))
+    sys.exit(0)
+sys.exit("prep finished although a worker was killed")
+"""
+
+
+def test_a_worker_killed_mid_batch_fails_the_stage_clearly_instead_of_waiting_for_ever(tmp_path):
+    """multiprocessing.Pool waits for a dead worker's batch for ever; the stage must fail at once,
+    say what killed it and what to change, write nothing, and exit 137 (retried, like a kill)."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        out = subprocess.run([sys.executable, "-c", WORKER_KILLED, os.path.join(REPO, "tests", "trainer"), str(tmp_path)],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                             timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("prep waited for ever for the batch of a killed worker")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert "exit 137 prep: a parse worker process died abruptly (SIGKILL)" in out.stdout, out.stdout
+    assert "out-of-memory" in out.stdout and "resources.mem_limit" in out.stdout
+    assert "datasets []" in out.stdout
+
+
 def test_names_as_labels_after_numbers_in_early_batches(ws, batched, capsys):
     path = os.path.join(ws.data, "blobs.csv")
     write_blobs_csv(path, rows=1200)
