@@ -25,6 +25,7 @@ import math
 import multiprocessing
 import os
 import signal
+import time
 
 from trainer import atomic, common, records, sources
 from trainer.common import LOG
@@ -282,8 +283,11 @@ class Workers(object):
         if count > 1:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 count, mp_context=multiprocessing.get_context("fork"))
-            # The first task forks every worker: now, before the stage imports TensorFlow.
-            self._pool.submit(int).result()
+            # Every worker forked now, before the stage imports TensorFlow and grows: Python 3.9
+            # and 3.10 fork a worker only when a task finds none idle, so one quick task would
+            # start one. Tasks that outlast the submitting loop find none idle.
+            for started in [self._pool.submit(time.sleep, 0.05) for _ in range(count)]:
+                started.result()
 
     def map(self, function, tasks):
         """``function`` over ``tasks``; results in task order, at most two per worker pending."""

@@ -232,6 +232,16 @@ def test_a_worker_killed_mid_batch_fails_the_stage_clearly_instead_of_waiting_fo
     assert "datasets []" in out.stdout
 
 
+def test_every_worker_is_forked_when_the_pool_is_made():
+    """Before the stage imports TensorFlow and grows: a worker forked later would inherit TF's
+    threads and the parent's memory (Python 3.9 forks workers only on demand)."""
+    import multiprocessing
+
+    before = len(multiprocessing.active_children())
+    with prep.Workers(3):
+        assert len(multiprocessing.active_children()) - before == 3
+
+
 def test_names_as_labels_after_numbers_in_early_batches(ws, batched, capsys):
     path = os.path.join(ws.data, "blobs.csv")
     write_blobs_csv(path, rows=1200)
