@@ -24,7 +24,6 @@ import json
 import math
 import multiprocessing
 import os
-import signal
 import time
 
 from trainer import atomic, common, records, sources
@@ -308,12 +307,11 @@ class Workers(object):
         try:
             return future.result()
         except concurrent.futures.process.BrokenProcessPool:
-            # The pool then stops the other workers itself (SIGTERM): only a SIGKILL is news.
-            codes = [p.exitcode for p in list(getattr(self._pool, "_processes", {}).values())]
+            # Which signal ended it is not kept reliably (the pool forgets its dead workers).
             raise WorkerDied(
-                "prep: a parse worker process died abruptly%s, most likely killed by the out-of-memory "
+                "prep: a parse worker process died abruptly, most likely killed by the out-of-memory "
                 "killer; nothing was written. Fix: give the stage more memory (resources.mem_limit) or "
-                "fewer workers (resources.cpus)" % (" (SIGKILL)" if -signal.SIGKILL in codes else ""))
+                "fewer workers (resources.cpus)") from None
 
     def __enter__(self):
         return self
