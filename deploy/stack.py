@@ -700,14 +700,14 @@ def stop_leftover_shims(exec_root: Path, timeout: float = 10) -> list[int]:
     """
     address = f"-address {exec_root.resolve()}/"
     procs = _processes()
-    shims = [pid for pid, (_, _, cmdline) in procs.items() if "containerd-shim" in cmdline and address in cmdline]
+    shims = [pid for pid, (_, cmdline) in procs.items() if "containerd-shim" in cmdline and address in cmdline]
     doomed = set()
     todo = list(shims)
     while todo:  # each shim and everything under it: its container's init and that one's children
         pid = todo.pop()
         if pid not in doomed:
             doomed.add(pid)
-            todo += [child for child, (ppid, _, _) in procs.items() if ppid == pid]
+            todo += [child for child, (ppid, _) in procs.items() if ppid == pid]
     for pid in doomed:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
@@ -719,14 +719,14 @@ def stop_leftover_shims(exec_root: Path, timeout: float = 10) -> list[int]:
     return sorted(shims)
 
 
-def _processes() -> dict[int, tuple[int, str, str]]:
-    """Every process now: pid -> (parent pid, state, command line)."""
+def _processes() -> dict[int, tuple[int, str]]:
+    """Every process now: pid -> (parent pid, command line)."""
     found = {}
     for proc in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError, IndexError, ValueError):
             fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            found[int(proc.name)] = (int(fields[1]), fields[0], cmdline)
+            found[int(proc.name)] = (int(fields[1]), cmdline)
     return found
 
 

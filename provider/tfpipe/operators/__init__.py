@@ -22,6 +22,7 @@ _LAZY = {
     "PrepShardOperator": "tfpipe.operators.sharded",
     "PrepMergeOperator": "tfpipe.operators.sharded",
     "OPERATORS": "tfpipe.operators.docker",
+    "stage_operator": "tfpipe.operators.docker",
     "GcsStageInOperator": "tfpipe.operators.gcs",
     "GcsPublishOperator": "tfpipe.operators.gcs",
 }
