@@ -34,6 +34,7 @@ from run import (
     tfpipe_run_summary,
     timed,
 )
+from sampling import alternating_medians
 
 #: The conf of both sides: a short run, so the provider's per-task cost is a visible share of it.
 #: The threshold lets the short run be blessed, so export runs on both sides.
@@ -202,16 +203,9 @@ def dag_parse(ctx: Context) -> dict[str, Any]:
     held: dict[int, tuple[float, float]] = {}
 
     def pair_a(i: int) -> tuple[float, float]:
-        samples: dict[Path, list[tuple[float, float]]] = {tfpipe_file: [], HANDWRITTEN_DAG: []}
-        for j in range(PARSE_SAMPLES):
-            for path in (tfpipe_file, HANDWRITTEN_DAG) if j % 2 == 0 else (HANDWRITTEN_DAG, tfpipe_file):
-                samples[path].append(probe(path))
-
-        def medians(path: Path) -> tuple[float, float]:
-            return median([s[0] for s in samples[path]]), median([s[1] for s in samples[path]])
-
-        held[i] = medians(HANDWRITTEN_DAG)  # B's side of this pair, returned by the B call after it
-        return medians(tfpipe_file)
+        medians = alternating_medians(probe, tfpipe_file, HANDWRITTEN_DAG, PARSE_SAMPLES)
+        held[i] = medians[HANDWRITTEN_DAG]  # B's side of this pair, returned by the B call after it
+        return medians[tfpipe_file]
 
     a, b, notes = interleave(ctx, "dag_parse_ratio", pair_a, lambda i: held.pop(i))
     a_cpu, b_cpu = ctx.cpu["dag_parse_ratio"]
