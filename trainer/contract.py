@@ -194,6 +194,8 @@ class ExitCode:
     BAD_INPUT = 11
     #: training produced a NaN or infinite loss: fails without retrying, nothing is exported.
     DIVERGED = 12
+    #: killed (SIGKILL: docker kill, the out-of-memory killer): retried like any unlisted code.
+    KILLED = 137
 
     NO_RETRY = (BAD_INPUT, DIVERGED)
 
@@ -205,7 +207,7 @@ class ExitCode:
             cls.NOT_BLESSED: "candidate not blessed",
             cls.BAD_INPUT: "bad input or config",
             cls.DIVERGED: "training diverged (NaN/inf loss)",
-            137: "killed (SIGKILL: docker kill, or the out-of-memory killer)",
+            cls.KILLED: "killed (SIGKILL: docker kill, or the out-of-memory killer)",
             143: "terminated (SIGTERM)",
         }.get(code, "failed")
 

@@ -23,7 +23,7 @@ class WorkerDied(TrainerError):
     """A worker process of the stage died abruptly, most likely killed by the out-of-memory killer:
     exit 137, as when the stage's own process is killed (retried; the message says what to change)."""
 
-    exit_code = 137
+    exit_code = ExitCode.KILLED
 
 
 class Diverged(TrainerError):

@@ -194,14 +194,14 @@ real = prep.prepare_batch
 calls = []
 
 
-def killed_on_the_fourth_batch(task):  # as the out-of-memory killer would end a worker mid-batch
+def killed_on_its_second_batch(task):  # as the out-of-memory killer would end a worker mid-batch
     calls.append(1)
     if len(calls) == 2:  # each of the two workers counts its own batches: the second of one of them
         os.kill(os.getpid(), signal.SIGKILL)
     return real(task)
 
 
-prep.prepare_batch = killed_on_the_fourth_batch  # before the pool forks: the workers see it
+prep.prepare_batch = killed_on_its_second_batch  # before the pool forks: the workers see it
 ws = Workspace(tempfile.mkdtemp(dir=sys.argv[2]))
 write_blobs_csv(os.path.join(ws.data, "blobs.csv"), rows=2000)
 faulthandler.dump_traceback_later(60, exit=True)  # a hang: every thread's stack, then exit
