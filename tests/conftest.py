@@ -63,6 +63,15 @@ def trainer_image_ref() -> str:
     return ref
 
 
+def chromium_path() -> str:
+    """Chromium's executable; fails (does not skip) when there is none: `make test` installs it
+    (scripts/ensure-chromium.sh) or stops saying why, so a missing one is a broken set-up."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        pytest.fail("no chromium on PATH: run scripts/ensure-chromium.sh (installs Debian's as root)")
+    return chromium
+
+
 @pytest.fixture(scope="session")
 def trainer_image() -> str:
     """The trainer image reference; fails (does not skip) when it is missing."""

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import chromium_path
 from tests.deployment.conftest import TERMINAL, stack_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.deployment]
@@ -237,9 +238,7 @@ def _trigger_in_ui(stack, rest, dag_id: str, tmp_path, fill) -> str:
 
     Returns the id of the one run the form created (a screenshot lands in ``tmp_path`` on failure).
     """
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not chromium:
-        pytest.skip("no chromium on PATH (scripts/ensure-chromium.sh installs Debian's as root)")
+    chromium = chromium_path()
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 

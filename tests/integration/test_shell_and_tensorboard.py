@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import socket
 import struct
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DIGITS_CSV, REPO, dag_command, run_dag, write_dag
+from tests.conftest import DIGITS_CSV, REPO, chromium_path, dag_command, run_dag, write_dag
 from tfpipe import contract
 from tfpipe import links as run_links
 
@@ -292,11 +293,11 @@ def _png_rows(data: bytes) -> tuple[int, int, list[bytes]]:
     return width, height, [raw[i * stride:(i + 1) * stride] for i in range(height)]
 
 
-def _chromium() -> str:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not chromium:  # make test installs it (scripts/ensure-chromium.sh) or stops saying why
-        pytest.fail("no chromium on PATH: run scripts/ensure-chromium.sh (installs Debian's as root)")
-    return chromium
+def _own_tmp(profile: str) -> dict[str, str]:
+    """The environment for a Chromium whose profile is ``profile``: its temporary files go there
+    too. Chromium keeps its single-instance socket in a directory of its own under TMPDIR, which a
+    terminated Chromium leaves behind: one more in /tmp for every test run, without this."""
+    return {**os.environ, "TMPDIR": profile}
 
 
 @contextlib.contextmanager
@@ -310,7 +311,7 @@ def _chromium_page(chromium: str, url: str):
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
          "--remote-debugging-address=127.0.0.1", f"--remote-debugging-port={port}", url],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_own_tmp(profile))
     try:
         deadline, pages = time.time() + 60, []
         while time.time() < deadline and not pages:
@@ -355,7 +356,7 @@ def _wait_until(evaluate, expression: str, timeout: float = 30):
 
 def test_report_plots_decode_in_headless_chromium(finished_run):
     """The plots are images the browser decoded (non-zero natural size), not broken placeholders."""
-    with _chromium_page(_chromium(), _report_file(finished_run).as_uri()) as evaluate:
+    with _chromium_page(chromium_path(), _report_file(finished_run).as_uri()) as evaluate:
         images = json.loads(_wait_until(evaluate, (
             # the tab shows about:blank first: wait for the report itself to have loaded
             "location.protocol === 'file:' && document.readyState === 'complete' ? "
@@ -374,7 +375,7 @@ def _report_file(finished_run) -> Path:
 
 
 def test_report_renders_in_headless_chromium(finished_run, tmp_path):
-    chromium = _chromium()
+    chromium = chromium_path()
     link = _report_file(finished_run).as_uri()  # the file itself; tests/ui opens it through the api-server's plugin
     out = tmp_path / "report.png"
     profile = tempfile.mkdtemp(prefix="chromium-")
@@ -383,7 +384,7 @@ def test_report_renders_in_headless_chromium(finished_run, tmp_path):
             [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
              "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
              f"--screenshot={out}", "--window-size=1200,1600", link],
-            capture_output=True, text=True, timeout=120)
+            capture_output=True, text=True, timeout=120, env=_own_tmp(profile))
     finally:
         shutil.rmtree(profile, ignore_errors=True)
     assert out.is_file(), f"no screenshot (exit {proc.returncode}): {proc.stderr[-2000:]}"

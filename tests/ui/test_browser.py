@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
 from urllib.parse import quote
 
 import pytest
 
+from tests.conftest import chromium_path
 from tests.ui.conftest import DAG_ID, PASSWORDS
 
 pytestmark = pytest.mark.integration
@@ -14,9 +14,7 @@ pytestmark = pytest.mark.integration
 
 def _browser_as_mlviewer(pw, server):
     """Headless Chromium logged in as ``mlviewer`` through the simple auth manager's own form."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not chromium:
-        pytest.skip("no chromium on PATH (scripts/ensure-chromium.sh installs Debian's as root)")
+    chromium = chromium_path()
     browser = pw.chromium.launch(executable_path=chromium, args=[
         "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
     page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
