@@ -5,8 +5,11 @@ parts of a task context it reads): it lists ``gs://BUCKET/raw/``, downloads ever
 process (the worker) and hands them to the Docker engine, which writes them into a fresh data
 volume through a helper container, manifest last. B is what a user would write by hand with the
 library: list the same prefix, then ``transfer_manager.download_many`` of every object into a
-fresh local directory, at the library's defaults (process workers, 8 of them). A third arm, the
-same call with thread workers, is reported as information (``thread_workers``).
+fresh local directory, at the library's defaults (process workers, 8 of them). Two more arms are
+reported as information: the same call with thread workers (``thread_workers``), and the same call
+followed by what a user without tfpipe must add before a container on the engine can read the files
+(``download_then_docker_cp``): ``docker create`` of a container of the trainer image with the
+target directory mounted, ``docker cp`` of the downloaded folder into it, ``docker rm``.
 
 Publish is reported beside it as information (``publish``): ``local_files`` + ``publish_version``
 (CRC32Cs, the upload, the ``_COMPLETE`` marker) against ``transfer_manager.upload_many`` of the
@@ -177,6 +180,26 @@ def _upload_many(bucket_name: str, source: Path, prefix: str, worker_type: str) 
     transfer_manager.upload_many(pairs, worker_type=worker_type, max_workers=WORKERS, raise_exception=True)
 
 
+def _download_then_docker_cp(bucket_name: str, staging: Path, target: Path, image: str, label: str) -> None:
+    """B as far as a container: ``download_many`` into ``staging`` on this machine, then the files into
+    ``target/data`` through the engine with the docker CLI (Go's tar on both ends: its fastest form)."""
+    from google.cloud.storage.transfer_manager import PROCESS
+
+    _download_many(bucket_name, staging, PROCESS)
+    created = subprocess.run(["docker", "create", "--label", label, "--mount", f"type=bind,src={target},dst=/data",
+                              image, "true"], capture_output=True, text=True)
+    if created.returncode:
+        raise RuntimeError(f"docker create failed: {created.stderr.strip()}")
+    container = created.stdout.strip()
+    try:
+        copied = subprocess.run(["docker", "cp", f"{staging}/.", f"{container}:/data/data"], capture_output=True,
+                                text=True)
+        if copied.returncode:
+            raise RuntimeError(f"docker cp failed: {copied.stderr.strip()}")
+    finally:
+        subprocess.run(["docker", "rm", "-f", container], capture_output=True)
+
+
 def gcs_stage_in(ctx: Any) -> dict[str, Any]:
     """The ``gcs_stage_in_ratio`` figure (see the module's docstring)."""
     # The helpers live in the bench script, which may be ``__main__``: take them from the module
@@ -236,11 +259,15 @@ def _measure(ctx: Any, bench: Any, pids: list[int]) -> dict[str, Any]:
 
     def download_many(i: int) -> tuple[float, float]:
         targets = {kind: _fresh(ctx.tmp / f"gcs-{kind}") for kind in (PROCESS, THREAD)}
-        took = library(i, {f"download_{kind}": lambda kind=kind: _download_many(bucket.name, targets[kind], kind)
-                           for kind in (PROCESS, THREAD)})
-        for kind, target in targets.items():
+        staging, volume = _fresh(ctx.tmp / "gcs-cp-staging"), _fresh(ctx.tmp / "gcs-cp-volume")
+        arms = {f"download_{kind}": lambda kind=kind: _download_many(bucket.name, targets[kind], kind)
+                for kind in (PROCESS, THREAD)}
+        arms["download_cp"] = lambda: _download_then_docker_cp(bucket.name, staging, volume, ctx.image,
+                                                               f"tfpipe.bench={ctx.session}")
+        took = library(i, arms)
+        for kind, target in {**targets, "docker cp": volume / "data"}.items():
             if _count_files(target) != OBJECTS:
-                raise bench.BenchError(f"download_many ({kind} workers) left {_count_files(target)} files")
+                raise bench.BenchError(f"download_many ({kind}) left {_count_files(target)} files")
         return took
 
     *_, notes = bench.interleave(ctx, "gcs_stage_in_ratio", stage_in, download_many)
@@ -277,11 +304,13 @@ def _measure(ctx: Any, bench: Any, pids: list[int]) -> dict[str, Any]:
 
     stats = versus("stage_in", f"download_{PROCESS}")
     threads = versus("stage_in", f"download_{THREAD}")
+    copied = versus("stage_in", "download_cp")
     publish_stats = {"upload_many_processes": versus("publish", f"upload_{PROCESS}"),
                      "upload_many_threads": versus("publish", f"upload_{THREAD}")}
-    for entry in (threads, *publish_stats.values()):
+    for entry in (threads, copied, *publish_stats.values()):
         entry.pop("per_pair", None)
-    stats.update(thread_workers=threads, publish=publish_stats, objects=OBJECTS, bytes=OBJECTS * OBJECT_BYTES,
+    stats.update(thread_workers=threads, download_then_docker_cp=copied, publish=publish_stats,
+                 objects=OBJECTS, bytes=OBJECTS * OBJECT_BYTES,
                  workers=WORKERS, publish_files=PUBLISH_FILES, notes=notes + publish_notes,
                  cpu_counts="this process and its children, the emulator, dockerd and containerd "
                             "(machine_cpu_ratio: the whole machine's busy CPU time, strangers included)")
@@ -290,7 +319,9 @@ def _measure(ctx: Any, bench: Any, pids: list[int]) -> dict[str, Any]:
         f"{OBJECTS} objects, {OBJECTS * OBJECT_BYTES / 1e6:.0f} MB: stage-in {stats['a_median_s']} s (CPU "
         f"{stats.get('a_cpu_median_s')} s) vs download_many with process workers (its default) "
         f"{stats['b_median_s']} s (CPU {stats.get('b_cpu_median_s')} s); against thread workers "
-        f"({threads['b_median_s']} s) A/B {threads['ratio']}, CPU {threads.get('cpu_ratio')}. Publish of "
+        f"({threads['b_median_s']} s) A/B {threads['ratio']}, CPU {threads.get('cpu_ratio')}; against "
+        f"download_many then docker cp into the volume ({copied['b_median_s']} s) A/B {copied['ratio']}, CPU "
+        f"{copied.get('cpu_ratio')}. Publish of "
         f"{PUBLISH_FILES} files ({pub_p['a_median_s']} s) vs upload_many: processes A/B {pub_p['ratio']} "
         f"(CPU {pub_p.get('cpu_ratio')}), threads A/B {pub_t['ratio']} (CPU {pub_t.get('cpu_ratio')})")
     if stats["ratio"] > 1.0:
