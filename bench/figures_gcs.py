@@ -180,24 +180,20 @@ def _upload_many(bucket_name: str, source: Path, prefix: str, worker_type: str) 
     transfer_manager.upload_many(pairs, worker_type=worker_type, max_workers=WORKERS, raise_exception=True)
 
 
-def _download_then_docker_cp(bucket_name: str, staging: Path, target: Path, image: str, label: str) -> None:
+def _download_then_docker_cp(bucket_name: str, staging: Path, target: Path, ctx: Any, bench: Any) -> None:
     """B as far as a container: ``download_many`` into ``staging`` on this machine, then the files into
     ``target/data`` through the engine with the docker CLI (Go's tar on both ends: its fastest form)."""
     from google.cloud.storage.transfer_manager import PROCESS
 
     _download_many(bucket_name, staging, PROCESS)
-    created = subprocess.run(["docker", "create", "--label", label, "--mount", f"type=bind,src={target},dst=/data",
-                              image, "true"], capture_output=True, text=True)
-    if created.returncode:
-        raise RuntimeError(f"docker create failed: {created.stderr.strip()}")
-    container = created.stdout.strip()
+    logfile = bench.LOGS / "gcs_stage_in_ratio.log"
+    args = ctx.docker_run_args("docker-cp")  # named and labelled: the bench's cleanup removes it if left
+    bench.run_logged(["docker", "create", *args, "--mount", f"type=bind,src={target},dst=/data", ctx.image, "true"],
+                     logfile, timeout=120)
     try:
-        copied = subprocess.run(["docker", "cp", f"{staging}/.", f"{container}:/data/data"], capture_output=True,
-                                text=True)
-        if copied.returncode:
-            raise RuntimeError(f"docker cp failed: {copied.stderr.strip()}")
+        bench.run_logged(["docker", "cp", f"{staging}/.", f"{args[1]}:/data/data"], logfile, timeout=300)
     finally:
-        subprocess.run(["docker", "rm", "-f", container], capture_output=True)
+        subprocess.run(["docker", "rm", "-f", args[1]], capture_output=True)
 
 
 def gcs_stage_in(ctx: Any) -> dict[str, Any]:
@@ -262,8 +258,7 @@ def _measure(ctx: Any, bench: Any, pids: list[int]) -> dict[str, Any]:
         staging, volume = _fresh(ctx.tmp / "gcs-cp-staging"), _fresh(ctx.tmp / "gcs-cp-volume")
         arms = {f"download_{kind}": lambda kind=kind: _download_many(bucket.name, targets[kind], kind)
                 for kind in (PROCESS, THREAD)}
-        arms["download_cp"] = lambda: _download_then_docker_cp(bucket.name, staging, volume, ctx.image,
-                                                               f"tfpipe.bench={ctx.session}")
+        arms["download_cp"] = lambda: _download_then_docker_cp(bucket.name, staging, volume, ctx, bench)
         took = library(i, arms)
         for kind, target in {**targets, "docker cp": volume / "data"}.items():
             if _count_files(target) != OBJECTS:
