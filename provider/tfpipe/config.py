@@ -745,8 +745,9 @@ class ResourcesConfig(_Section):
         ``{"nvidia.com/gpu.present": "true"}``); the Docker backend ignores it.
     :param tolerations: Kubernetes backend: tolerations of the stage pods, as in a pod spec
         (``{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}``).
-    :param cpus: CPU limit of each stage container (Docker ``--cpus``, e.g. ``4`` or ``1.5``), so
-        one run cannot starve others on a shared host; ``None`` = no limit.
+    :param cpus: CPU limit of each stage container (Docker ``--cpus``, e.g. ``4`` or ``1.5``; on
+        the Kubernetes backend the pod's ``cpu`` limit, ``1.5`` as ``1500m``), so one run cannot
+        starve others on a shared host; ``None`` = no limit.
     :param timezone: IANA time zone of the stage containers (``TZ``), so container log times
         match the host's, e.g. ``"Asia/Shanghai"``.
     :param jemalloc: run the stages with jemalloc in place of glibc malloc (the image preloads

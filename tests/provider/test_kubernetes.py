@@ -144,6 +144,23 @@ def test_gpus_only_on_gpu_stages_and_the_run_can_change_them():
         _pod(dag, "train", params={"gpus": "all"})
 
 
+@pytest.mark.parametrize("cpus, quantity", [(4, "4"), (1.5, "1500m"), (0.01, "10m"), (2.0, "2")])
+def test_resources_cpus_is_the_pod_cpu_limit_on_every_stage(cpus, quantity):
+    """``resources.cpus`` is a CPU limit on Kubernetes as it is Docker's ``--cpus``: the same count,
+    whole CPUs as they are and fractions in millicores, on every stage (the GPU ones too)."""
+    dag = _dag(resources={**SETTINGS["resources"], "cpus": cpus})
+    for stage in ("prep", "train", "evaluate", "export"):
+        limits = _stage_container(_pod(dag, stage))["resources"]["limits"]
+        assert limits["cpu"] == quantity, stage
+        assert limits["memory"] == str(8 << 30)
+    # the quantity is the count Docker's backend gives the container (NanoCpus, in 1e-9 CPUs)
+    docker_settings = {k: v for k, v in copy.deepcopy(SETTINGS).items() if k not in ("backend", "kubernetes")}
+    docker_settings["resources"]["cpus"] = cpus
+    docker_dag = training_pipeline(PipelineConfig.from_dict(docker_settings))
+    millis = int(quantity[:-1]) if quantity.endswith("m") else int(quantity) * 1000
+    assert docker_dag.get_task("train").nano_cpus == millis * 1_000_000
+
+
 @pytest.mark.parametrize("overrides, words", [
     ({"resources": {**SETTINGS["resources"], "gpus": "all"}}, ["resources.gpus", "by count", "Fix:"]),
     ({"resources": {**SETTINGS["resources"], "tolerations": [{"operator": "Sometimes"}]}},

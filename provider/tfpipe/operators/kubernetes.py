@@ -7,7 +7,8 @@ factory imports this module only for ``backend="kubernetes"``. A pod gets, from 
   :func:`tfpipe.tries.resolve_try`, as on Docker), the environment; secrets come from Kubernetes
   Secrets (``kubernetes.secret_env``), never from values in the DAG file;
 - ``nvidia.com/gpu`` limits for the try's GPUs (a count: Kubernetes schedules GPUs by count),
-  a memory limit, and ``/dev/shm`` as a memory ``emptyDir`` of ``shm_size``;
+  a memory limit, a CPU limit of ``resources.cpus`` (as Docker's ``--cpus`` is), and ``/dev/shm``
+  as a memory ``emptyDir`` of ``shm_size``;
 - node selector and tolerations from ``resources``;
 - the volumes as PersistentVolumeClaims (``kubernetes.claims``) or hostPaths of ``volumes``,
   data read-only, at the same ``/data``, ``/work``, ``/models`` as on Docker;
@@ -79,13 +80,24 @@ def gpu_limit(gpus: GpuRequest | None, field_name: str = "gpus") -> int:
     return gpus.count
 
 
+def cpu_quantity(cpus: float) -> str:
+    """A CPU count (Docker's ``--cpus``: ``4``, ``1.5``) as a Kubernetes quantity: whole CPUs as
+    they are, fractions in millicores (``"1500m"``), the finest unit Kubernetes takes."""
+    millis = round(cpus * 1000)
+    return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
+
+
 def container_resources(spec: StageSpec, gpus: GpuRequest | None) -> Any:
-    """Memory and GPU limits of the stage container."""
+    """Memory, CPU and GPU limits of the stage container."""
     from kubernetes.client import models as k8s
 
     limits: dict[str, str] = {}
     if spec.mem_limit:
         limits["memory"] = memory_quantity(spec.mem_limit)
+    if spec.cpus is not None:
+        # A limit alone: Kubernetes then requests the same, so the pod is scheduled where the CPUs
+        # are free and its cgroup quota is what Docker's NanoCpus gives a container.
+        limits["cpu"] = cpu_quantity(spec.cpus)
     count = gpu_limit(gpus)
     if count:
         limits[GPU_RESOURCE] = str(count)
