@@ -51,6 +51,8 @@ class ContainerPlan:
     network_mode: str | None
     shm_size: int | str | None = None
     mem_limit: int | str | None = None
+    #: CPU limit (Docker's ``--cpus``), or ``None``
+    cpus: float | None = None
     gpus: GpuRequest | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     name: str | None = None
@@ -102,6 +104,7 @@ def task_plan(task: Any, *, dag_id: str, run_id: str, try_number: int, params: M
         network_mode=spec.network_mode,
         shm_size=parse_bytes(spec.shm_size) if spec.shm_size else None,
         mem_limit=spec.mem_limit,
+        cpus=spec.cpus,
         gpus=plan.gpus,
         labels=dict(plan.labels),
         name=plan.name,
@@ -170,8 +173,8 @@ def run_args(plan: ContainerPlan, command: Sequence[str], *, role: str, name: st
              network_mode: str | None = None, gpus: bool = True) -> list[str]:
     """``docker run`` arguments for ``plan`` with ``command``, labelled ``tfpipe.role=<role>``.
 
-    Image, mounts (same read-only flags), user, environment, working dir, network mode, shm and
-    memory limits and GPUs are the plan's; ``network_mode`` overrides the network (a published
+    Image, mounts (same read-only flags), user, environment, working dir, network mode, shm,
+    memory and CPU limits and GPUs are the plan's; ``network_mode`` overrides the network (a published
     port needs one).
     """
     args = [*docker_base(plan.docker_url), "run"]
@@ -198,6 +201,8 @@ def run_args(plan: ContainerPlan, command: Sequence[str], *, role: str, name: st
         args += ["--shm-size", str(plan.shm_size)]
     if plan.mem_limit:
         args += ["--memory", str(plan.mem_limit)]
+    if plan.cpus is not None:
+        args += ["--cpus", f"{plan.cpus:g}"]
     if gpus and plan.gpus:
         args += ["--gpus", gpus_arg(plan.gpus)]
     for mount in plan.mounts:

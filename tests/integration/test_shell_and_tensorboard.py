@@ -69,7 +69,8 @@ def finished_run(tmp_path_factory, trainer_image, docker_client):
     secret = "s3cr3t-" + __import__("uuid").uuid4().hex
     path = write_dag(dags, DAG_ID, training={"model": "mlp", "epochs": 3, "batch_size": 64},
                      evaluation={"threshold": 0.5, "tolerance": 1.0},
-                     resources={"environment": {"TFPIPE_DEBUG_MARK": "public-value"},
+                     # a CPU limit the shell must copy (1.5 of CI's 2 cores: the run stays quick)
+                     resources={"cpus": 1.5, "environment": {"TFPIPE_DEBUG_MARK": "public-value"},
                                 "private_environment": {SECRET_NAME: "@SECRET@"}})
     # the secret comes from the worker's environment, never from the DAG file's text
     path.write_text(path.read_text().replace("'@SECRET@'", 'os.environ["TFPIPE_TEST_SECRET"]'))
@@ -146,8 +147,9 @@ def test_shell_container_is_the_task_container(finished_run, docker_client):
         assert ("/data", False) in {(m[1], m[2]) for m in mounts(shell)}
         for key in ("User", "WorkingDir"):
             assert shell["Config"][key] == task["Config"][key], key
-        for key in ("NetworkMode", "ShmSize", "Memory", "Privileged", "DeviceRequests"):
+        for key in ("NetworkMode", "ShmSize", "Memory", "NanoCpus", "Privileged", "DeviceRequests"):
             assert shell["HostConfig"][key] == task["HostConfig"][key], key
+        assert task["HostConfig"]["NanoCpus"] == 1_500_000_000
 
         task_env = dict(e.split("=", 1) for e in task["Config"]["Env"])
         shell_env = dict(e.split("=", 1) for e in shell["Config"]["Env"])

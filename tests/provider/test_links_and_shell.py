@@ -18,6 +18,10 @@ SAFE_RUN = "manual__2026-11-29T18_10_11.460351_00_00"
 HOME = "/srv/ml"
 
 
+RESOURCES = {"environment": {"WANDB_MODE": "offline"}, "private_environment": {"API_TOKEN": "s3cr3t"},
+             "gpus": "all", "gpu_fallback": "cpu", "mem_limit": "8g", "network_mode": "none"}
+
+
 def _cfg(**overrides) -> PipelineConfig:
     settings = {
         "dag_id": "dbg",
@@ -26,8 +30,7 @@ def _cfg(**overrides) -> PipelineConfig:
         "data": {"path": "digits/digits.csv"},
         "training": {"model": "mlp", "epochs": 4},
         "export": {"model_name": "digits"},
-        "resources": {"environment": {"WANDB_MODE": "offline"}, "private_environment": {"API_TOKEN": "s3cr3t"},
-                      "gpus": "all", "gpu_fallback": "cpu", "mem_limit": "8g", "network_mode": "none"},
+        "resources": RESOURCES,
         **overrides,
     }
     return PipelineConfig.from_dict(settings)
@@ -186,12 +189,22 @@ def test_shell_args(dag):
     assert json.loads(env[contract.CONFIG_ENV]) == plan.config and "API_TOKEN" not in env
     assert "s3cr3t" not in " ".join(args)
     assert _opt(head, "--workdir") == [], "no working dir of its own: the image's, as the task's"
+    assert _opt(head, "--cpus") == [], "no CPU limit in the config, none in the shell"
 
     detached = debug.shell_args(plan, dag_id="dbg", run_id=RUN_ID, task_id="evaluate", detach=True, gpus=False)
     assert detached[-2:] == ["sleep", "infinity"] and "--detach" in detached and "--tty" not in detached
     assert "--gpus" not in detached
     printed = debug.printable(args)
     assert printed.startswith("docker run --rm") and "'TFPIPE_CONFIG={" in printed
+
+
+@pytest.mark.parametrize("cpus, arg", [(1.5, "1.5"), (4, "4"), (0.01, "0.01")])
+def test_the_shell_has_the_tasks_cpu_limit(cpus, arg):
+    task = training_pipeline(_cfg(resources={**RESOURCES, "cpus": cpus})).get_task("train")
+    plan = debug.task_plan(task, dag_id="dbg", run_id=RUN_ID, try_number=1, params=None)
+    assert plan.cpus == cpus and task.nano_cpus == round(cpus * 1e9)
+    args = debug.shell_args(plan, dag_id="dbg", run_id=RUN_ID, task_id="train")
+    assert _opt(args, "--cpus") == [arg], "Docker's --cpus, which sets the NanoCpus the task's container has"
 
 
 def test_mount_gpu_and_engine_arguments():
