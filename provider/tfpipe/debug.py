@@ -35,6 +35,9 @@ SHELL_ROLE = "shell"
 TENSORBOARD_ROLE = "tensorboard"
 from tfpipe.engine import DEFAULT_DOCKER_URL  # noqa: E402  (one home for the default)
 
+#: The docker CLI's flag for each TLS file a task presents to its engine (docker-py's names).
+TLS_FLAGS = {"tls_ca_cert": "--tlscacert", "tls_client_cert": "--tlscert", "tls_client_key": "--tlskey"}
+
 
 # --- what a task's container is ----------------------------------------------------------------
 
@@ -57,6 +60,8 @@ class ContainerPlan:
     labels: Mapping[str, str] = field(default_factory=dict)
     name: str | None = None
     docker_url: str = DEFAULT_DOCKER_URL
+    #: the TLS files the task presents to that engine (:func:`engine_tls`)
+    tls: Mapping[str, str] = field(default_factory=dict)
     #: the resolved stage config (also in ``environment[TFPIPE_CONFIG]``)
     config: Mapping[str, Any] = field(default_factory=dict)
     #: names of the task's private environment variables, which are not in ``environment``
@@ -70,7 +75,8 @@ def task_plan(task: Any, *, dag_id: str, run_id: str, try_number: int, params: M
               image_identity: Mapping[str, Any] | None = None) -> ContainerPlan:
     """The container a tfpipe stage task starts for one try, as its ``execute()`` builds it.
 
-    Both resolve the try with :func:`tfpipe.tries.resolve_try` from the task's spec. ``params``
+    Both resolve the try with :func:`tfpipe.tries.resolve_try` from the task's spec (and a
+    ``prep_shard`` instance's ``shard_index``; ``map_index`` is that instance's). ``params``
     are the run's params (the DAG's defaults updated with ``dag_run.conf``, as Airflow hands them
     to the task); ``image`` overrides the task's image (e.g. the image recorded in the run's
     ``config/<stage>.json`` when the DAG file now names another one). Private environment values
@@ -81,7 +87,8 @@ def task_plan(task: Any, *, dag_id: str, run_id: str, try_number: int, params: M
 
     spec = task.spec
     image = image or spec.image
-    plan = resolve_try(spec, TryIdentity(dag_id, run_id, task.task_id, try_number, map_index), params, image=image)
+    plan = resolve_try(spec, TryIdentity(dag_id, run_id, task.task_id, try_number, map_index), params, image=image,
+                       shard_index=getattr(task, "shard_index", None))
     private = dict(spec.private_environment)
     environment = {k: str(v) for k, v in (task.environment or {}).items()
                    if k not in private and k != "AIRFLOW_TMP_DIR"}
@@ -94,6 +101,9 @@ def task_plan(task: Any, *, dag_id: str, run_id: str, try_number: int, params: M
         notes.append(f"environment values not rendered (Jinja templates): {', '.join(templated)}")
     if getattr(task, "env_file", None):
         notes.append("the task's env_file is not reproduced (its values may be secret)")
+    if getattr(task, "tls_hostname", None):
+        notes.append(f"the docker CLI checks the engine's certificate against the host in {task.docker_url}, "
+                     f"not tls_hostname {task.tls_hostname!r}: the certificate must name that host too")
     return ContainerPlan(
         image=image,
         command=tuple(spec.command),
@@ -109,6 +119,7 @@ def task_plan(task: Any, *, dag_id: str, run_id: str, try_number: int, params: M
         labels=dict(plan.labels),
         name=plan.name,
         docker_url=getattr(task, "docker_url", None) or DEFAULT_DOCKER_URL,
+        tls=engine_tls(task),
         config=plan.config,
         left_out=tuple(sorted(private)),
         notes=tuple(notes),
@@ -139,15 +150,29 @@ def gpus_arg(gpus: GpuRequest) -> str:
     return "all" if gpus.count == -1 else str(gpus.count)
 
 
-def docker_base(docker_url: str | None) -> list[str]:
-    """``docker`` plus ``-H URL`` when the task's engine is not the local default socket."""
+def engine_tls(task: Any) -> dict[str, str]:
+    """The TLS files ``task`` presents to its engine (set by
+    :meth:`tfpipe.engine.EngineSettings.apply_to`, as before a try), by docker-py's names."""
+    return {name: str(getattr(task, name)) for name in TLS_FLAGS if getattr(task, name, None)}
+
+
+def docker_base(docker_url: str | None, tls: Mapping[str, str] | None = None) -> list[str]:
+    """``docker`` plus ``-H URL`` when the task's engine is not the local default socket, and the
+    TLS files of ``tls`` (:func:`engine_tls`), the engine's certificate verified as docker-py
+    verifies it for the task."""
+    args = ["docker"]
+    if tls:
+        args.append("--tlsverify")
+        for name, flag in TLS_FLAGS.items():
+            if tls.get(name):
+                args += [flag, tls[name]]
     url = docker_url or DEFAULT_DOCKER_URL
     if url.startswith("unix://"):
         path = "/" + url[len("unix://"):].lstrip("/")
         if path in ("/var/run/docker.sock", "/run/docker.sock"):
-            return ["docker"]
-        return ["docker", "-H", "unix://" + path]
-    return ["docker", "-H", url]
+            return args
+        return [*args, "-H", "unix://" + path]
+    return [*args, "-H", url]
 
 
 def shell_command(plan: ContainerPlan, *, dag_id: str, run_id: str, task_id: str) -> tuple[str, ...]:
@@ -177,7 +202,7 @@ def run_args(plan: ContainerPlan, command: Sequence[str], *, role: str, name: st
     memory and CPU limits and GPUs are the plan's; ``network_mode`` overrides the network (a published
     port needs one).
     """
-    args = [*docker_base(plan.docker_url), "run"]
+    args = [*docker_base(plan.docker_url, plan.tls), "run"]
     if remove:
         args.append("--rm")
     if detach:
@@ -246,7 +271,8 @@ def jupyter_url(port: int, token: str) -> str:
 
 
 def tensorboard_args(*, image: str, event_dir: str, dag_id: str, run_id: str, port: int,
-                     user: str | None = None, docker_url: str | None = None, name: str | None = None,
+                     user: str | None = None, docker_url: str | None = None,
+                     tls: Mapping[str, str] | None = None, name: str | None = None,
                      detach: bool = False) -> list[str]:
     """``docker run`` of TensorBoard on the run's event files, published on ``127.0.0.1:port``.
 
@@ -256,7 +282,7 @@ def tensorboard_args(*, image: str, event_dir: str, dag_id: str, run_id: str, po
     target = f"{TENSORBOARD_LOGDIR}/{tensorboard_run_name(dag_id, run_id)}"
     # not the tfpipe.dag_id/run_id labels of stage containers: a TensorBoard is no part of the run
     labels = {"tfpipe.role": TENSORBOARD_ROLE, "tfpipe.tensorboard": f"{dag_id}/{run_id}"}
-    args = [*docker_base(docker_url), "run", "--rm"]
+    args = [*docker_base(docker_url, tls), "run", "--rm"]
     args.append("--detach" if detach else "--interactive")
     if name:
         args += ["--name", name]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import chromium_path
-from tests.deployment.conftest import TERMINAL, stack_cli
+from tests.deployment.conftest import TERMINAL, free_port, stack_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.deployment]
 
@@ -206,6 +206,39 @@ def test_the_report_and_tensorboard_come_through_the_tls_engine(stack, rest, kic
                                "--filter", f"label=tfpipe.tensorboard={DIGITS}/{run_id}"],
                               capture_output=True, text=True, check=True).stdout.split()
     assert on_engine and not on_first, (on_engine, on_first)
+
+
+def test_tfpipe_shell_and_tensorboard_start_on_the_tls_engine(stack, rest, kickoff):
+    """(1c) A shell that sourced ``stack.env`` runs ``tfpipe shell`` and ``tfpipe tensorboard``: both
+    start on the GPU host's TLS engine with the deployment's client certificate, as the run's tries
+    did, and the shell sees the run's directory there; nothing starts on the first engine."""
+    import shlex
+
+    run_id = kickoff["rest_run"]
+    assert rest.wait_for_run(DIGITS, run_id, timeout=480)["state"] == "success"
+    clean = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
+    started = []
+    try:
+        for command in (f"shell {DIGITS} train --run {shlex.quote(run_id)} --detach",
+                        f"tensorboard {DIGITS} {shlex.quote(run_id)} --port {free_port()} --detach"):
+            proc = subprocess.run(["bash", "-c", f"source {stack.dir / 'stack.env'} && tfpipe {command}"],
+                                  env=clean, capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0, (command, proc.stdout, proc.stderr[-3000:])
+            started.append(proc.stdout.strip().splitlines()[0])
+        shell, board = started
+        labels = json.loads(stack.engine_docker("inspect", "--format", "{{json .Config.Labels}}", shell).stdout)
+        assert (labels["tfpipe.role"], labels["tfpipe.run_id"], labels["tfpipe.task_id"]) == ("shell", run_id, "train")
+        seen = stack.engine_docker("exec", shell, "python3", "-c", "import json, os; c = json.loads(os.environ"
+                                   "['TFPIPE_CONFIG']); print(c['run']['run_id'], os.path.isdir(c['paths']['run_dir']))")
+        assert seen.stdout.split() == [run_id, "True"], seen.stdout
+        board_labels = json.loads(stack.engine_docker("inspect", "--format", "{{json .Config.Labels}}",
+                                                      board).stdout)
+        assert board_labels["tfpipe.tensorboard"] == f"{DIGITS}/{run_id}"
+        on_first = _first_engine_cli("ps", "-aq", "--filter", f"id={shell}", "--filter", f"id={board}").stdout
+        assert on_first.strip() == "", on_first
+    finally:
+        for cid in started:
+            stack.engine_docker("rm", "-f", cid, check=False)
 
 
 def test_a_misspelt_run_parameter_fails_before_any_container_starts(stack, rest):

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, dag_command, parse_summary, run_dag, write_dag
+from tfpipe import contract
 
 pytestmark = pytest.mark.integration
 
@@ -158,3 +159,23 @@ def test_a_killed_shard_is_retried_alone_and_the_others_parts_are_kept(tfpipe_ho
     for name, (_, digest) in committed.items():  # every part merged as it was first committed
         assert by_name[name]["part_sha256"] == digest, f"{name} changed after shard {KILLED} was killed"
     assert "left by an earlier try of this shard" in log, "the retry removed its own leftover temp dir"
+
+    # `tfpipe shell` reproduces that shard's instance: its map index, its newest try (2) and its
+    # slice; the stage reruns inside (the merged data set is cached, so it has nothing to redo)
+    shell = subprocess.run([*cmd[:cmd.index("run")], "shell", "sharded_kill", "prep_shard", "--map-index",
+                            str(KILLED), "--run", summary["run_id"], "--detach", "--dags-folder", str(dags)],
+                           env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert shell.returncode == 0, shell.stderr[-3000:]
+    assert f"sharded_kill / {summary['run_id']} / prep_shard[{KILLED}] try 2" in shell.stderr, shell.stderr
+    cid = shell.stdout.strip().splitlines()[-1]
+    try:
+        labels = docker_client.api.inspect_container(cid)["Config"]["Labels"]
+        assert (labels["tfpipe.role"], labels["tfpipe.map_index"], labels["tfpipe.try_number"]) == (
+            "shell", str(KILLED), "2")
+        rerun = subprocess.run(["docker", "exec", cid, "python3", "-m", "trainer", "prep_shard"],
+                               capture_output=True, text=True, timeout=180)
+        assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+        result = contract.parse_result_line(rerun.stdout.splitlines())
+        assert (result["shard"], result["shards"], result["cache_hit"]) == (KILLED, SHARDS, True), result
+    finally:
+        subprocess.run(["docker", "rm", "-f", cid], capture_output=True)

@@ -277,5 +277,61 @@ def test_cli_parses_the_new_subcommands():
     cli._add_debug_parsers(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["shell", "tfpipe_digits", "train"])
     assert (args.run, args.port, args.jupyter, args.print, args.detach) == ("latest", 8888, False, False, False)
+    assert args.map_index is None
+    args = parser.parse_args(["shell", "tfpipe_digits", "prep_shard", "--map-index", "2"])
+    assert args.map_index == 2
     args = parser.parse_args(["tensorboard", "tfpipe_digits", "latest", "--port", "6007", "--print"])
     assert (args.run_id, args.port, args.print) == ("latest", 6007, True)
+
+
+def _deployment_engine(monkeypatch, tmp_path, hostname=None):
+    files = {}
+    for name in ("ca", "cert", "key"):
+        (tmp_path / f"{name}.pem").write_text("PEM")
+        files[name] = str(tmp_path / f"{name}.pem")
+    settings = {"docker_url": "tcp://gpu-host.example:2376", "tls_ca_cert": files["ca"],
+                "tls_client_cert": files["cert"], "tls_client_key": files["key"], "tls_hostname": hostname}
+    for option, value in settings.items():
+        if value:
+            monkeypatch.setenv(f"AIRFLOW__TFPIPE__{option.upper()}", value)
+    return files
+
+
+def test_the_shell_and_tensorboard_reach_the_deployment_engine_with_its_tls_files(monkeypatch, tmp_path):
+    """In a deployment (``[tfpipe] docker_url`` and TLS files) the shell and TensorBoard start on the
+    engine the task's tries use, presenting the same client certificate, verified against the CA."""
+    from tfpipe.cli.common import on_its_engine
+
+    files = _deployment_engine(monkeypatch, tmp_path)
+    task = on_its_engine(training_pipeline(_cfg()).get_task("evaluate"))
+    plan = debug.task_plan(task, dag_id="dbg", run_id=RUN_ID, try_number=1, params=None)
+    assert plan.docker_url == "tcp://gpu-host.example:2376" and not plan.notes
+    engine = ["docker", "--tlsverify", "--tlscacert", files["ca"], "--tlscert", files["cert"],
+              "--tlskey", files["key"], "-H", "tcp://gpu-host.example:2376"]
+    args = debug.shell_args(plan, dag_id="dbg", run_id=RUN_ID, task_id="evaluate")
+    assert args[:len(engine) + 1] == [*engine, "run"]
+    board = debug.tensorboard_args(image="img", event_dir="/e", dag_id="dbg", run_id=RUN_ID, port=6006,
+                                   docker_url=task.docker_url, tls=debug.engine_tls(task))
+    assert board[:len(engine) + 1] == [*engine, "run"]
+    # A DAG that names its own engine keeps it, and no deployment TLS goes to it (as in execute)
+    own = on_its_engine(training_pipeline(_cfg(docker_url="tcp://own.example:2375")).get_task("train"))
+    own_plan = debug.task_plan(own, dag_id="dbg", run_id=RUN_ID, try_number=1, params=None)
+    assert debug.shell_args(own_plan, dag_id="dbg", run_id=RUN_ID, task_id="train")[:4] == [
+        "docker", "-H", "tcp://own.example:2375", "run"]
+    # Without a deployment engine the local socket stays, with no flags
+    monkeypatch.delenv("AIRFLOW__TFPIPE__DOCKER_URL")
+    for option in ("TLS_CA_CERT", "TLS_CLIENT_CERT", "TLS_CLIENT_KEY"):
+        monkeypatch.delenv(f"AIRFLOW__TFPIPE__{option}")
+    local = on_its_engine(training_pipeline(_cfg()).get_task("train"))
+    assert debug.shell_args(debug.task_plan(local, dag_id="dbg", run_id=RUN_ID, try_number=1, params=None),
+                            dag_id="dbg", run_id=RUN_ID, task_id="train")[:2] == ["docker", "run"]
+
+
+def test_a_tls_hostname_the_docker_cli_cannot_check_is_said(monkeypatch, tmp_path):
+    from tfpipe.cli.common import on_its_engine
+
+    _deployment_engine(monkeypatch, tmp_path, hostname="gpu-1.internal")
+    task = on_its_engine(training_pipeline(_cfg()).get_task("train"))
+    (note,) = debug.task_plan(task, dag_id="dbg", run_id=RUN_ID, try_number=1, params=None).notes
+    assert "tcp://gpu-host.example:2376" in note and "'gpu-1.internal'" in note
+

@@ -209,3 +209,43 @@ def test_a_two_slash_unix_shard_entry_means_the_deployment_engine_and_three_slas
         settings.apply_to(op, tls_for_named_engine=op.engine_from_shard_list)
     assert default.docker_url == "tcp://deployment.example:2375"
     assert local.docker_url == "unix:///var/run/docker.sock"
+
+
+def test_the_shell_finds_a_shard_instance_and_its_engine_and_refuses_a_missing_or_bad_index():
+    """``tfpipe shell DAG prep_shard --map-index K`` reproduces instance K as a worker unmaps it (its
+    shard index, map index and engine); ``prep_merge`` is a plain task. Wrong indexes name the fix."""
+    from tfpipe import debug
+    from tfpipe.cli.common import stage_task
+    from tfpipe.operators import PrepShardOperator
+
+    dag = training_pipeline(_cfg(3, shard_docker_urls=ENGINES))
+    run_id = "manual__2026-12-02T00:00:00+00:00"
+    for k in range(3):
+        shard = stage_task(dag, "prep_shard", k)
+        assert isinstance(shard, PrepShardOperator) and shard.shard_index == k
+        assert shard.docker_url == ENGINES[k % 2] and shard.engine_from_shard_list
+        plan = debug.task_plan(shard, dag_id=dag.dag_id, run_id=run_id, try_number=2, params=dag.params.dump(),
+                               map_index=k)
+        assert plan.config[contract.SHARD_INDEX_KEY] == k and plan.config["stage"] == "prep_shard"
+        assert plan.labels["tfpipe.map_index"] == str(k) and plan.docker_url == ENGINES[k % 2]
+        # the container name and labels a worker gives that instance's try
+        ti = SimpleNamespace(dag_id=dag.dag_id, run_id=run_id, task_id="prep_shard", try_number=2, map_index=k)
+        executed = resolve_try(shard.spec, ti, dag.params.dump(), shard_index=k)
+        assert (plan.name, dict(plan.labels), plan.config) == (executed.name, dict(executed.labels),
+                                                                executed.config)
+    merge = stage_task(dag, "prep_merge")
+    assert debug.task_plan(merge, dag_id=dag.dag_id, run_id=run_id, try_number=1,
+                           params=dag.params.dump()).config["stage"] == "prep_merge"
+    # One engine for all shards (expand over the indexes alone) unmaps as well
+    plain = stage_task(training_pipeline(_cfg(2)), "prep_shard", 1)
+    assert plain.shard_index == 1 and not plain.engine_from_shard_list
+    for task_id, index, words in [
+            ("prep_shard", None, "prep_shard is a mapped task (one instance per shard, 0..2). Fix: add --map-index N"),
+            ("prep_shard", 3, "--map-index 3: prep_shard has instances 0..2. Fix:"),
+            ("prep_shard", -1, "--map-index -1: prep_shard has instances 0..2. Fix:"),
+            ("train", 0, "--map-index 0: train is not a mapped task. Fix: leave --map-index out."),
+            ("prep", None, "has no tfpipe stage task 'prep' (stage tasks: prep_shard, prep_merge, train, "
+                           "evaluate, export)")]:
+        with pytest.raises(SystemExit) as err:
+            stage_task(dag, task_id, index)
+        assert words in str(err.value), str(err.value)

@@ -59,17 +59,79 @@ def note(message: str) -> None:
 
 
 def stage_tasks(dag: Any) -> list[Any]:
+    """The DAG's tfpipe stage tasks (no mapped ones: see :func:`stage_task`)."""
     from tfpipe.operators.docker import TfpipeStageOperator
 
     return [t for t in dag.tasks if isinstance(t, TfpipeStageOperator)]
 
 
-def stage_task(dag: Any, task_id: str) -> Any:
+def on_its_engine(task: Any) -> Any:
+    """``task`` pointed at the engine its tries use, as its ``execute()`` points it: the deployment's
+    ``[tfpipe] docker_url`` and TLS files unless the DAG names an engine of its own."""
+    from tfpipe.engine import EngineSettings
+    from tfpipe.exceptions import TfpipeConfigError
+
+    try:
+        EngineSettings.from_airflow_config().apply_to(task, tls_for_named_engine=task.engine_from_shard_list)
+    except TfpipeConfigError as err:
+        raise SystemExit(f"tfpipe: {err}") from err
+    return task
+
+
+def _mapped_stage_tasks(dag: Any) -> list[Any]:
+    """The DAG's mapped tfpipe stage tasks (``prep_shard``), still mapped."""
+    from tfpipe.operators.docker import TfpipeStageOperator
+
+    # an operator's own operator_class is its class: only a mapped task is not an instance of it
+    return [t for t in dag.tasks if not isinstance(t, TfpipeStageOperator)
+            and isinstance(getattr(t, "operator_class", None), type)
+            and issubclass(t.operator_class, TfpipeStageOperator)]
+
+
+def _instance_count(task: Any) -> int:
+    """How many instances a mapped task has: ``expand(shard_index=[...])`` keeps a dict of lists,
+    ``expand_kwargs([...])`` a list of dicts."""
+    import math
+
+    value = task.expand_input.value
+    return math.prod(len(v) for v in value.values()) if isinstance(value, dict) else len(value)
+
+
+def _unmapped(task: Any, map_index: int) -> Any:
+    """Instance ``map_index`` of a mapped stage task as the operator its try runs.
+
+    tfpipe maps only over values fixed when the DAG is parsed (the shard indexes, and the engines
+    of ``shard_docker_urls``), so the instance is known without a run: its kwargs are resolved as
+    Airflow's task runner resolves them, for that map index.
+    """
+    from types import SimpleNamespace
+
+    count = _instance_count(task)
+    if not 0 <= map_index < count:
+        raise SystemExit(f"tfpipe: --map-index {map_index}: {task.task_id} has instances 0..{count - 1}. "
+                         f"Fix: give one of them (the shard's index).")
+    kwargs, _ = task._expand_mapped_kwargs({"ti": SimpleNamespace(map_index=map_index)})
+    return task.unmap(kwargs)
+
+
+def stage_task(dag: Any, task_id: str, map_index: int | None = None) -> Any:
+    """The stage task ``task_id`` of ``dag``; of a mapped one (``prep_shard``), instance ``map_index``."""
     stages = stage_tasks(dag)
     for task in stages:
         if task.task_id == task_id:
+            if map_index is not None:
+                raise SystemExit(f"tfpipe: --map-index {map_index}: {task_id} is not a mapped task. "
+                                 "Fix: leave --map-index out.")
             return task
-    names = ", ".join(t.task_id for t in stages) or "none"
+    mapped = _mapped_stage_tasks(dag)
+    for task in mapped:
+        if task.task_id == task_id:
+            if map_index is None:
+                raise SystemExit(f"tfpipe: {task_id} is a mapped task (one instance per shard, "
+                                 f"0..{_instance_count(task) - 1}). Fix: add --map-index N.")
+            return _unmapped(task, map_index)
+    known = {t.task_id for t in [*stages, *mapped]}
+    names = ", ".join(t.task_id for t in dag.tasks if t.task_id in known) or "none"
     raise SystemExit(f"tfpipe: {dag.dag_id} has no tfpipe stage task {task_id!r} (stage tasks: {names})")
 
 
@@ -121,8 +183,9 @@ def resolve_run(dag_id: str, run: str | None, work_volume: str) -> tuple[str, An
     return run, None
 
 
-def try_number_of(dag_run: Any, task_id: str) -> int:
-    """The task's newest try in the run (1 when the DB does not know it)."""
+def try_number_of(dag_run: Any, task_id: str, map_index: int = -1) -> int:
+    """The task's newest try in the run (1 when the DB does not know it); ``map_index``: of that
+    instance of a mapped task."""
     if dag_run is None:
         return 1
     try:
@@ -133,7 +196,7 @@ def try_number_of(dag_run: Any, task_id: str) -> int:
         with create_session() as session:
             ti = session.scalars(select(TaskInstance).where(
                 TaskInstance.dag_id == dag_run.dag_id, TaskInstance.run_id == dag_run.run_id,
-                TaskInstance.task_id == task_id)).first()
+                TaskInstance.task_id == task_id, TaskInstance.map_index == map_index)).first()
             return max(int(ti.try_number or 1), 1) if ti is not None else 1
     except Exception:  # noqa: BLE001 -- best effort: the try number only labels the shell
         return 1

@@ -1,4 +1,4 @@
-"""``tfpipe shell DAG_ID TASK_ID [--run RUN_ID|latest]``: a shell in a container set up as a task's.
+"""``tfpipe shell DAG_ID TASK_ID [--run RUN_ID|latest] [--map-index N]``: a shell in a container set up as a task's.
 
 Image, mounts, user, environment with the run's ``TFPIPE_CONFIG``, working dir and network are
 the task's (:func:`tfpipe.debug.task_plan`), so ``python3 -m trainer <stage>`` inside reruns the
@@ -21,6 +21,7 @@ from tfpipe.cli.common import (
     launch,
     load_dag,
     note,
+    on_its_engine,
     quiet_stdout,
     resolve_run,
     run_params,
@@ -72,24 +73,28 @@ def shell(args: argparse.Namespace) -> int:
 
     with quiet_stdout():
         dag = load_dag(args.dag_id, args.dags_folder)
-        task = stage_task(dag, args.task_id)
+        task = on_its_engine(stage_task(dag, args.task_id, args.map_index))
+        map_index = -1 if args.map_index is None else args.map_index
         run_id, dag_run = resolve_run(dag.dag_id, args.run, task.volumes.work)
-        try_number = args.try_number or try_number_of(dag_run, task.task_id)
+        try_number = args.try_number or try_number_of(dag_run, task.task_id, map_index)
         conf = dict(dag_run.conf or {}) if dag_run is not None else None
         params = run_params(dag, task, conf)
     host_run_dir = links.host_run_dir(task.volumes, dag.dag_id, run_id)
     image = task_image(task)
+    docker = debug.docker_base(task.docker_url, debug.engine_tls(task))
     recorded = _recorded_image(host_run_dir, task.stage)
     if recorded and recorded != image:
-        if _image_present(recorded, debug.docker_base(task.docker_url)):
+        if _image_present(recorded, docker):
             note(f"the run's {task.stage} ran on {recorded}; the DAG now names {image}: using {recorded}")
             image = recorded
         else:
             note(f"the run's {task.stage} ran on {recorded}, which the engine no longer has: using the DAG's "
                   f"{image} instead (the code may differ from the task's)")
     plan = debug.task_plan(task, dag_id=dag.dag_id, run_id=run_id, try_number=try_number, params=params,
-                           image=image, image_identity=_image_identity(image, debug.docker_base(task.docker_url)))
-    note(f"{dag.dag_id} / {run_id} / {task.task_id} try {try_number}"
+                           map_index=map_index, image=image,
+                           image_identity=_image_identity(image, docker))
+    instance = f"[{map_index}]" if map_index >= 0 else ""
+    note(f"{dag.dag_id} / {run_id} / {task.task_id}{instance} try {try_number}"
           f"{' (conf ' + json.dumps(conf, sort_keys=True) + ')' if conf else ''}; run dir {host_run_dir}")
     if plan.left_out:
         note("left out of the shell (private_environment, values not copied): " + ", ".join(plan.left_out))
@@ -98,7 +103,6 @@ def shell(args: argparse.Namespace) -> int:
     name = f"tfpipe-shell-{task.task_id}-{secrets.token_hex(3)}"
     use_gpus = not args.no_gpus
     if args.jupyter:
-        docker = debug.docker_base(plan.docker_url)
         if not _has_jupyter(plan.image, docker):
             print(JUPYTER_MISSING.format(image=plan.image), file=sys.stderr)
             return 2
@@ -116,7 +120,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     """The ``shell`` sub-command."""
     sh = sub.add_parser("shell", help="a shell in a container set up as a task's, to reproduce it by hand")
     sh.add_argument("dag_id")
-    sh.add_argument("task_id", help="a stage task: prep, train, evaluate or export")
+    sh.add_argument("task_id", help="a stage task: prep, train, evaluate or export (prep_shard, prep_merge when sharded)")
+    sh.add_argument("--map-index", type=int, default=None,
+                    help="which instance of a mapped task (prep_shard: the shard's index)")
     sh.add_argument("--run", default="latest", help="run id, run dir name, or 'latest' (default)")
     sh.add_argument("--try", dest="try_number", type=int, default=None,
                     help="the try whose stage config to use (default: the task's newest try)")

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from tfpipe.cli.common import launch, load_dag, note, quiet_stdout, resolve_run, stage_tasks, task_image
+from tfpipe.cli.common import launch, load_dag, note, on_its_engine, quiet_stdout, resolve_run, stage_tasks, task_image
 
 
 def tensorboard(args: argparse.Namespace) -> int:
@@ -22,7 +22,7 @@ def tensorboard(args: argparse.Namespace) -> int:
         stages = stage_tasks(dag)
         if not stages:
             raise SystemExit(f"tfpipe: {dag.dag_id} has no tfpipe stage tasks")
-        task = next((t for t in stages if t.stage == "train"), stages[0])
+        task = on_its_engine(next((t for t in stages if t.stage == "train"), stages[0]))
         run_id, _ = resolve_run(dag.dag_id, args.run_id, task.volumes.work)
     event_dir = links.host_tensorboard_dir(task.volumes, dag.dag_id, run_id)
     if Path(task.volumes.work).is_dir() and not Path(event_dir).is_dir():
@@ -30,6 +30,7 @@ def tensorboard(args: argparse.Namespace) -> int:
                          "does not exist (has its train task run?)")
     cmd = debug.tensorboard_args(image=task_image(task), event_dir=event_dir, dag_id=dag.dag_id, run_id=run_id,
                                  port=args.port, user=task.user, docker_url=task.docker_url,
+                                 tls=debug.engine_tls(task),
                                  name=f"tfpipe-tensorboard-{args.port}", detach=args.detach)
     url = links.tensorboard_url(dag.dag_id, run_id, base=f"http://localhost:{args.port}")
     if not args.print:
