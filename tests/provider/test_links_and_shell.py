@@ -335,3 +335,11 @@ def test_a_tls_hostname_the_docker_cli_cannot_check_is_said(monkeypatch, tmp_pat
     (note,) = debug.task_plan(task, dag_id="dbg", run_id=RUN_ID, try_number=1, params=None).notes
     assert "tcp://gpu-host.example:2376" in note and "'gpu-1.internal'" in note
 
+
+def test_a_port_published_on_a_remote_engine_says_how_to_reach_it():
+    """TensorBoard and Jupyter publish on the engine host's loopback: for a tcp:// engine the CLI
+    says so and gives the SSH tunnel; a local engine needs no word."""
+    note = debug.remote_port_note("tcp://gpu-host.example:2376", 6007)
+    assert "gpu-host.example" in note and "ssh -N -L 6007:127.0.0.1:6007 gpu-host.example" in note
+    assert debug.remote_port_note("unix:///var/run/docker.sock", 6007) is None
+    assert debug.remote_port_note(None, 6007) is None

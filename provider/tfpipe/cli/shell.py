@@ -110,6 +110,9 @@ def shell(args: argparse.Namespace) -> int:
         cmd = debug.jupyter_args(plan, port=args.port, token=token, name=name, detach=args.detach,
                                  gpus=use_gpus)
         note(f"Jupyter: {debug.jupyter_url(args.port, token)}")
+        where = debug.remote_port_note(plan.docker_url, args.port)
+        if where:
+            note(where)
     else:
         cmd = debug.shell_args(plan, dag_id=dag.dag_id, run_id=run_id, task_id=task.task_id, name=name,
                                tty=sys.stdin.isatty(), detach=args.detach, gpus=use_gpus)

@@ -36,6 +36,9 @@ def tensorboard(args: argparse.Namespace) -> int:
     if not args.print:
         note(f"TensorBoard for {dag.dag_id} / {run_id} ({event_dir}) at {url}"
               + ("" if args.detach else "  (Ctrl-C stops it)"))
+        where = debug.remote_port_note(task.docker_url, args.port)
+        if where:
+            note(where)
     return launch(cmd, args, after=[url] if args.detach else None)
 
 
