@@ -268,15 +268,22 @@ def jupyter_args(plan: ContainerPlan, *, port: int, token: str, name: str | None
 
 def remote_port_note(docker_url: str | None, port: int) -> str | None:
     """Where a port published on ``127.0.0.1`` is reachable when the engine is another host's
-    (``tcp://``): on that host's loopback, so from here through an SSH tunnel. None for a local engine."""
+    (``tcp://`` to a host that is not this one's loopback): on that host's loopback, so from here
+    through an SSH tunnel. None for an engine on this machine."""
+    import ipaddress
     from urllib.parse import urlsplit
 
     url = docker_url or DEFAULT_DOCKER_URL
     if not url.startswith("tcp://"):
         return None
-    host = urlsplit(url).hostname or url
-    return (f"port {port} is published on the loopback of the engine's host {host}, not necessarily this "
-            f"machine's: if {host} is another machine, reach it with `ssh -N -L {port}:127.0.0.1:{port} {host}`")
+    host = urlsplit(url).hostname or ""
+    try:
+        if host == "localhost" or ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:  # a host name
+        pass
+    return (f"port {port} is published on the loopback of the engine's host {host}, not on this machine: "
+            f"reach it with `ssh -N -L {port}:127.0.0.1:{port} {host}`")
 
 
 def jupyter_url(port: int, token: str) -> str:

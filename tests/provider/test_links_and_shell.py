@@ -341,5 +341,7 @@ def test_a_port_published_on_a_remote_engine_says_how_to_reach_it():
     says so and gives the SSH tunnel; a local engine needs no word."""
     note = debug.remote_port_note("tcp://gpu-host.example:2376", 6007)
     assert "gpu-host.example" in note and "ssh -N -L 6007:127.0.0.1:6007 gpu-host.example" in note
-    assert debug.remote_port_note("unix:///var/run/docker.sock", 6007) is None
-    assert debug.remote_port_note(None, 6007) is None
+    assert "ssh -N -L 8888:127.0.0.1:8888 10.0.0.7" in debug.remote_port_note("tcp://10.0.0.7:2376", 8888)
+    for local in ("unix:///var/run/docker.sock", None, "tcp://127.0.0.1:22376", "tcp://localhost:2376",
+                  "tcp://[::1]:2376"):
+        assert debug.remote_port_note(local, 6007) is None, local
