@@ -1,9 +1,10 @@
 """Checkpointing of the training loop: optimizers, save/restore with fallback, warm start.
 
 The training state is one ``tf.train.Checkpoint(model, optimizer, step, epoch, steps_per_epoch,
-batch_size, dataset)`` managed by a ``tf.train.CheckpointManager`` in ``<run_dir>/train/checkpoints`` (files
-``ckpt-<step>.*``). A checkpoint that cannot be restored (truncated data file, bad index, ...) is
-moved to ``checkpoints/corrupt/`` with a WARNING and the previous one is tried instead.
+batch_size, dataset)`` (plus ``best`` with early stopping: :mod:`trainer.early_stopping`) managed
+by a ``tf.train.CheckpointManager`` in ``<run_dir>/train/checkpoints`` (files ``ckpt-<step>.*``).
+A checkpoint that cannot be restored (truncated data file, bad index, ...) is moved to
+``checkpoints/corrupt/`` with a WARNING and the previous one is tried instead.
 """
 
 import glob
@@ -126,7 +127,8 @@ class _TracedWrite(object):
 class TrainState(object):
     """The checkpointed training state and its manager."""
 
-    def __init__(self, model, optimizer, directory, keep):
+    def __init__(self, model, optimizer, directory, keep, best=None):
+        """``best``: the :class:`trainer.early_stopping.BestEpoch` saved with the state, if any."""
         def counter(name):
             return tf.Variable(0, dtype=tf.int64, trainable=False, name=name,
                                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -142,10 +144,14 @@ class TrainState(object):
         self.dataset = counter("dataset")
         self.directory = directory
         self.keep = keep
+        self.best = best
+        # without early stopping the checkpoint holds exactly what it held before it existed
+        extra = {"best": best} if best is not None else {}
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=self.step,
                                               epoch=self.epoch,
                                               steps_per_epoch=self.steps_per_epoch,
-                                              batch_size=self.batch_size, dataset=self.dataset)
+                                              batch_size=self.batch_size, dataset=self.dataset,
+                                              **extra)
         # decided here, inside the loop's strategy scope (a quarantine reopens the manager outside)
         self._one_replica = tf.distribute.get_strategy().num_replicas_in_sync == 1
         self.manager = self._open_manager()
@@ -160,8 +166,10 @@ class TrainState(object):
                                           max_to_keep=self.keep, checkpoint_name=CHECKPOINT_NAME)
 
     def _variables(self):
+        best = self.best.state_variables() if self.best is not None else []
         return (list(self.model.variables) + list(self.optimizer.variables())
-                + [self.step, self.epoch, self.steps_per_epoch, self.batch_size, self.dataset])
+                + [self.step, self.epoch, self.steps_per_epoch, self.batch_size, self.dataset]
+                + best)
 
     def candidates(self):
         """Checkpoint prefixes, newest first: the manager's list plus any stray ``ckpt-N``

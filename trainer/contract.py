@@ -71,6 +71,9 @@ FEATURE_TYPES = ("float", "int")
 #: when they fit a budget derived from the container's memory limit, else in a file on the work
 #: volume; ``memory``, ``file``: always there; ``none``: the shards are parsed again every epoch.
 CACHE_MODES = ("auto", "memory", "file", "none")
+#: ``training.early_stopping_monitor``: the per-epoch evaluation figure early stopping watches;
+#: ``val_loss`` improves downwards, ``val_accuracy`` upwards.
+EARLY_STOPPING_MONITORS = ("val_loss", "val_accuracy")
 #: Model names and other names that become directories and container names.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
@@ -127,6 +130,16 @@ SECTIONS = {
         "shuffle_buffer": {"kind": "int", "default": 10000, "minimum": 1, "doc": "shuffle buffer in examples"},
         "warm_start": {"kind": "bool", "default": False, "override": "param",
                        "doc": "initialise from the newest blessed model instead of from scratch"},
+        "early_stopping_patience": {"kind": "int", "default": 0, "minimum": 0, "parse_maximum": 100000,
+                                    "override": "conf",
+                                    "doc": "stop once early_stopping_monitor has not improved for this many "
+                                           "epochs; the final weights are then the best epoch's (0: off)"},
+        "early_stopping_monitor": {"kind": "str", "default": "val_loss", "choices": EARLY_STOPPING_MONITORS,
+                                   "doc": "what early stopping watches: val_loss (lower is better) or "
+                                          "val_accuracy (higher is better)"},
+        "early_stopping_min_delta": {"kind": "number", "default": 0, "minimum": 0, "parse_maximum": 1000,
+                                     "doc": "smallest change of early_stopping_monitor that counts as an "
+                                            "improvement"},
     },
     "evaluation": {
         "metric": {"kind": "str", "default": "accuracy", "choices": METRICS, "override": "param",

@@ -330,7 +330,7 @@ def _metrics_section(evaluation):
 
 
 _HYPERPARAMETERS = ("model", "epochs", "batch_size", "learning_rate", "optimizer",
-                    "mixed_precision", "warm_start", "seed")
+                    "mixed_precision", "warm_start", "seed", "early_stopping_patience")
 
 
 def _training_section(history, attempts, evaluation, pngs, training):
@@ -347,6 +347,11 @@ def _training_section(history, attempts, evaluation, pngs, training):
     if final:
         out.append("<p>final weights: %s epochs, %s steps (try %s)</p>" % (
             _e(final.get("epochs")), _e(final.get("steps")), _e(final.get("try_number"))))
+    if final.get("best_epoch"):
+        out.append("<p>early stopping: %s; the final weights are those of epoch %s, the best by %s</p>" % (
+            "stopped after epoch %s" % _e(final.get("epochs")) if final.get("stopped_early")
+            else "ran every epoch", _e(final.get("best_epoch")),
+            _e((training or {}).get("early_stopping_monitor", "the monitored figure"))))
     out.append(_table(["epoch", "try", "loss", "accuracy", "val_loss", "val_accuracy",
                        "seconds"], [
         [_e(r.get("epoch")), _e(r.get("try_number")), _num(r.get("loss")),

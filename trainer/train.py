@@ -18,8 +18,12 @@ Each step function
 is traced once: the iterator's element spec has an unknown batch size, so the partial last batch
 reuses the trace, and the loop length is a tensor argument.
 
-Outputs: ``train/tensorboard`` (scalars), ``metrics.json`` (per-epoch history of all attempts),
-``attempts.json`` (one entry per attempt) and, at the end, ``train/final/weights`` (model weights).
+With ``training.early_stopping_patience`` set, training stops once the evaluation has not improved
+for that many epochs, and the final weights are the best epoch's (:mod:`trainer.early_stopping`).
+
+Outputs: ``train/tensorboard`` (scalars), ``metrics.json`` (per-epoch history of all attempts;
+the best epoch so far marked ``"best": true`` with early stopping), ``attempts.json`` (one entry
+per attempt) and, at the end, ``train/final/weights`` (model weights).
 """
 
 import math
@@ -29,7 +33,7 @@ import sys
 import threading
 import time
 
-from trainer import atomic, checkpoints, common, contract, data, models
+from trainer import atomic, checkpoints, common, contract, data, early_stopping, models
 from trainer.common import LOG
 from trainer.errors import Diverged
 
@@ -172,9 +176,10 @@ class Loop(object):
             self.model = models.build_model(config, schema, stats)
             self.optimizer = checkpoints.build_optimizer(training)
             checkpoints.create_slots(self.optimizer, self.model)
+            self.early = early_stopping.EarlyStopping(training, self.model)
             self.state = checkpoints.TrainState(self.model, self.optimizer,
                                                 os.path.join(self.run_dir, contract.CHECKPOINTS_SUBDIR),
-                                                training["keep_checkpoints"])
+                                                training["keep_checkpoints"], best=self.early.best)
             self.train_loss = tf.keras.metrics.Mean("loss")
             self.train_acc = tf.keras.metrics.SparseCategoricalAccuracy("accuracy")
             self.val_loss = tf.keras.metrics.Mean("val_loss")
@@ -343,6 +348,10 @@ class Loop(object):
                               process_started_at=self.startup.started_at)
         iterator, iterator_end = None, 0
         for epoch in range(int(self.state.epoch.numpy()), training["epochs"]):
+            # also where a resumed try lands when its checkpoint's patience had already run out
+            if self.early.due(epoch):
+                LOG.info(self.early.describe_stop(epoch))
+                break
             done = step - epoch * self.spe
             if epoch >= iterator_end:
                 iterator_end = min(training["epochs"], epoch + EPOCHS_PER_ITERATOR)
@@ -372,6 +381,8 @@ class Loop(object):
                       "examples_per_sec": examples / max(seconds, 1e-9),
                       "seconds": seconds, "batches": step - epoch * self.spe - done,
                       "rss_peak_mb": common.peak_rss_mb(), "time": common.now_iso()}
+            if self.early.update(epoch + 1, record):  # before the save below, which keeps it
+                record["best"] = True
             history = _append_history(self.run_dir, record)
             attempts.entry["epochs_run"] += 1
             self._checkpoint(attempts, epoch, step, first_step, stop=False, checked=True)
@@ -448,14 +459,19 @@ def run(config):
     previous = _Stop.install()
     try:
         history = loop.fit(attempts, writer)
-        # no check here: these weights are those of the last checkpoint, checked before its save
+        # no check here: these weights are those of a checkpoint, checked before its save
         step, epoch = int(loop.state.step.numpy()), int(loop.state.epoch.numpy())
-        last = history[-1] if history else {}
+        best = loop.early.restore_best()
+        by_epoch = {h.get("epoch"): h for h in history}
+        last = by_epoch.get(best, {}) if best else (history[-1] if history else {})
         summary = {"epochs": epoch, "steps": step, "steps_per_epoch": loop.spe,
                    "final_loss": last.get("loss"), "final_accuracy": last.get("accuracy"),
                    "final_val_loss": last.get("val_loss"),
                    "final_val_accuracy": last.get("val_accuracy"),
                    "try_number": run_info["try_number"], "time": common.now_iso()}
+        if loop.early.best is not None:
+            # the final_* figures above are then the best epoch's, whose weights these are
+            summary.update(best_epoch=best, stopped_early=epoch < training["epochs"])
         final = _write_final(loop, summary)
     except Diverged as error:
         attempts.finish("diverged", error=str(error))

@@ -581,6 +581,12 @@ class TrainingConfig(_Section):
         ``none``.
     :param shuffle_buffer: shuffle buffer size in examples.
     :param warm_start: a new run initialises from the newest blessed model.
+    :param early_stopping_patience: stop once ``early_stopping_monitor`` has not improved for this
+        many epochs; the final weights are then those of the best epoch, whether or not training
+        stopped early (0: off, every epoch runs and the last one's weights are final).
+    :param early_stopping_monitor: ``val_loss`` (lower is better) or ``val_accuracy`` (higher).
+    :param early_stopping_min_delta: smallest change of the monitored figure that counts as an
+        improvement.
     """
 
     section: ClassVar[str] = "training"
@@ -599,6 +605,9 @@ class TrainingConfig(_Section):
     cache: str = schema_default("training", "cache")
     shuffle_buffer: int = schema_default("training", "shuffle_buffer")
     warm_start: bool = schema_default("training", "warm_start")
+    early_stopping_patience: int = schema_default("training", "early_stopping_patience")
+    early_stopping_monitor: str = schema_default("training", "early_stopping_monitor")
+    early_stopping_min_delta: float = schema_default("training", "early_stopping_min_delta")
 
     def __post_init__(self) -> None:
         models = contract.BUILTIN_MODELS

@@ -10,6 +10,7 @@ from docker.types import DeviceRequest
 from tfpipe import contract
 from tfpipe.config import GpuRequest, PipelineConfig
 from tfpipe.exceptions import TfpipeConfigError
+from tfpipe.run_params import conf_only_keys
 from tfpipe.specs import (
     container_labels,
     container_name,
@@ -184,3 +185,36 @@ def test_the_run_prepares_every_stage_directory_once(cfg):
                                              ("1000:100", (1000, 100)), ("tfpipe", None), ("1000:staff", None)])
 def test_numeric_owner_matches_what_the_helper_hands_directories_to(user, owner):
     assert numeric_owner(user) == owner
+
+
+def test_early_stopping_is_configured_in_the_dag_and_a_run_s_conf_may_change_its_patience(cfg):
+    """The DAG's config sets the monitor and the patience; a run's conf may set another patience
+    (not on the trigger form: an advanced override) and gets the same checks as the DAG file."""
+    config = PipelineConfig.from_dict({**GOOD, "training": {
+        "early_stopping_patience": 3, "early_stopping_monitor": "val_accuracy",
+        "early_stopping_min_delta": 0.001}})
+    spec = plan_pipeline(config)[1]
+    assert "early_stopping_patience" in conf_only_keys()
+    resolved = resolve_stage_config(spec.config, dag_id="d", run_id="r", task_id="train", try_number=1,
+                                    image=config.image.ref, overrides={"early_stopping_patience": 5})
+    assert contract.validate_stage_config(resolved) is resolved
+    assert {k: v for k, v in resolved["training"].items() if k.startswith("early")} == {
+        "early_stopping_patience": 5, "early_stopping_monitor": "val_accuracy", "early_stopping_min_delta": 0.001}
+    with pytest.raises(TfpipeConfigError, match="training.early_stopping_patience"):
+        resolve_stage_config(spec.config, dag_id="d", run_id="r", task_id="train", try_number=1,
+                             image=config.image.ref, overrides={"early_stopping_patience": -2})
+    # off unless configured
+    assert plan_pipeline(cfg)[1].config["training"]["early_stopping_patience"] == 0
+
+
+@pytest.mark.parametrize("training, named", [
+    ({"early_stopping_patience": -1}, "training.early_stopping_patience"),
+    ({"early_stopping_patience": 1.5}, "training.early_stopping_patience"),
+    ({"early_stopping_monitor": "loss"}, "training.early_stopping_monitor"),
+    ({"early_stopping_min_delta": -0.1}, "training.early_stopping_min_delta"),
+    ({"early_stopping_min_delta": 5000}, "training.early_stopping_min_delta"),
+])
+def test_bad_early_stopping_settings_fail_the_parse_naming_the_field(training, named):
+    with pytest.raises(TfpipeConfigError, match=named) as info:
+        PipelineConfig.from_dict({**GOOD, "training": training})
+    assert "Fix: " in str(info.value)

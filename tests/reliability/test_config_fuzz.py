@@ -28,7 +28,7 @@ SECTION_KEYS = {
              "split_seed", "shard_size"],
     "training": ["model", "model_kwargs", "code_path", "epochs", "batch_size", "learning_rate", "optimizer",
                  "seed", "checkpoint_every_steps", "keep_checkpoints", "steps_per_loop", "mixed_precision", "cache",
-                 "warm_start"],
+                 "warm_start", "early_stopping_patience", "early_stopping_monitor", "early_stopping_min_delta"],
     "evaluation": ["metric", "threshold", "tolerance"],
     "export": ["model_name", "keep_versions"],
     "resources": ["gpus", "gpu_fallback", "mem_limit", "shm_size", "user", "network_mode", "environment"],
