@@ -182,3 +182,26 @@ def test_training_on_gpus_through_airflow(tfpipe_home, trainer_image, docker_cli
     assert summary["state"] == "success", log[-6000:]
     assert "requesting all GPUs for train" in log
     assert re.search(r"tensorflow 2\.9\.3, [1-9][0-9]* GPU\(s\)", log), "the training container saw no GPU"
+
+
+def test_early_stopping_through_airflow_with_the_patience_from_the_run_s_conf(tfpipe_home, trainer_image, tmp_path):
+    """The DAG sets a min_delta no val_loss change reaches and a patience of 5; the run's conf asks for
+    1: training stops after epoch 2 of 8, and the exported model carries epoch 1's weights and says so."""
+    dags = tmp_path / "dags"
+    write_dag(dags, "tfpipe_test_early", training={
+        "model": "mlp", "epochs": 8, "batch_size": 64, "early_stopping_patience": 5,
+        "early_stopping_min_delta": 100}, evaluation={"threshold": 0.0, "tolerance": 1.0})  # one epoch's model
+    summary, log = run_dag("tfpipe_test_early", {"early_stopping_patience": 1}, home=tfpipe_home,
+                           image=trainer_image, dags_folder=dags)
+    assert summary["state"] == "success", log[-8000:]
+    assert "early stopping after epoch 2: val_loss has not improved by more than 100 for 1 epoch(s)" in log
+    run_dir = next((tfpipe_home / "work" / "runs" / "tfpipe_test_early").iterdir())
+    assert json.loads((run_dir / "config" / "train.json").read_text())["training"]["early_stopping_patience"] == 1
+    history = json.loads((run_dir / "metrics.json").read_text())
+    assert [(h["epoch"], h.get("best", False)) for h in history] == [(1, True), (2, False)]
+    assert summary["blessed"] is True
+    training = json.loads((Path(summary["model_dir"]) / "metadata.json").read_text())["training"]
+    assert (training["epochs"], training["best_epoch"], training["stopped_early"]) == (2, 1, True)
+    assert training["final_val_accuracy"] == history[0]["val_accuracy"]
+    # evaluate scored epoch 1's weights on the same eval split
+    assert summary["metrics"]["accuracy"] == pytest.approx(history[0]["val_accuracy"], abs=1e-6)
