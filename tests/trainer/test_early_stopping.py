@@ -6,6 +6,7 @@ one-epoch run of the same seed gives those weights to compare with (training on 
 deterministic here: ``test_train.py`` compares runs to 1e-6 the same way).
 """
 
+import glob
 import os
 
 import numpy as np
@@ -67,7 +68,9 @@ def test_a_resumed_try_keeps_the_best_epoch_and_a_finished_one_trains_nothing(ws
     """A crash right after epoch 2's checkpoint: the next try resumes there, trains epoch 3 only
     and stops with epoch 1's weights, the best epoch it restored from the checkpoint (not from
     the model it restored, which is epoch 2's). Cleared again, a try restores epoch 3's
-    checkpoint, whose patience has run out: it trains nothing and writes the same weights."""
+    checkpoint, whose patience has run out: it trains nothing and writes the same weights.
+    Epoch 2's checkpoint, the one resumed from, is a traced write (one eager save first)."""
+    monkeypatch.setattr(checkpoints, "EAGER_SAVES", 1)
     for run_id in ("one", "early"):
         prep.run(ws.config("prep", run_id=run_id))
     train.run(ws.config("train", run_id="one", training={"epochs": 1}))
@@ -89,7 +92,9 @@ def test_a_resumed_try_keeps_the_best_epoch_and_a_finished_one_trains_nothing(ws
     assert "best/epoch/.ATTRIBUTES/VARIABLE_VALUE" in saved
     # a copy of every model variable (final_weights reads those of the model alone)
     assert sum(name.startswith("best/copies/") for name in saved) == len(expected)
-    capsys.readouterr()
+    # traced (two data files: one per device the trace sees) and not written again eagerly
+    assert len(glob.glob(os.path.join(ckpt_dir, "ckpt-16.data-*"))) > 1
+    assert "checkpoints are written eagerly" not in capsys.readouterr().out
 
     result = train.run(ws.config("train", run_id="early", try_number=2, training=STOPS))
     out = capsys.readouterr().out
@@ -123,6 +128,25 @@ def test_without_a_stop_the_best_epoch_by_val_accuracy_is_still_the_final_one(ws
     prep.run(ws.config("prep", run_id="short"))
     train.run(ws.config("train", run_id="short", training={"epochs": best, "learning_rate": 0.003}))
     assert_same_weights(final_weights(ws, "long"), final_weights(ws, "short"))
+
+
+@pytest.mark.resume
+def test_mixed_precision_stops_with_the_best_epoch_s_weights(ws):
+    """Under mixed_float16 the model's variables are float32 behind autocasting wrappers; the
+    copies are float32 too, and a resumed try restores them from a checkpoint that also holds
+    the loss scale."""
+    for run_id in ("one", "early"):
+        prep.run(ws.config("prep", run_id=run_id))
+    mixed = {"mixed_precision": True}
+    try:
+        train.run(ws.config("train", run_id="one", training=dict(mixed, epochs=1)))
+        train.run(ws.config("train", run_id="early", training=dict(mixed, **dict(STOPS, epochs=2))))
+        result = train.run(ws.config("train", run_id="early", try_number=2, training=dict(mixed, **STOPS)))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    assert result["resumed_from"]["step"] == 16
+    assert (result["epochs"], result["best_epoch"], result["stopped_early"]) == (3, 1, True)
+    assert_same_weights(final_weights(ws, "early"), final_weights(ws, "one"))
 
 
 def test_off_by_default_the_checkpoint_and_the_summary_are_unchanged(ws):
