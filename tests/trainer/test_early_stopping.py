@@ -17,7 +17,7 @@ from trainer import checkpoints, evaluate, prep, train
 from trainer import config as config_mod
 from trainer.errors import BadInput
 
-from test_train import Crash, final_weights  # noqa: E402
+from test_train import final_weights, train_until_crash  # noqa: E402
 
 STOPS = {"epochs": 10, "early_stopping_patience": 2, "early_stopping_min_delta": 100}
 
@@ -76,17 +76,7 @@ def test_a_resumed_try_keeps_the_best_epoch_and_a_finished_one_trains_nothing(ws
     train.run(ws.config("train", run_id="one", training={"epochs": 1}))
     expected = final_weights(ws, "one")
 
-    original = checkpoints.TrainState.save
-
-    def save_then_crash(self):
-        path = original(self)
-        if int(self.step.numpy()) == 16:
-            raise Crash("simulated crash after %s" % path)
-        return path
-    monkeypatch.setattr(checkpoints.TrainState, "save", save_then_crash)
-    with pytest.raises(Crash):
-        train.run(ws.config("train", run_id="early", training=STOPS))
-    monkeypatch.setattr(checkpoints.TrainState, "save", original)
+    train_until_crash(monkeypatch, ws.config("train", run_id="early", training=STOPS), 16)
     ckpt_dir = os.path.join(ws.run_dir("early"), "train", "checkpoints")
     saved = checkpoint_names(os.path.join(ckpt_dir, "ckpt-16"))
     assert "best/epoch/.ATTRIBUTES/VARIABLE_VALUE" in saved

@@ -103,6 +103,23 @@ class Crash(Exception):
     pass
 
 
+def train_until_crash(monkeypatch, config, step):
+    """Run the train stage of ``config``, crashing (an exception) right after its checkpoint at ``step``."""
+    original = checkpoints.TrainState.save
+
+    def save_then_crash(self):
+        path = original(self)
+        if int(self.step.numpy()) == step:
+            raise Crash("simulated crash after %s" % path)
+        return path
+    monkeypatch.setattr(checkpoints.TrainState, "save", save_then_crash)
+    try:
+        with pytest.raises(Crash):
+            train.run(config)
+    finally:
+        monkeypatch.setattr(checkpoints.TrainState, "save", original)
+
+
 @pytest.mark.resume
 def test_resume_from_a_mid_epoch_checkpoint_replays_the_epoch_exactly(ws, monkeypatch, capsys):
     settings = {"epochs": 2, "checkpoint_every_steps": 3}
@@ -111,17 +128,8 @@ def test_resume_from_a_mid_epoch_checkpoint_replays_the_epoch_exactly(ws, monkey
     train.run(ws.config("train", run_id="straight", training=settings))
     expected = final_weights(ws, "straight")
 
-    original = checkpoints.TrainState.save
-
-    def save_then_crash(self):
-        path = original(self)
-        if int(self.step.numpy()) == 12:  # 4 batches into epoch 2 (8 steps per epoch)
-            raise Crash("simulated crash after %s" % path)
-        return path
-    monkeypatch.setattr(checkpoints.TrainState, "save", save_then_crash)
-    with pytest.raises(Crash):
-        train.run(ws.config("train", run_id="crashy", training=settings))
-    monkeypatch.setattr(checkpoints.TrainState, "save", original)
+    # 4 batches into epoch 2 (8 steps per epoch)
+    train_until_crash(monkeypatch, ws.config("train", run_id="crashy", training=settings), 12)
     assert ws.read("attempts.json", run_id="crashy")[0]["status"] == "failed"
     assert not os.path.exists(os.path.join(ws.run_dir("crashy"), "train", "final"))
     capsys.readouterr()
@@ -226,18 +234,8 @@ def test_loops_of_several_steps_checkpoint_and_resume_on_the_exact_steps(ws, mon
     train.run(ws.config("train", run_id="straight", training=dict(settings, steps_per_loop=1)))
     expected = final_weights(ws, "straight")
 
-    original = checkpoints.TrainState.save
-
-    def save_then_crash(self):
-        path = original(self)
-        if int(self.step.numpy()) == 10:
-            raise Crash("simulated crash after %s" % path)
-        return path
-    monkeypatch.setattr(checkpoints.TrainState, "save", save_then_crash)
     looped = dict(settings, steps_per_loop=3)
-    with pytest.raises(Crash):
-        train.run(ws.config("train", run_id="looped", training=looped))
-    monkeypatch.setattr(checkpoints.TrainState, "save", original)
+    train_until_crash(monkeypatch, ws.config("train", run_id="looped", training=looped), 10)
     ckpt_dir = os.path.join(ws.run_dir("looped"), "train", "checkpoints")
     assert saved_steps(ckpt_dir) == [5, 8, 10]
     # the two eager saves write one data file; the traced write one per device it sees (two here)
