@@ -22,9 +22,32 @@ import tensorflow as tf  # noqa: E402
 CHECKPOINT_NAME = "ckpt"
 
 
-def build_optimizer(training):
-    """The optimizer named by ``training.optimizer`` (wrapped for loss scaling if mixed)."""
+def learning_rate(training, total_steps=None):
+    """``training.learning_rate``, or with ``learning_rate_schedule`` cosine a schedule of the
+    optimizer's step that reaches 0 at ``total_steps``. The step is the optimizer's iteration count,
+    which the checkpoint keeps: a resumed try continues the curve where the killed one left it."""
     rate = training["learning_rate"]
+    if training["learning_rate_schedule"] == "constant":
+        return rate
+    if not total_steps:
+        raise ValueError("a %s learning rate schedule needs the run's total steps"
+                         % training["learning_rate_schedule"])
+    return tf.keras.optimizers.schedules.CosineDecay(rate, decay_steps=total_steps)
+
+
+def current_learning_rate(optimizer):
+    """The learning rate the optimizer's next step uses (its schedule at its step, if it has one)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    rate = inner.learning_rate
+    if isinstance(rate, tf.keras.optimizers.schedules.LearningRateSchedule):
+        rate = rate(inner.iterations)
+    return float(tf.keras.backend.get_value(rate))
+
+
+def build_optimizer(training, total_steps=None):
+    """The optimizer named by ``training.optimizer`` (wrapped for loss scaling if mixed), at
+    :func:`learning_rate` (``total_steps``: the run's target step, for a schedule)."""
+    rate = learning_rate(training, total_steps)
     name = training["optimizer"]
     if name == "adam":
         optimizer = tf.keras.optimizers.Adam(rate)

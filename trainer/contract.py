@@ -65,6 +65,9 @@ BUILTIN_MODELS = ("mlp", "cnn", "resnet50")
 #: Metrics the blessing gate can use; all are "higher is better" and lie in [0, 1].
 METRICS = ("accuracy", "macro_precision", "macro_recall", "macro_f1")
 OPTIMIZERS = ("adam", "sgd", "rmsprop")
+#: ``training.learning_rate_schedule``: ``constant``, or ``cosine``: from ``learning_rate`` down to 0
+#: at the run's last step (Keras' ``CosineDecay`` of the optimizer's step).
+LEARNING_RATE_SCHEDULES = ("constant", "cosine")
 DATA_FORMATS = ("csv", "images")
 FEATURE_TYPES = ("float", "int")
 #: ``training.cache``: where parsed training examples are kept between epochs. ``auto``: in memory
@@ -113,6 +116,9 @@ SECTIONS = {
                           "doc": "learning rate of the optimizer"},
         "optimizer": {"kind": "str", "default": "adam", "choices": OPTIMIZERS, "override": "param",
                       "doc": "optimizer of the training loop"},
+        "learning_rate_schedule": {"kind": "str", "default": "constant", "choices": LEARNING_RATE_SCHEDULES,
+                                   "doc": "constant, or cosine: decays from learning_rate to 0 over the "
+                                          "run's epochs x steps per epoch"},
         "seed": {"kind": "int", "default": 42, "minimum": 0, "override": "param",
                  "doc": "random seed: weight initialisation, and the data order (epoch e is shuffled with seed + e)"},
         "checkpoint_every_steps": {"kind": "int", "default": 100, "minimum": 0, "override": "conf",

@@ -330,7 +330,8 @@ def _metrics_section(evaluation):
 
 
 _HYPERPARAMETERS = ("model", "epochs", "batch_size", "learning_rate", "optimizer",
-                    "mixed_precision", "warm_start", "seed", "early_stopping_patience")
+                    "learning_rate_schedule", "mixed_precision", "warm_start", "seed",
+                    "early_stopping_patience")
 
 
 def _training_section(history, attempts, evaluation, pngs, training):

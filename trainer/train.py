@@ -174,7 +174,7 @@ class Loop(object):
         self.total_steps = training["epochs"] * self.spe
         with strategy.scope():
             self.model = models.build_model(config, schema, stats)
-            self.optimizer = checkpoints.build_optimizer(training)
+            self.optimizer = checkpoints.build_optimizer(training, self.total_steps)
             checkpoints.create_slots(self.optimizer, self.model)
             self.early = early_stopping.EarlyStopping(training, self.model)
             self.state = checkpoints.TrainState(self.model, self.optimizer,
@@ -378,6 +378,7 @@ class Loop(object):
                       ["try_number"], "loss": float(self.train_loss.result().numpy()),
                       "accuracy": float(self.train_acc.result().numpy()),
                       "val_loss": val_loss, "val_accuracy": val_acc,
+                      "learning_rate": checkpoints.current_learning_rate(self.optimizer),
                       "examples_per_sec": examples / max(seconds, 1e-9),
                       "seconds": seconds, "batches": step - epoch * self.spe - done,
                       "rss_peak_mb": common.peak_rss_mb(), "time": common.now_iso()}
@@ -387,7 +388,8 @@ class Loop(object):
             attempts.entry["epochs_run"] += 1
             self._checkpoint(attempts, epoch, step, first_step, stop=False, checked=True)
             with writer.as_default(step=step):
-                for name in ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_sec"):
+                for name in ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_sec",
+                             "learning_rate"):
                     tf.summary.scalar(name, record[name])
             writer.flush()
             per_step = (time.time() - started) / max(1, step - first_step)

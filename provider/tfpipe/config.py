@@ -569,6 +569,8 @@ class TrainingConfig(_Section):
     :param batch_size: global batch size.
     :param learning_rate: optimizer learning rate.
     :param optimizer: ``adam``, ``sgd`` or ``rmsprop``.
+    :param learning_rate_schedule: ``constant``, or ``cosine``: from ``learning_rate`` down to 0 at
+        the run's last step (``epochs`` x steps per epoch; a resumed try continues the same curve).
     :param seed: seed of initialisation and shuffling.
     :param checkpoint_every_steps: also checkpoint every N steps (epoch ends always checkpoint;
         0 = epoch ends only).
@@ -597,6 +599,7 @@ class TrainingConfig(_Section):
     batch_size: int = schema_default("training", "batch_size")
     learning_rate: float = schema_default("training", "learning_rate")
     optimizer: str = schema_default("training", "optimizer")
+    learning_rate_schedule: str = schema_default("training", "learning_rate_schedule")
     seed: int = schema_default("training", "seed")
     checkpoint_every_steps: int = schema_default("training", "checkpoint_every_steps")
     keep_checkpoints: int = schema_default("training", "keep_checkpoints")

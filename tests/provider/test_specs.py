@@ -208,13 +208,14 @@ def test_early_stopping_is_configured_in_the_dag_and_a_run_s_conf_may_change_its
 
 
 @pytest.mark.parametrize("training, named", [
+    ({"learning_rate_schedule": "linear"}, "training.learning_rate_schedule"),
     ({"early_stopping_patience": -1}, "training.early_stopping_patience"),
     ({"early_stopping_patience": 1.5}, "training.early_stopping_patience"),
     ({"early_stopping_monitor": "loss"}, "training.early_stopping_monitor"),
     ({"early_stopping_min_delta": -0.1}, "training.early_stopping_min_delta"),
     ({"early_stopping_min_delta": 5000}, "training.early_stopping_min_delta"),
 ])
-def test_bad_early_stopping_settings_fail_the_parse_naming_the_field(training, named):
+def test_bad_schedule_and_early_stopping_settings_fail_the_parse_naming_the_field(training, named):
     with pytest.raises(TfpipeConfigError, match=named) as info:
         PipelineConfig.from_dict({**GOOD, "training": training})
     assert "Fix: " in str(info.value)
