@@ -216,9 +216,15 @@ class TrainState(object):
         restored = None
         for path in self.candidates():
             try:
-                status = self.checkpoint.restore(path)
+                without_best = self.best is not None and not _has_best(path)
+                checkpoint = self._checkpoint_without_best() if without_best else self.checkpoint
+                status = checkpoint.restore(path)
                 status.assert_existing_objects_matched()
                 restored = path
+                if without_best:
+                    self.best.begin_at(int(self.epoch.numpy()), self.model)
+                    LOG.warning("checkpoint %s was saved without early stopping: the best epoch is "
+                                "tracked from epoch %d on", path, int(self.epoch.numpy()))
                 break
             except Exception as error:  # any unreadable checkpoint: fall back to the previous
                 reason = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
@@ -231,6 +237,13 @@ class TrainState(object):
         if bad:
             self._quarantine(bad)
         return restored
+
+    def _checkpoint_without_best(self):
+        """The state's checkpoint less ``best``: to restore one saved before early stopping was on
+        for this run (its other objects are this state's own, so restoring fills them)."""
+        return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step,
+                                   epoch=self.epoch, steps_per_epoch=self.steps_per_epoch,
+                                   batch_size=self.batch_size, dataset=self.dataset)
 
     def _quarantine(self, bad):
         """Move unreadable checkpoints to ``corrupt/`` and drop them from the manager's state."""
@@ -276,6 +289,15 @@ class TrainState(object):
     def save(self):
         """Save a checkpoint numbered by the global step; return its path."""
         return self.manager.save(checkpoint_number=int(self.step.numpy()))
+
+
+def _has_best(prefix):
+    """Whether the checkpoint at ``prefix`` holds early stopping's best epoch (from its index; an
+    unreadable index says yes, so the full restore fails on it and names why)."""
+    try:
+        return any(name.startswith("best/") for name, _ in tf.train.list_variables(prefix))
+    except Exception:  # noqa: BLE001 -- the restore that follows reports it
+        return True
 
 
 def fingerprint_id(fingerprint):

@@ -11,7 +11,9 @@ of the checkpoint (:class:`BestEpoch`, given to :class:`trainer.checkpoints.Trai
 resumed try continues with exactly the best epoch the restored checkpoint had seen, whichever
 checkpoint it falls back to. A try that restores a state whose patience has run out trains
 nothing and writes the best weights again. With patience 0 nothing is added to the checkpoint:
-its files are those of a run without early stopping.
+its files are those of a run without early stopping. A checkpoint saved before early stopping was
+turned on for a run (its DAG file changed, then the task was cleared) is restored all the same,
+and the best epoch is tracked from there on.
 """
 
 import math
@@ -38,6 +40,15 @@ class BestEpoch(tf.Module):
         self.copies = [tf.Variable(tf.zeros(v.shape, dtype=v.dtype), trainable=False,
                                    name="copy_%d" % i, aggregation=first)
                        for i, v in enumerate(model.variables)]
+
+    def begin_at(self, epoch, model):
+        """Track from ``epoch`` on, as if it had been the best so far with ``model``'s weights and
+        no score (a run whose checkpoint was saved before early stopping was turned on): the next
+        finite score is the best, and patience counts from there."""
+        self.epoch.assign(epoch)
+        self.score.assign(-math.inf)
+        for copy, variable in zip(self.copies, model.variables):
+            copy.assign(variable)
 
     def state_variables(self):
         """Every variable of this object (for the checkpoint's variable list)."""

@@ -157,3 +157,34 @@ def test_off_by_default_the_checkpoint_and_the_summary_are_unchanged(ws):
 def test_bad_early_stopping_settings_are_refused(ws, field, value, expected):
     with pytest.raises(BadInput, match=expected):
         config_mod.resolve(ws.config("train", training={field: value}))
+
+
+@pytest.mark.resume
+def test_early_stopping_turned_on_mid_run_resumes_from_the_old_checkpoint(ws, capsys):
+    """Two epochs without early stopping, then the DAG's config turns it on and the task is
+    cleared: the try restores epoch 2's checkpoint (it has no best epoch: nothing is set aside as
+    corrupt), tracks from there (epoch 3 is the first best), and stops after epoch 5 with epoch 3's
+    weights."""
+    prep.run(ws.config("prep"))
+    train.run(ws.config("train", training={"epochs": 2}))
+    capsys.readouterr()
+    result = train.run(ws.config("train", try_number=2, training=STOPS))
+    out = capsys.readouterr().out
+    assert "resumed from epoch 2 step 16 " in out
+    assert "was saved without early stopping: the best epoch is tracked from epoch 2 on" in out
+    assert "cannot be restored" not in out
+    assert not os.path.exists(os.path.join(ws.run_dir(), "train", "checkpoints", "corrupt"))
+    assert (result["epochs"], result["best_epoch"], result["stopped_early"]) == (5, 3, True)
+    assert [(h["epoch"], h.get("best", False)) for h in ws.read("metrics.json")] == [
+        (1, False), (2, False), (3, True), (4, False), (5, False)]
+
+
+def test_turned_on_at_the_run_s_last_epoch_the_final_weights_are_the_last(ws):
+    """A checkpoint without a best epoch at the target: nothing trains, and the final weights are
+    the restored ones (not the empty copies)."""
+    prep.run(ws.config("prep"))
+    train.run(ws.config("train", training={"epochs": 2}))
+    expected = final_weights(ws)
+    result = train.run(ws.config("train", try_number=2, training=dict(STOPS, epochs=2)))
+    assert result["epochs"] == 2 and result["best_epoch"] == 2 and result["stopped_early"] is False
+    assert_same_weights(final_weights(ws), expected)
