@@ -4,7 +4,9 @@ The training state is one ``tf.train.Checkpoint(model, optimizer, step, epoch, s
 batch_size, dataset)`` (plus ``best`` with early stopping: :mod:`trainer.early_stopping`) managed
 by a ``tf.train.CheckpointManager`` in ``<run_dir>/train/checkpoints`` (files ``ckpt-<step>.*``).
 A checkpoint that cannot be restored (truncated data file, bad index, ...) is moved to
-``checkpoints/corrupt/`` with a WARNING and the previous one is tried instead.
+``checkpoints/corrupt/`` with a WARNING and the previous one is tried instead. One that reads but
+does not fit the model and optimizer this try built (the run's training settings changed) stops
+the try with :class:`~trainer.errors.BadInput`, every checkpoint left in place.
 """
 
 import glob
@@ -226,8 +228,20 @@ class TrainState(object):
                     LOG.warning("checkpoint %s was saved without early stopping: the best epoch is "
                                 "tracked from epoch %d on", path, int(self.epoch.numpy()))
                 break
+            except (AssertionError, ValueError) as error:
+                # Read, but made of other objects or shapes: the run's training settings changed
+                # since it was saved. Every older checkpoint of the run is the same, and setting
+                # them aside would start the run over; a partial restore also leaves restores
+                # pending that fail later with an unrelated error. Stop here, keep them all.
+                raise BadInput(
+                    "checkpoint %s does not fit the model and optimizer this try built (%s: %s): "
+                    "the run's training settings (model, model_kwargs, optimizer, "
+                    "learning_rate_schedule, mixed_precision) changed since it was saved. Fix: put "
+                    "back the settings this run started with, or start a new DAG run; the run's "
+                    "checkpoints are left as they are" % (path, type(error).__name__,
+                                                          _first_line(error)))
             except Exception as error:  # any unreadable checkpoint: fall back to the previous
-                reason = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+                reason = _first_line(error)
                 LOG.warning("checkpoint %s cannot be restored (%s: %s); falling back to the "
                             "previous checkpoint", path, type(error).__name__, reason)
                 bad.append(path)
@@ -289,6 +303,12 @@ class TrainState(object):
     def save(self):
         """Save a checkpoint numbered by the global step; return its path."""
         return self.manager.save(checkpoint_number=int(self.step.numpy()))
+
+
+def _first_line(error):
+    """The first line of an error's text, at most 300 characters."""
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else ""
 
 
 def _has_best(prefix):

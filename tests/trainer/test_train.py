@@ -170,6 +170,37 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(ws, capsys):
         "resumed_from"]["step"] == 24
 
 
+@pytest.mark.resume
+@pytest.mark.parametrize("changed, names", [
+    ({"model_kwargs": {"hidden_units": [16, 8]}}, "incompatible tensor with shape"),
+    ({"model_kwargs": {"hidden_units": [64]}}, "incompatible tensor with shape"),
+    ({"optimizer": "sgd"}, "not bound to checkpointed values"),
+    ({"learning_rate_schedule": "constant"}, "learning_rate"),
+    ({"mixed_precision": True}, "not bound to checkpointed values"),
+])
+def test_a_checkpoint_of_other_training_settings_stops_the_try_and_keeps_every_checkpoint(ws, changed, names):
+    """The run's settings changed between tries (its DAG file was edited, then train cleared): the
+    checkpoints read but do not fit. Setting them aside as corrupt started the run over (or,
+    after a partial restore, failed later with an unrelated error); now the try stops with the
+    reason and the fix, and the old settings resume from the same checkpoint."""
+    started = {"epochs": 2, "checkpoint_every_steps": 0, "learning_rate_schedule": "cosine"}
+    prep.run(ws.config("prep"))
+    train.run(ws.config("train", training=dict(started, epochs=1)))
+    ckpt_dir = os.path.join(ws.run_dir(), "train", "checkpoints")
+    try:
+        with pytest.raises(BadInput) as info:
+            train.run(ws.config("train", try_number=2, training=dict(started, **changed)))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    message = str(info.value)
+    assert message.startswith("checkpoint %s does not fit the model and optimizer this try built ("
+                              % os.path.join(ckpt_dir, "ckpt-8"))
+    assert names in message and "Fix: put back the settings this run started with" in message
+    assert saved_steps(ckpt_dir) == [8] and not os.path.exists(os.path.join(ckpt_dir, "corrupt"))
+    result = train.run(ws.config("train", try_number=3, training=started))
+    assert result["resumed_from"]["step"] == 8 and result["steps"] == 16
+
+
 def saved_steps(ckpt_dir):
     """The step numbers of the checkpoints in ``ckpt_dir``, each checked against its step variable."""
     steps = sorted(int(os.path.basename(p)[len("ckpt-"):-len(".index")])
