@@ -1,0 +1,90 @@
+"""The training loop under a two-replica ``MirroredStrategy``, on the CPU.
+
+No GPU here; TensorFlow can split the CPU into two logical devices, and ``MirroredStrategy`` over
+them runs the multi-replica code paths a two-GPU host takes (per-replica steps, the global-batch
+loss, mirrored and first-replica variables, the eager checkpoint write, cross-replica reads).
+That split must happen before TensorFlow starts its runtime, which this pytest process already
+did: each case runs in a fresh interpreter. The strategy is handed to the stage where
+``common.setup_tensorflow`` would pick it for two visible GPUs.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import write_blobs_csv  # noqa: E402
+
+PROBE = r"""
+import json, sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+sys.path.insert(0, sys.argv[1])
+from conftest import Workspace
+from trainer import common, prep, train
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+setup = common.setup_tensorflow
+def two_replicas(training):
+    setup(training)
+    return strategy
+common.setup_tensorflow = two_replicas
+ws = Workspace(sys.argv[2])
+settings = json.loads(sys.argv[3])
+results = []
+for try_number, training in enumerate(settings, 1):
+    if try_number == 1:
+        prep.run(ws.config("prep"))
+    result = train.run(ws.config("train", try_number=try_number, training=training))
+    results.append({k: result.get(k) for k in ("epochs", "steps", "best_epoch", "stopped_early",
+                                               "resumed_from", "final_val_loss")})
+reader = tf.train.load_checkpoint(ws.run_dir() + "/train/final/weights")
+weights = {n: reader.get_tensor(n).tolist() for n in reader.get_variable_to_shape_map() if "model/" in n}
+print("RESULT " + json.dumps({"replicas": strategy.num_replicas_in_sync, "results": results,
+                              "weights": weights}))
+"""
+
+
+def run_two_replicas(tmp_path, name, *tries):
+    """Prep, then each try of ``tries`` (training settings) under two replicas, in a fresh
+    interpreter; return its result line (the tries' results and the final weights)."""
+    base = tmp_path / name
+    os.makedirs(str(base / "data"))
+    write_blobs_csv(str(base / "data" / "blobs.csv"))
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", PROBE, here, str(base), json.dumps(list(tries))],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                          timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-6000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def same_weights(got, expected):
+    import numpy as np
+
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        np.testing.assert_allclose(np.array(got[name]), np.array(expected[name]), rtol=0, atol=1e-5,
+                                   err_msg=name)
+
+
+@pytest.mark.resume
+def test_early_stopping_and_a_resume_under_two_replicas(tmp_path):
+    """Two replicas with early stopping: a run whose first try ends at epoch 2 and whose next try
+    resumes stops where a run in one try does (after epoch 3, best epoch 1), with the same final
+    weights: the best epoch's copies and the counters go through the checkpoint as mirrored and
+    first-replica variables."""
+    stops = {"epochs": 10, "early_stopping_patience": 2, "early_stopping_min_delta": 100}
+    straight = run_two_replicas(tmp_path, "straight", stops)
+    resumed = run_two_replicas(tmp_path, "resumed", dict(stops, epochs=2), stops)
+    assert straight["replicas"] == resumed["replicas"] == 2
+    (alone,), (first, second) = straight["results"], resumed["results"]
+    assert (alone["epochs"], alone["best_epoch"], alone["stopped_early"]) == (3, 1, True)
+    assert (first["epochs"], first["best_epoch"], first["stopped_early"]) == (2, 1, False)
+    assert second["resumed_from"]["step"] == 16
+    assert (second["epochs"], second["best_epoch"], second["stopped_early"]) == (3, 1, True)
+    assert second["final_val_loss"] == pytest.approx(alone["final_val_loss"], abs=1e-6)
+    same_weights(resumed["weights"], straight["weights"])
