@@ -297,7 +297,10 @@ class Workers(object):
         pending = collections.deque()
         self._in_flight.append(pending)
         for task in tasks:
-            pending.append(self._pool.submit(function, task))
+            try:
+                pending.append(self._pool.submit(function, task))
+            except concurrent.futures.process.BrokenProcessPool:  # a worker died since the last result
+                raise self._died() from None
             if len(pending) >= _WINDOW_PER_WORKER * self.count:
                 yield self._result(pending.popleft())
         while pending:
@@ -307,11 +310,15 @@ class Workers(object):
         try:
             return future.result()
         except concurrent.futures.process.BrokenProcessPool:
-            # Which signal ended it is not kept reliably (the pool forgets its dead workers).
-            raise WorkerDied(
-                "prep: a parse worker process died abruptly, most likely killed by the out-of-memory "
-                "killer; nothing was written. Fix: give the stage more memory (resources.mem_limit) or "
-                "fewer workers (resources.cpus)") from None
+            raise self._died() from None
+
+    @staticmethod
+    def _died():
+        # Which signal ended it is not kept reliably (the pool forgets its dead workers).
+        return WorkerDied(
+            "prep: a parse worker process died abruptly, most likely killed by the out-of-memory "
+            "killer; nothing was written. Fix: give the stage more memory (resources.mem_limit) or "
+            "fewer workers (resources.cpus)")
 
     def __enter__(self):
         return self

@@ -14,7 +14,7 @@ import tensorflow as tf  # noqa: E402
 from conftest import REPO, write_blobs_csv  # noqa: E402
 from test_prep import read_records  # noqa: E402
 from trainer import data, prep, records  # noqa: E402
-from trainer.errors import BadInput  # noqa: E402
+from trainer.errors import BadInput, WorkerDied  # noqa: E402
 
 
 @pytest.fixture
@@ -230,6 +230,22 @@ def test_a_worker_killed_mid_batch_fails_the_stage_clearly_instead_of_waiting_fo
     assert "exit 137 prep: a parse worker process died abruptly, most likely killed" in out.stdout, out.stdout
     assert "out-of-memory" in out.stdout and "resources.mem_limit" in out.stdout
     assert "datasets []" in out.stdout
+
+
+def test_a_worker_that_died_before_the_next_batch_is_sent_fails_the_same_way():
+    """The kill above lands while the stage waits for a result, or, as often, before it sends the
+    next batch: the pool refuses the batch then, and that must be the same clear error."""
+    import signal
+    import time
+
+    with prep.Workers(2) as workers:
+        os.kill(next(iter(workers._pool._processes)), signal.SIGKILL)
+        deadline = time.time() + 30
+        while not workers._pool._broken and time.time() < deadline:
+            time.sleep(0.05)
+        assert workers._pool._broken, "the pool did not notice its killed worker in 30 s"
+        with pytest.raises(WorkerDied, match="a parse worker process died abruptly"):
+            list(workers.map(abs, range(10)))
 
 
 def test_every_worker_is_forked_when_the_pool_is_made():
