@@ -77,6 +77,10 @@ CACHE_MODES = ("auto", "memory", "file", "none")
 #: ``training.early_stopping_monitor``: the per-epoch evaluation figure early stopping watches;
 #: ``val_loss`` improves downwards, ``val_accuracy`` upwards.
 EARLY_STOPPING_MONITORS = ("val_loss", "val_accuracy")
+#: ``training.class_weight``: ``none``, or ``balanced``: each training example's loss is weighted
+#: by ``train examples / (classes present x examples of its class)`` (scikit-learn's "balanced";
+#: the weights average 1 over the training split), so a rare class counts as much as a common one.
+CLASS_WEIGHTS = ("none", "balanced")
 #: Model names and other names that become directories and container names.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
@@ -146,6 +150,9 @@ SECTIONS = {
         "early_stopping_min_delta": {"kind": "number", "default": 0, "minimum": 0, "parse_maximum": 1000,
                                      "doc": "smallest change of early_stopping_monitor that counts as an "
                                             "improvement"},
+        "class_weight": {"kind": "str", "default": "none", "choices": CLASS_WEIGHTS,
+                         "doc": "none, or balanced: weight each training example's loss by the inverse "
+                                "frequency of its class in the training split"},
     },
     "evaluation": {
         "metric": {"kind": "str", "default": "accuracy", "choices": METRICS, "override": "param",

@@ -18,6 +18,9 @@ Each step function
 is traced once: the iterator's element spec has an unknown batch size, so the partial last batch
 reuses the trace, and the loop length is a tensor argument.
 
+With ``training.class_weight`` ``balanced``, each example's loss is weighted by the inverse frequency
+of its class in the training split (:func:`class_weights`); the evaluation is not weighted.
+
 With ``training.early_stopping_patience`` set, training stops once the evaluation has not improved
 for that many epochs, and the final weights are the best epoch's (:mod:`trainer.early_stopping`).
 
@@ -159,6 +162,24 @@ MAX_STEPS_PER_LOOP = contract.SECTIONS["training"]["steps_per_loop"]["maximum"]
 EPOCHS_PER_ITERATOR = 16
 
 
+def class_weights(training, schema, stats):
+    """The loss weight of each class id under ``training.class_weight``, or None (``none``).
+
+    ``balanced`` (scikit-learn's): ``train examples / (classes present x examples of the class)``
+    from the training split's class histogram (``stats.json``), so the weights average 1 over the
+    training examples and the loss keeps its scale. A class with no training example gets 0 (no
+    example carries it). Derived from the data set alone, so every try of a run gets the same.
+    """
+    if training["class_weight"] == "none":
+        return None
+    counts = stats["class_histogram"]["train"]
+    if len(counts) != len(schema["class_names"]):
+        raise ValueError("stats.json has %d class counts for %d classes"
+                         % (len(counts), len(schema["class_names"])))
+    present, total = sum(1 for count in counts if count), float(sum(counts))
+    return [total / (present * count) if count else 0.0 for count in counts]
+
+
 class Loop(object):
     """The training loop for one attempt; the same code runs under any tf.distribute strategy."""
 
@@ -186,6 +207,11 @@ class Loop(object):
             self.val_acc = tf.keras.metrics.SparseCategoricalAccuracy("val_accuracy")
         self.loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(
             from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+        weights = class_weights(training, schema, stats)
+        self.class_weights = None if weights is None else tf.constant(weights, tf.float32)
+        if weights is not None:
+            LOG.info("class weights (%s): %s", training["class_weight"], ", ".join(
+                "%s %.4g" % pair for pair in zip(schema["class_names"], weights)))
         self.base_train = data.base_dataset(dataset_dir, schema, "train", training["cache"])
         self.base_eval = data.base_dataset(dataset_dir, schema, "eval", training["cache"])
         # Built once: every evaluation takes the next eval_steps batches of the repeated set
@@ -209,6 +235,9 @@ class Loop(object):
         with tf.GradientTape() as tape:
             logits = self.model(x, training=True)
             per_example = self.loss_fn(y, logits)
+            if self.class_weights is not None:
+                # as Keras' class_weight: weighted examples, still divided by their count below
+                per_example *= tf.cast(tf.gather(self.class_weights, y), per_example.dtype)
             # mean over the GLOBAL batch; exact for a partial last batch split over replicas,
             # and safe for a replica that got no example of it
             count = tf.distribute.get_replica_context().all_reduce(
@@ -471,6 +500,9 @@ def run(config):
                    "final_val_loss": last.get("val_loss"),
                    "final_val_accuracy": last.get("val_accuracy"),
                    "try_number": run_info["try_number"], "time": common.now_iso()}
+        if loop.class_weights is not None:
+            summary["class_weights"] = dict(zip(schema["class_names"],
+                                                loop.class_weights.numpy().tolist()))
         if loop.early.best is not None:
             # the final_* figures above are then the best epoch's, whose weights these are
             summary.update(best_epoch=best, stopped_early=epoch < training["epochs"])

@@ -214,6 +214,8 @@ def test_early_stopping_is_configured_in_the_dag_and_a_run_s_conf_may_change_its
     ({"early_stopping_monitor": "loss"}, "training.early_stopping_monitor"),
     ({"early_stopping_min_delta": -0.1}, "training.early_stopping_min_delta"),
     ({"early_stopping_min_delta": 5000}, "training.early_stopping_min_delta"),
+    ({"class_weight": "inverse"}, "training.class_weight"),
+    ({"class_weight": None}, "training.class_weight"),
 ])
 def test_bad_schedule_and_early_stopping_settings_fail_the_parse_naming_the_field(training, named):
     with pytest.raises(TfpipeConfigError, match=named) as info:

@@ -1,0 +1,143 @@
+"""Class weights: the balanced weights of the training split, the weighted loss of a step, what
+they do for a rare class, and that a resumed try weights as the killed one did.
+
+The data: two overlapping gaussian classes, ``common`` and ``rare`` (one row in ten), where an
+unweighted model mostly predicts ``common``.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainer import common, evaluate, export, prep, train
+from trainer import config as config_mod
+from trainer.errors import BadInput
+
+from test_early_stopping import assert_same_weights  # noqa: E402
+from test_train import final_weights, train_until_crash  # noqa: E402
+
+BALANCED = {"class_weight": "balanced"}
+
+
+def write_imbalanced_csv(path, rows=600, rare_every=10, seed=3):
+    """Columns f0, f1 and label (``common``, or ``rare`` on every ``rare_every``-th row)."""
+    rng = np.random.RandomState(seed)
+    rare = np.arange(rows) % rare_every == 0
+    x = rng.normal(size=(rows, 2)) + np.where(rare[:, None], 1.2, 0.0)
+    with open(path, "w") as handle:
+        handle.write("f0,f1,label\n")
+        for row, is_rare in zip(x, rare):
+            handle.write("%.5f,%.5f,%s\n" % (row[0], row[1], "rare" if is_rare else "common"))
+
+
+@pytest.fixture
+def skewed(ws):
+    write_imbalanced_csv(os.path.join(ws.data, "skewed.csv"))
+    return ws
+
+
+def prepared(ws, run_id, **training):
+    """Prep the skewed data for ``run_id``; return its resolved train config, schema and stats."""
+    prep.run(ws.config("prep", run_id=run_id, data={"path": "skewed.csv"}))
+    config = config_mod.resolve(ws.config("train", run_id=run_id, data={"path": "skewed.csv"},
+                                          training=training))
+    _, schema, stats = common.load_dataset(config)
+    return config, schema, stats
+
+
+def test_balanced_weights_follow_the_training_split_s_class_counts(skewed):
+    config, schema, stats = prepared(skewed, "weights", **BALANCED)
+    counts = stats["class_histogram"]["train"]
+    assert schema["class_names"] == ["common", "rare"] and counts[1] * 5 < counts[0]
+    weights = train.class_weights(config["training"], schema, stats)
+    total = float(sum(counts))
+    assert weights == pytest.approx([total / (2 * counts[0]), total / (2 * counts[1])])
+    assert weights[1] > 4 * weights[0]
+    # the weights average 1 over the training examples: the loss keeps its scale
+    assert sum(c * w for c, w in zip(counts, weights)) / total == pytest.approx(1.0)
+    assert train.class_weights(dict(config["training"], class_weight="none"), schema, stats) is None
+    # a class with no training example: weight 0; the others balanced over the classes present
+    three = {"class_names": ["a", "b", "c"]}
+    assert train.class_weights(config["training"], three, {"class_histogram": {"train": [0, 5, 15]}}) == \
+        pytest.approx([0.0, 2.0, 2.0 / 3])
+
+
+@pytest.mark.parametrize("setting", ["balanced", "none"])
+def test_one_step_descends_the_class_weighted_mean_loss(skewed, setting):
+    """One SGD step of the loop against the same step by hand: the gradient of
+    ``sum(weight[y] * cross_entropy) / batch`` (weight 1 with ``none``), to 1e-6."""
+    config, schema, stats = prepared(skewed, setting, optimizer="sgd", learning_rate=0.5,
+                                     class_weight=setting)
+    dataset_dir, _, _ = common.load_dataset(config)
+    loop = train.Loop(config, common.setup_tensorflow(config["training"]), schema, stats, dataset_dir)
+    x, y = next(loop.eval_iterator)
+    weights = train.class_weights(config["training"], schema, stats) or [1.0, 1.0]
+    per_class = tf.gather(tf.constant(weights), y)
+    assert len(set(y.numpy().tolist())) == 2  # the batch has both classes
+    variables = loop.model.trainable_variables
+    before = [v.numpy() for v in variables]
+    with tf.GradientTape() as tape:
+        per_example = tf.keras.losses.sparse_categorical_crossentropy(y, loop.model(x, training=True),
+                                                                      from_logits=True)
+        loss = tf.reduce_sum(per_example * per_class) / tf.cast(tf.size(y), tf.float32)
+    grads = tape.gradient(loss, variables)
+
+    loop.train_step(x, y)
+    for variable, old, grad in zip(variables, before, grads):
+        # SGD's first step with momentum: the weights minus the rate times the gradient
+        np.testing.assert_allclose(variable.numpy(), old - 0.5 * grad.numpy(), rtol=0, atol=1e-6,
+                                   err_msg=variable.name)
+    assert float(loop.train_loss.result()) == pytest.approx(float(loss), abs=1e-6)
+    if setting == "balanced":  # the weighted loss is not the plain mean: the check can tell them apart
+        assert abs(float(tf.reduce_mean(per_example)) - float(loss)) > 1e-3
+
+
+def test_balanced_weights_find_the_rare_class(skewed, capsys):
+    results = {}
+    for setting in ("none", "balanced"):
+        config, _, _ = prepared(skewed, setting, epochs=8, class_weight=setting)
+        train.run(config)
+        results[setting] = evaluate.run(skewed.config(
+            "evaluate", run_id=setting, data={"path": "skewed.csv"}, training={"class_weight": setting},
+            evaluation={"metric": "macro_recall", "threshold": 0.0}))
+    recall = {s: {c["class_name"]: c["recall"] for c in skewed.read("evaluation.json", run_id=s)["per_class"]}
+              for s in results}
+    # unweighted, the rare class is mostly missed; balanced, most of it is found
+    assert recall["none"]["rare"] < 0.4 < 0.6 < recall["balanced"]["rare"]
+    assert results["balanced"]["metrics"]["macro_recall"] > results["none"]["metrics"]["macro_recall"]
+    final = skewed.read("train", "final", "final.json", run_id="balanced")
+    weights = final["class_weights"]
+    assert sorted(weights) == ["common", "rare"] and weights["rare"] > 4 > 0.6 > weights["common"]
+    assert "class weights (balanced): common %.4g, rare %.4g" % (weights["common"], weights["rare"]) \
+        in capsys.readouterr().out
+    assert "class_weights" not in skewed.read("train", "final", "final.json", run_id="none")
+    exported = export.run(skewed.config("export", run_id="balanced", data={"path": "skewed.csv"},
+                                        training={"class_weight": "balanced"}))
+    with open(os.path.join(exported["model_dir"], "metadata.json")) as handle:
+        metadata = json.load(handle)
+    assert metadata["training"]["class_weights"] == weights
+    assert metadata["hyperparameters"]["class_weight"] == "balanced"
+    with open(results["balanced"]["report"]) as handle:
+        assert "<tr><th>class_weight</th><td>balanced</td></tr>" in handle.read()
+
+
+@pytest.mark.resume
+def test_a_resumed_try_weights_as_the_killed_one_did(skewed, monkeypatch):
+    """A crash after the checkpoint at step 10: the next try's final weights are those of a run
+    that never stopped (1e-6)."""
+    settings = dict(BALANCED, epochs=3, checkpoint_every_steps=5)
+    straight, _, _ = prepared(skewed, "straight", **settings)
+    crashy, _, _ = prepared(skewed, "crashy", **settings)
+    train.run(straight)
+    train_until_crash(monkeypatch, crashy, 10)
+    result = train.run(dict(crashy, run=dict(crashy["run"], try_number=2)))
+    assert result["resumed_from"]["step"] == 10
+    assert_same_weights(final_weights(skewed, "crashy"), final_weights(skewed, "straight"))
+
+
+def test_an_unknown_class_weight_is_refused_with_the_choices(ws):
+    with pytest.raises(BadInput, match=r"training\.class_weight must be one of none, balanced, got 'inverse'"):
+        config_mod.resolve(ws.config("train", training={"class_weight": "inverse"}))
