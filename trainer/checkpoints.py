@@ -48,15 +48,21 @@ def current_learning_rate(optimizer):
 
 def build_optimizer(training, total_steps=None):
     """The optimizer named by ``training.optimizer`` (wrapped for loss scaling if mixed), at
-    :func:`learning_rate` (``total_steps``: the run's target step, for a schedule)."""
+    :func:`learning_rate` (``total_steps``: the run's target step, for a schedule).
+
+    ``training.gradient_clip_norm`` becomes Keras' ``global_clipnorm``, which ``apply_gradients``
+    applies after summing the replicas' gradients: the norm of the global batch's gradient, as on
+    one device (a clip inside each replica's step would clip each GPU's share instead).
+    """
     rate = learning_rate(training, total_steps)
     name = training["optimizer"]
+    clip = {"global_clipnorm": training["gradient_clip_norm"]} if training["gradient_clip_norm"] else {}
     if name == "adam":
-        optimizer = tf.keras.optimizers.Adam(rate)
+        optimizer = tf.keras.optimizers.Adam(rate, **clip)
     elif name == "sgd":
-        optimizer = tf.keras.optimizers.SGD(rate, momentum=0.9)
+        optimizer = tf.keras.optimizers.SGD(rate, momentum=0.9, **clip)
     elif name == "rmsprop":
-        optimizer = tf.keras.optimizers.RMSprop(rate)
+        optimizer = tf.keras.optimizers.RMSprop(rate, **clip)
     else:
         raise BadInput("training.optimizer %r is not one of adam, sgd, rmsprop" % name)
     if training["mixed_precision"]:

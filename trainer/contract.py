@@ -150,6 +150,10 @@ SECTIONS = {
         "early_stopping_min_delta": {"kind": "number", "default": 0, "minimum": 0, "parse_maximum": 1000,
                                      "doc": "smallest change of early_stopping_monitor that counts as an "
                                             "improvement"},
+        "gradient_clip_norm": {"kind": "number", "default": 0, "minimum": 0, "parse_maximum": 1000000,
+                               "override": "conf",
+                               "doc": "clip each step's gradients to this global norm, over all weights and "
+                                      "the whole batch (0: off)"},
         "class_weight": {"kind": "str", "default": "none", "choices": CLASS_WEIGHTS,
                          "doc": "none, or balanced: weight each training example's loss by the inverse "
                                 "frequency of its class in the training split"},

@@ -331,7 +331,7 @@ def _metrics_section(evaluation):
 
 _HYPERPARAMETERS = ("model", "epochs", "batch_size", "learning_rate", "optimizer",
                     "learning_rate_schedule", "mixed_precision", "warm_start", "seed",
-                    "early_stopping_patience", "class_weight")
+                    "early_stopping_patience", "gradient_clip_norm", "class_weight")
 
 
 def _training_section(history, attempts, evaluation, pngs, training):

@@ -291,7 +291,8 @@ class Loop(object):
         bad = [v.name for v in self.model.trainable_variables
                if not bool(tf.reduce_all(tf.math.is_finite(v)).numpy())]
         raise Diverged("training diverged at epoch %d step %d: loss is %s%s; this state "
-                       "was not checkpointed (lower training.learning_rate?)"
+                       "was not checkpointed (lower training.learning_rate, or clip the gradients with "
+                       "training.gradient_clip_norm, e.g. 1.0?)"
                        % (epoch + 1, step, loss, ", non-finite weights in %s" % bad[0]
                           if bad else ""))
 

@@ -589,6 +589,8 @@ class TrainingConfig(_Section):
     :param early_stopping_monitor: ``val_loss`` (lower is better) or ``val_accuracy`` (higher).
     :param early_stopping_min_delta: smallest change of the monitored figure that counts as an
         improvement.
+    :param gradient_clip_norm: clip each step's gradients to this global norm (over all weights and
+        the whole batch, after the GPUs' gradients are summed; Keras' ``global_clipnorm``); 0: off.
     :param class_weight: ``none``, or ``balanced``: each training example's loss is weighted by the
         inverse frequency of its class in the training split (for imbalanced data; the
         evaluation is not weighted).
@@ -614,6 +616,7 @@ class TrainingConfig(_Section):
     early_stopping_patience: int = schema_default("training", "early_stopping_patience")
     early_stopping_monitor: str = schema_default("training", "early_stopping_monitor")
     early_stopping_min_delta: float = schema_default("training", "early_stopping_min_delta")
+    gradient_clip_norm: float = schema_default("training", "gradient_clip_norm")
     class_weight: str = schema_default("training", "class_weight")
 
     def __post_init__(self) -> None:

@@ -207,6 +207,23 @@ def test_early_stopping_is_configured_in_the_dag_and_a_run_s_conf_may_change_its
     assert plan_pipeline(cfg)[1].config["training"]["early_stopping_patience"] == 0
 
 
+def test_a_run_s_conf_may_clip_the_gradients_of_a_dag_that_does_not(cfg):
+    """After a diverged run (whose error suggests it), a retrigger's conf may set the clip without a
+    DAG change; the DAG's class weight reaches the stage config as written."""
+    config = PipelineConfig.from_dict({**GOOD, "training": {"class_weight": "balanced"}})
+    spec = plan_pipeline(config)[1]
+    assert spec.config["training"]["gradient_clip_norm"] == 0
+    assert spec.config["training"]["class_weight"] == "balanced"
+    assert "gradient_clip_norm" in conf_only_keys()
+    resolved = resolve_stage_config(spec.config, dag_id="d", run_id="r", task_id="train", try_number=1,
+                                    image=config.image.ref, overrides={"gradient_clip_norm": 1.0})
+    assert contract.validate_stage_config(resolved) is resolved
+    assert resolved["training"]["gradient_clip_norm"] == 1.0
+    with pytest.raises(TfpipeConfigError, match="training.gradient_clip_norm"):
+        resolve_stage_config(spec.config, dag_id="d", run_id="r", task_id="train", try_number=1,
+                             image=config.image.ref, overrides={"gradient_clip_norm": -1})
+
+
 @pytest.mark.parametrize("training, named", [
     ({"learning_rate_schedule": "linear"}, "training.learning_rate_schedule"),
     ({"early_stopping_patience": -1}, "training.early_stopping_patience"),
@@ -216,6 +233,9 @@ def test_early_stopping_is_configured_in_the_dag_and_a_run_s_conf_may_change_its
     ({"early_stopping_min_delta": 5000}, "training.early_stopping_min_delta"),
     ({"class_weight": "inverse"}, "training.class_weight"),
     ({"class_weight": None}, "training.class_weight"),
+    ({"gradient_clip_norm": -0.5}, "training.gradient_clip_norm"),
+    ({"gradient_clip_norm": "1"}, "training.gradient_clip_norm"),
+    ({"gradient_clip_norm": 1e9}, "training.gradient_clip_norm"),
 ])
 def test_bad_schedule_and_early_stopping_settings_fail_the_parse_naming_the_field(training, named):
     with pytest.raises(TfpipeConfigError, match=named) as info:

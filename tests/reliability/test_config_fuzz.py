@@ -29,7 +29,7 @@ SECTION_KEYS = {
     "training": ["model", "model_kwargs", "code_path", "epochs", "batch_size", "learning_rate", "optimizer",
                  "learning_rate_schedule", "seed", "checkpoint_every_steps", "keep_checkpoints", "steps_per_loop",
                  "mixed_precision", "cache", "warm_start", "early_stopping_patience", "early_stopping_monitor",
-                 "early_stopping_min_delta", "class_weight"],
+                 "early_stopping_min_delta", "gradient_clip_norm", "class_weight"],
     "evaluation": ["metric", "threshold", "tolerance"],
     "export": ["model_name", "keep_versions"],
     "resources": ["gpus", "gpu_fallback", "mem_limit", "shm_size", "user", "network_mode", "environment"],

@@ -109,6 +109,7 @@ def test_divergence_exits_12_and_checkpoints_nothing_diverged(ws, cli):
     assert proc.returncode == contract.ExitCode.DIVERGED, proc.stdout + proc.stderr
     match = re.search(r"training diverged at epoch 1 step (\d+): loss is (nan|inf)", proc.stderr)
     assert match, proc.stderr
+    assert "lower training.learning_rate, or clip the gradients with training.gradient_clip_norm" in proc.stderr
     assert contract.RESULT_PREFIX not in proc.stdout
     bad_step = int(match.group(1))
     train_dir = os.path.join(ws.run_dir(), "train")

@@ -25,12 +25,15 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 sys.path.insert(0, sys.argv[1])
 from conftest import Workspace
 from trainer import common, prep, train
-strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-setup = common.setup_tensorflow
-def two_replicas(training):
-    setup(training)
-    return strategy
-common.setup_tensorflow = two_replicas
+if sys.argv[4] == "2":
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    setup = common.setup_tensorflow
+    def two_replicas(training):
+        setup(training)
+        return strategy
+    common.setup_tensorflow = two_replicas
+else:  # the stage's own choice on a host without GPUs: the default strategy, one device
+    strategy = tf.distribute.get_strategy()
 ws = Workspace(sys.argv[2])
 settings = json.loads(sys.argv[3])
 results = []
@@ -47,14 +50,15 @@ print("RESULT " + json.dumps({"replicas": strategy.num_replicas_in_sync, "result
 """
 
 
-def run_two_replicas(tmp_path, name, *tries):
-    """Prep, then each try of ``tries`` (training settings) under two replicas, in a fresh
-    interpreter; return its result line (the tries' results and the final weights)."""
+def run_two_replicas(tmp_path, name, *tries, replicas=2):
+    """Prep, then each try of ``tries`` (training settings) under two replicas (or ``replicas``
+    1: one device), in a fresh interpreter; return its result line (the tries' results and the
+    final weights)."""
     base = tmp_path / name
     os.makedirs(str(base / "data"))
     write_blobs_csv(str(base / "data" / "blobs.csv"))
     here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-c", PROBE, here, str(base), json.dumps(list(tries))],
+    proc = subprocess.run([sys.executable, "-c", PROBE, here, str(base), json.dumps(list(tries)), str(replicas)],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
                           timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -88,3 +92,17 @@ def test_early_stopping_and_a_resume_under_two_replicas(tmp_path):
     assert (second["epochs"], second["best_epoch"], second["stopped_early"]) == (3, 1, True)
     assert second["final_val_loss"] == pytest.approx(alone["final_val_loss"], abs=1e-6)
     same_weights(resumed["weights"], straight["weights"])
+
+
+def test_class_weights_and_the_gradient_clip_see_the_global_batch_under_two_replicas(tmp_path):
+    """Each replica gets half of every batch; the class-weighted loss is still the global batch's
+    mean, and the gradient is clipped after the replicas' gradients are summed: the norm of the
+    global batch's gradient, as on one device. A clip inside each replica's step (of its half)
+    would train other weights. An epoch with the clip at work in every step gives the same final
+    weights on two replicas as on one device (1e-5)."""
+    settings = {"epochs": 1, "class_weight": "balanced", "gradient_clip_norm": 0.01}
+    one = run_two_replicas(tmp_path, "one", settings, replicas=1)
+    two = run_two_replicas(tmp_path, "two", settings)
+    assert (one["replicas"], two["replicas"]) == (1, 2)
+    assert one["results"][0]["steps"] == two["results"][0]["steps"] == 8
+    same_weights(two["weights"], one["weights"])

@@ -1,8 +1,9 @@
-"""Class weights: the balanced weights of the training split, the weighted loss of a step, what
-they do for a rare class, and that a resumed try weights as the killed one did.
+"""What one training step descends: class weights and gradient clipping.
 
-The data: two overlapping gaussian classes, ``common`` and ``rare`` (one row in ten), where an
-unweighted model mostly predicts ``common``.
+Class weights: the balanced weights of the training split, the weighted loss of a step, what they
+do for a rare class, and that a resumed try weights as the killed one did. Gradient clipping: the
+step's global gradient norm. The data: two overlapping gaussian classes, ``common`` and ``rare``
+(one row in ten), where an unweighted model mostly predicts ``common``.
 """
 
 import json
@@ -65,12 +66,13 @@ def test_balanced_weights_follow_the_training_split_s_class_counts(skewed):
         pytest.approx([0.0, 2.0, 2.0 / 3])
 
 
-@pytest.mark.parametrize("setting", ["balanced", "none"])
-def test_one_step_descends_the_class_weighted_mean_loss(skewed, setting):
+@pytest.mark.parametrize("setting, clip", [("balanced", 0), ("none", 0), ("balanced", 0.05), ("none", 0.05)])
+def test_one_step_descends_the_class_weighted_mean_loss_with_its_gradient_clipped(skewed, setting, clip):
     """One SGD step of the loop against the same step by hand: the gradient of
-    ``sum(weight[y] * cross_entropy) / batch`` (weight 1 with ``none``), to 1e-6."""
-    config, schema, stats = prepared(skewed, setting, optimizer="sgd", learning_rate=0.5,
-                                     class_weight=setting)
+    ``sum(weight[y] * cross_entropy) / batch`` (weight 1 with ``none``), scaled down to the global
+    norm ``clip`` when it is longer (0: not clipped), to 1e-6."""
+    config, schema, stats = prepared(skewed, "%s-%s" % (setting, clip), optimizer="sgd", learning_rate=0.5,
+                                     class_weight=setting, gradient_clip_norm=clip)
     dataset_dir, _, _ = common.load_dataset(config)
     loop = train.Loop(config, common.setup_tensorflow(config["training"]), schema, stats, dataset_dir)
     x, y = next(loop.eval_iterator)
@@ -84,11 +86,15 @@ def test_one_step_descends_the_class_weighted_mean_loss(skewed, setting):
                                                                       from_logits=True)
         loss = tf.reduce_sum(per_example * per_class) / tf.cast(tf.size(y), tf.float32)
     grads = tape.gradient(loss, variables)
+    norm = float(tf.linalg.global_norm(grads))
+    scale = min(1.0, clip / norm) if clip else 1.0
+    if clip:
+        assert norm > 4 * clip  # the clip is at work in this step
 
     loop.train_step(x, y)
     for variable, old, grad in zip(variables, before, grads):
-        # SGD's first step with momentum: the weights minus the rate times the gradient
-        np.testing.assert_allclose(variable.numpy(), old - 0.5 * grad.numpy(), rtol=0, atol=1e-6,
+        # SGD's first step with momentum: the weights minus the rate times the (clipped) gradient
+        np.testing.assert_allclose(variable.numpy(), old - 0.5 * scale * grad.numpy(), rtol=0, atol=1e-6,
                                    err_msg=variable.name)
     assert float(loop.train_loss.result()) == pytest.approx(float(loss), abs=1e-6)
     if setting == "balanced":  # the weighted loss is not the plain mean: the check can tell them apart
@@ -138,6 +144,8 @@ def test_a_resumed_try_weights_as_the_killed_one_did(skewed, monkeypatch):
     assert_same_weights(final_weights(skewed, "crashy"), final_weights(skewed, "straight"))
 
 
-def test_an_unknown_class_weight_is_refused_with_the_choices(ws):
+def test_an_unknown_class_weight_and_a_negative_clip_are_refused(ws):
     with pytest.raises(BadInput, match=r"training\.class_weight must be one of none, balanced, got 'inverse'"):
         config_mod.resolve(ws.config("train", training={"class_weight": "inverse"}))
+    with pytest.raises(BadInput, match=r"training\.gradient_clip_norm"):
+        config_mod.resolve(ws.config("train", training={"gradient_clip_norm": -1}))
