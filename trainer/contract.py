@@ -62,8 +62,10 @@ CONTAINER_MODELS = "/models"
 
 #: Built-in model names (``training.model``); anything else is ``package.module:function``.
 BUILTIN_MODELS = ("mlp", "cnn", "resnet50")
-#: Metrics the blessing gate can use; all are "higher is better" and lie in [0, 1].
-METRICS = ("accuracy", "macro_precision", "macro_recall", "macro_f1")
+#: Metrics the blessing gate can use; all are "higher is better" and lie in [0, 1]. ``auc``: the
+#: area under the ROC curve of each class against the rest, averaged over the classes (with two
+#: classes, the usual AUC).
+METRICS = ("accuracy", "macro_precision", "macro_recall", "macro_f1", "auc")
 OPTIMIZERS = ("adam", "sgd", "rmsprop")
 #: ``training.learning_rate_schedule``: ``constant``, or ``cosine``: from ``learning_rate`` down to 0
 #: at the run's last step (Keras' ``CosineDecay`` of the optimizer's step).

@@ -43,11 +43,38 @@ def predict(model, dataset):
     return np.concatenate(logits), np.concatenate(labels)
 
 
+def roc_auc(scores, positives):
+    """Area under the ROC curve: the chance that a random positive scores above a random negative
+    (a tie counts half), from the ranks (Mann-Whitney U). None when either side is empty."""
+    positives = np.asarray(positives, dtype=bool)
+    n_pos = int(positives.sum())
+    n_neg = positives.size - n_pos
+    if not n_pos or not n_neg:
+        return None
+    _, inverse, counts = np.unique(np.asarray(scores, dtype=np.float64), return_inverse=True,
+                                   return_counts=True)
+    ranks = (np.cumsum(counts) - (counts - 1) / 2.0)[inverse]  # tied scores share their mean rank
+    return float((ranks[positives].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def softmax(logits):
+    """Class probabilities of ``logits`` [examples, classes], in float64."""
+    shifted = np.asarray(logits, dtype=np.float64)
+    shifted = np.exp(shifted - shifted.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
 def compute_metrics(logits, labels, class_names):
-    """Loss, accuracy, macro and per-class precision/recall/F1 and the confusion matrix."""
+    """Loss, accuracy, macro and per-class precision/recall/F1/AUC and the confusion matrix.
+
+    ``auc`` is each class's ROC AUC against the rest (its softmax probability as the score),
+    averaged over the classes that have both positives and negatives in the split (scikit-learn's
+    one-vs-rest macro AUC; with two classes both classes' AUC is the usual one).
+    """
     num_classes = len(class_names)
     losses = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
     predicted = np.argmax(logits, axis=1)
+    probabilities = softmax(logits)
     confusion = np.zeros((num_classes, num_classes), dtype=np.int64)
     np.add.at(confusion, (labels, predicted), 1)
     per_class, present = [], []
@@ -58,16 +85,20 @@ def compute_metrics(logits, labels, class_names):
         recall = tp / support if support else 0.0
         f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
         per_class.append({"class_id": c, "class_name": name, "precision": precision,
-                          "recall": recall, "f1": f1, "support": support})
+                          "recall": recall, "f1": f1, "support": support,
+                          "auc": roc_auc(probabilities[:, c], labels == c)})
         if support:
             present.append(per_class[-1])
 
     def macro(key):
         return float(np.mean([p[key] for p in present])) if present else 0.0
+    aucs = [p["auc"] for p in per_class if p["auc"] is not None]
     metrics = {"loss": float(np.mean(losses.numpy())),
                "accuracy": float(np.mean(predicted == labels)),
                "macro_precision": macro("precision"), "macro_recall": macro("recall"),
-               "macro_f1": macro("f1")}
+               "macro_f1": macro("f1"),
+               # no class with both positives and negatives (one class in the split): 0, as macro()
+               "auc": float(np.mean(aucs)) if aucs else 0.0}
     return {"metrics": metrics, "per_class": per_class, "confusion_matrix": confusion.tolist(),
             "examples": int(labels.size)}
 

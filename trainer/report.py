@@ -312,7 +312,7 @@ def _decision_section(blessing, evaluation):
         _pairs(rows)])
 
 
-_METRIC_ORDER = ("accuracy", "loss", "macro_precision", "macro_recall", "macro_f1")
+_METRIC_ORDER = ("accuracy", "loss", "macro_precision", "macro_recall", "macro_f1", "auc")
 
 
 def _metrics_section(evaluation):
@@ -322,10 +322,10 @@ def _metrics_section(evaluation):
     rows = [(m, _num(metrics[m])) for m in names]
     rows.append(("eval examples", _num(evaluation.get("examples"))))
     out = [_pairs(rows), "<h3>Per class</h3>"]
-    out.append(_table(["class", "precision", "recall", "F1", "support"], [
+    out.append(_table(["class", "precision", "recall", "F1", "AUC", "support"], [
         [_e(c.get("class_name")), _num(c.get("precision")), _num(c.get("recall")),
-         _num(c.get("f1")), _num(c.get("support"))] for c in evaluation.get("per_class") or []],
-        numeric=(1, 2, 3, 4)))
+         _num(c.get("f1")), _num(c.get("auc")), _num(c.get("support"))]
+        for c in evaluation.get("per_class") or []], numeric=(1, 2, 3, 4, 5)))
     return "\n".join(out)
 
 

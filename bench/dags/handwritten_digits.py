@@ -54,7 +54,7 @@ Trigger parameters (the run's `conf` overrides them; empty keeps the configured 
 | `seed` | `42` | Random seed: weight initialisation, and the data order (epoch e is shuffled with seed + e). |
 | `mixed_precision` | `False` | Train with the mixed_float16 policy (float16 compute, float32 weights). |
 | `warm_start` | `False` | Initialise from the newest blessed model instead of from scratch. |
-| `metric` | `accuracy` | Metric of the blessing gate (higher is better). One of: `accuracy`, `macro_precision`, `macro_recall`, `macro_f1`. |
+| `metric` | `accuracy` | Metric of the blessing gate (higher is better). One of: `accuracy`, `macro_precision`, `macro_recall`, `macro_f1`, `auc`. |
 | `threshold` | `0.95` | Absolute minimum of the metric for a blessing. |
 | `gpus` | (as configured) | Empty = as configured; 'none' = CPU; 'all'; a count such as '2'; or ids '0,1'. |
 
@@ -105,7 +105,7 @@ params = {
                              description="Train with the mixed_float16 policy (float16 compute, float32 weights)."),
     "warm_start": Param(False, type="boolean", title="Warm start",
                         description="Initialise from the newest blessed model instead of from scratch."),
-    "metric": Param("accuracy", type="string", enum=["accuracy", "macro_precision", "macro_recall", "macro_f1"],
+    "metric": Param("accuracy", type="string", enum=["accuracy", "macro_precision", "macro_recall", "macro_f1", "auc"],
                     title="Blessing metric", description="Metric of the blessing gate (higher is better)."),
     "threshold": Param(0.95, type="number", minimum=0, maximum=1, title="Blessing threshold",
                        description="Absolute minimum of the metric for a blessing."),

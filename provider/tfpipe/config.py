@@ -651,7 +651,8 @@ class EvaluationConfig(_Section):
 
     Defaults, bounds and choices: :data:`tfpipe.contract.SECTIONS` ``["evaluation"]``.
 
-    :param metric: metric compared: ``accuracy``, ``macro_precision``, ``macro_recall`` or ``macro_f1``.
+    :param metric: metric compared: ``accuracy``, ``macro_precision``, ``macro_recall``, ``macro_f1`` or
+        ``auc`` (ROC AUC of each class against the rest, averaged; with two classes, the usual AUC).
     :param threshold: absolute minimum of the metric.
     :param tolerance: how much worse than the current production model a candidate may be.
     """

@@ -67,6 +67,72 @@ def test_a_candidate_worse_than_the_baseline_is_not_blessed(trained):
     assert again["baseline"] is None
 
 
+def test_a_version_exported_before_auc_existed_is_no_baseline_for_an_auc_gate(trained, capsys):
+    """Version 1 (this run's) has auc; version 2, from another run, is as exported before auc
+    existed. An auc gate skips version 2, saying why, and compares with version 1."""
+    evaluate.run(trained.config("evaluate"))
+    export.run(trained.config("export"))
+    prep.run(trained.config("prep", run_id="old"))
+    train.run(trained.config("train", run_id="old"))
+    evaluate.run(trained.config("evaluate", run_id="old"))
+    export.run(trained.config("export", run_id="old"))
+    path = os.path.join(trained.models, "blobs", "2", "metadata.json")
+    metadata = json.load(open(path))
+    del metadata["evaluation"]["metrics"]["auc"]
+    with open(path, "w") as handle:
+        json.dump(metadata, handle)
+    prep.run(trained.config("prep", run_id="new"))
+    train.run(trained.config("train", run_id="new"))
+    capsys.readouterr()
+    result = evaluate.run(trained.config("evaluate", run_id="new", evaluation={"metric": "auc", "threshold": 0.5}))
+    assert "version 2 of %s has no auc in metadata.json; not a baseline" % os.path.join(trained.models, "blobs") \
+        in capsys.readouterr().out
+    version_1 = json.load(open(os.path.join(trained.models, "blobs", "1", "metadata.json")))
+    assert result["baseline"]["version"] == 1
+    assert result["baseline"]["value"] == version_1["evaluation"]["metrics"]["auc"] > 0.9
+
+
+def pairwise_auc(scores, positives):
+    """The definition, pair by pair: P(positive scores above negative), a tie counting half."""
+    pos, neg = scores[positives], scores[~positives]
+    return float(((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])).mean())
+
+
+def test_roc_auc_is_the_chance_a_positive_outscores_a_negative():
+    assert evaluate.roc_auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == pytest.approx(0.75)
+    assert evaluate.roc_auc([0.5, 0.5, 0.2, 0.9], [1, 0, 0, 1]) == pytest.approx(0.875)  # a tie: half
+    assert evaluate.roc_auc([1, 2, 3, 4], [0, 0, 1, 1]) == 1.0
+    assert evaluate.roc_auc([1, 2, 3, 4], [1, 1, 0, 0]) == 0.0
+    assert evaluate.roc_auc([7, 7, 7], [1, 0, 1]) == 0.5
+    assert evaluate.roc_auc([1, 2], [1, 1]) is None and evaluate.roc_auc([1, 2], [0, 0]) is None
+    rng = np.random.RandomState(0)
+    for size in (2, 9, 500):
+        scores = np.round(rng.uniform(size=size), 2)  # rounded: many ties
+        positives = rng.uniform(size=size) < 0.3
+        positives[:2] = [True, False]
+        assert evaluate.roc_auc(scores, positives) == pytest.approx(pairwise_auc(scores, positives), abs=1e-12)
+
+
+def test_auc_is_one_class_against_the_rest_averaged_over_the_classes_it_is_defined_for():
+    rng = np.random.RandomState(1)
+    logits = rng.normal(size=(60, 2))
+    labels = (rng.uniform(size=60) < 0.5 + 0.2 * np.tanh(logits[:, 1] - logits[:, 0])).astype(int)
+    binary = evaluate.compute_metrics(logits, labels, ["no", "yes"])
+    probability = np.exp(logits[:, 1]) / np.exp(logits).sum(axis=1)
+    # two classes: the usual AUC of the positive class's probability, and both classes' AUC is it
+    assert binary["metrics"]["auc"] == pytest.approx(pairwise_auc(probability, labels == 1), abs=1e-12)
+    assert [c["auc"] for c in binary["per_class"]] == pytest.approx([binary["metrics"]["auc"]] * 2)
+    # three classes, the third absent from the split: its AUC is undefined, the mean is the others'
+    logits = rng.normal(size=(40, 3))
+    labels = rng.randint(0, 2, size=40)
+    three = evaluate.compute_metrics(logits, labels, ["a", "b", "c"])
+    probabilities = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    expected = [pairwise_auc(probabilities[:, c], labels == c) for c in (0, 1)]
+    assert [c["auc"] for c in three["per_class"]] == pytest.approx(expected + [None], abs=1e-12)
+    assert three["metrics"]["auc"] == pytest.approx(np.mean(expected), abs=1e-12)
+    assert evaluate.compute_metrics(logits, np.zeros(40, int), ["a", "b", "c"])["metrics"]["auc"] == 0.0
+
+
 def test_decide_boundaries():
     baseline = {"version": 3, "value": 0.9}
     assert evaluate.decide(0.9, "accuracy", 0.9, 0.0, None)[0] is True
@@ -74,7 +140,7 @@ def test_decide_boundaries():
     assert evaluate.decide(0.88, "accuracy", 0.5, 0.01, baseline)[0] is False
 
 
-@pytest.mark.parametrize("metric", ["macro_f1", "macro_precision", "macro_recall"])
+@pytest.mark.parametrize("metric", ["macro_f1", "macro_precision", "macro_recall", "auc"])
 def test_every_contract_metric_gates_the_blessing(trained, metric):
     """Each metric a DAG can choose (contract.METRICS) is what the gate compares."""
     from trainer import contract

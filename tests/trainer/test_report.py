@@ -105,10 +105,11 @@ def test_report_of_a_resumed_run_is_written_and_exported(ws):
     assert [base64.b64decode(s.split(",", 1)[1]) for s in page.images] == [
         pngs[2], pngs[0], pngs[1]]  # confusion matrix, loss, accuracy: the files' bytes
     evaluation, blessing = ws.read("evaluation.json"), ws.read("blessing.json")
-    for name in ("accuracy", "loss", "macro_precision", "macro_recall", "macro_f1"):
+    for name in ("accuracy", "loss", "macro_precision", "macro_recall", "macro_f1", "auc"):
         assert "%.4f" % evaluation["metrics"][name] in page.text, name
     for row in evaluation["per_class"]:
-        assert "%s %.4f %.4f" % (row["class_name"], row["precision"], row["recall"]) in page.text
+        assert "%s %.4f %.4f %.4f %.4f %d" % (row["class_name"], row["precision"], row["recall"], row["f1"],
+                                               row["auc"], row["support"]) in page.text
     assert "BLESSED" in page.text and "NOT BLESSED" not in page.text
     assert blessing["reason"] in page.text and "threshold 0.8000" in page.text
     assert "none (no earlier exported version)" in page.text
