@@ -24,17 +24,46 @@ import tensorflow as tf  # noqa: E402
 CHECKPOINT_NAME = "ckpt"
 
 
+class WarmUp(tf.keras.optimizers.schedules.LearningRateSchedule):
+    """A linear warm-up: step ``k`` of the first ``warmup_steps`` trains at ``(k + 1) / warmup_steps``
+    of ``rate``; from then on ``after`` (a number, or a schedule of the steps since the warm-up)."""
+
+    def __init__(self, rate, warmup_steps, after):
+        super(WarmUp, self).__init__()
+        self.rate, self.warmup_steps, self.after = rate, warmup_steps, after
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        warm = self.rate * (step + 1.0) / float(self.warmup_steps)
+        if callable(self.after):
+            later = self.after(tf.maximum(step - self.warmup_steps, 0.0))
+        else:
+            later = tf.constant(self.after, tf.float32)
+        return tf.where(step < self.warmup_steps, warm, tf.cast(later, tf.float32))
+
+    def get_config(self):
+        after = self.after.get_config() if callable(self.after) else self.after
+        return {"rate": self.rate, "warmup_steps": self.warmup_steps, "after": after}
+
+
 def learning_rate(training, total_steps=None):
     """``training.learning_rate``, or with ``learning_rate_schedule`` cosine a schedule of the
-    optimizer's step that reaches 0 at ``total_steps``. The step is the optimizer's iteration count,
-    which the checkpoint keeps: a resumed try continues the curve where the killed one left it."""
-    rate = training["learning_rate"]
-    if training["learning_rate_schedule"] == "constant":
+    optimizer's step that reaches 0 at ``total_steps``; with ``learning_rate_warmup_epochs`` that
+    many epochs' steps ramp up to it first (:class:`WarmUp`; the cosine then spans the steps after
+    them). The step is the optimizer's iteration count, which the checkpoint keeps: a resumed try
+    continues the curve where the killed one left it."""
+    rate, schedule = training["learning_rate"], training["learning_rate_schedule"]
+    warmup_epochs = training["learning_rate_warmup_epochs"]
+    if schedule == "constant" and not warmup_epochs:
         return rate
     if not total_steps:
-        raise ValueError("a %s learning rate schedule needs the run's total steps"
-                         % training["learning_rate_schedule"])
-    return tf.keras.optimizers.schedules.CosineDecay(rate, decay_steps=total_steps)
+        raise ValueError("a %s learning rate schedule%s needs the run's total steps"
+                         % (schedule, " with a warm-up" if warmup_epochs else ""))
+    warmup_steps = warmup_epochs * total_steps // training["epochs"]
+    after = rate
+    if schedule == "cosine":
+        after = tf.keras.optimizers.schedules.CosineDecay(rate, decay_steps=total_steps - warmup_steps)
+    return WarmUp(rate, warmup_steps, after) if warmup_steps else after
 
 
 def current_learning_rate(optimizer):

@@ -131,6 +131,10 @@ def _check_data(data):
 
 def _check_training(training):
     _require(training["model"] != "", "training.model", "a model name", training["model"])
+    # a run's conf may lower epochs below the DAG file's warm-up: the stage must say so too
+    warmup, epochs = training["learning_rate_warmup_epochs"], training["epochs"]
+    _require(warmup < epochs or not warmup, "training.learning_rate_warmup_epochs",
+             "fewer than training.epochs (%d): lower the warm-up or train more epochs" % epochs, warmup)
 
 
 def resolve(config):

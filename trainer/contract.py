@@ -125,6 +125,9 @@ SECTIONS = {
         "learning_rate_schedule": {"kind": "str", "default": "constant", "choices": LEARNING_RATE_SCHEDULES,
                                    "doc": "constant, or cosine: decays from learning_rate to 0 over the "
                                           "run's epochs x steps per epoch"},
+        "learning_rate_warmup_epochs": {"kind": "int", "default": 0, "minimum": 0,  # and < epochs: readers check
+                                        "doc": "epochs whose steps ramp the rate linearly up to learning_rate "
+                                               "before the schedule (0: none); fewer than epochs"},
         "seed": {"kind": "int", "default": 42, "minimum": 0, "override": "param",
                  "doc": "random seed: weight initialisation, and the data order (epoch e is shuffled with seed + e)"},
         "checkpoint_every_steps": {"kind": "int", "default": 100, "minimum": 0, "override": "conf",

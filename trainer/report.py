@@ -330,8 +330,9 @@ def _metrics_section(evaluation):
 
 
 _HYPERPARAMETERS = ("model", "epochs", "batch_size", "learning_rate", "optimizer",
-                    "learning_rate_schedule", "mixed_precision", "warm_start", "seed",
-                    "early_stopping_patience", "gradient_clip_norm", "class_weight")
+                    "learning_rate_schedule", "learning_rate_warmup_epochs", "mixed_precision",
+                    "warm_start", "seed", "early_stopping_patience", "gradient_clip_norm",
+                    "class_weight")
 
 
 def _training_section(history, attempts, evaluation, pngs, training):

@@ -571,6 +571,9 @@ class TrainingConfig(_Section):
     :param optimizer: ``adam``, ``sgd`` or ``rmsprop``.
     :param learning_rate_schedule: ``constant``, or ``cosine``: from ``learning_rate`` down to 0 at
         the run's last step (``epochs`` x steps per epoch; a resumed try continues the same curve).
+    :param learning_rate_warmup_epochs: the first this many epochs ramp the rate linearly up to
+        ``learning_rate`` (step ``k`` of ``W`` at ``(k + 1) / W`` of it), then the schedule follows
+        (a cosine spans the steps after the warm-up); 0: none. Fewer than ``epochs``.
     :param seed: seed of initialisation and shuffling.
     :param checkpoint_every_steps: also checkpoint every N steps (epoch ends always checkpoint;
         0 = epoch ends only).
@@ -605,6 +608,7 @@ class TrainingConfig(_Section):
     learning_rate: float = schema_default("training", "learning_rate")
     optimizer: str = schema_default("training", "optimizer")
     learning_rate_schedule: str = schema_default("training", "learning_rate_schedule")
+    learning_rate_warmup_epochs: int = schema_default("training", "learning_rate_warmup_epochs")
     seed: int = schema_default("training", "seed")
     checkpoint_every_steps: int = schema_default("training", "checkpoint_every_steps")
     keep_checkpoints: int = schema_default("training", "keep_checkpoints")
@@ -639,6 +643,11 @@ class TrainingConfig(_Section):
         if not isinstance(self.model_kwargs, Mapping):
             raise config_error("training.model_kwargs", "must be a mapping", "e.g. {'hidden_units': [128, 64]}")
         check_schema_section("training", self)
+        if self.learning_rate_warmup_epochs and self.learning_rate_warmup_epochs >= self.epochs:
+            raise config_error("training.learning_rate_warmup_epochs",
+                               f"{self.learning_rate_warmup_epochs} warm-up epoch(s) leave none of the "
+                               f"{self.epochs} epoch(s) to train at the learning rate",
+                               "make it fewer than training.epochs")
 
     #: Fields a run may override (``dag_run.conf``; the trigger form's Params for most of them).
     TUNABLE: ClassVar[tuple[str, ...]] = tuple(

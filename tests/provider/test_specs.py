@@ -224,6 +224,18 @@ def test_a_run_s_conf_may_clip_the_gradients_of_a_dag_that_does_not(cfg):
                              image=config.image.ref, overrides={"gradient_clip_norm": -1})
 
 
+def test_a_run_s_epochs_below_the_dag_s_warm_up_fail_the_try_naming_the_fix(cfg):
+    config = PipelineConfig.from_dict({**GOOD, "training": {"epochs": 10, "learning_rate_warmup_epochs": 2}})
+    spec = plan_pipeline(config)[1]
+    resolved = resolve_stage_config(spec.config, dag_id="d", run_id="r", task_id="train", try_number=1,
+                                    image=config.image.ref, overrides={"epochs": 3})
+    assert (resolved["training"]["epochs"], resolved["training"]["learning_rate_warmup_epochs"]) == (3, 2)
+    with pytest.raises(TfpipeConfigError, match=r"training.learning_rate_warmup_epochs: 2 warm-up epoch\(s\) "
+                                                r"leave none of the 2 epoch\(s\).*Fix: make it fewer than training.epochs"):
+        resolve_stage_config(spec.config, dag_id="d", run_id="r", task_id="train", try_number=1,
+                             image=config.image.ref, overrides={"epochs": 2})
+
+
 @pytest.mark.parametrize("training, named", [
     ({"learning_rate_schedule": "linear"}, "training.learning_rate_schedule"),
     ({"early_stopping_patience": -1}, "training.early_stopping_patience"),
@@ -233,6 +245,8 @@ def test_a_run_s_conf_may_clip_the_gradients_of_a_dag_that_does_not(cfg):
     ({"early_stopping_min_delta": 5000}, "training.early_stopping_min_delta"),
     ({"class_weight": "inverse"}, "training.class_weight"),
     ({"class_weight": None}, "training.class_weight"),
+    ({"learning_rate_warmup_epochs": -1}, "training.learning_rate_warmup_epochs"),
+    ({"learning_rate_warmup_epochs": 10, "epochs": 10}, "training.learning_rate_warmup_epochs"),
     ({"gradient_clip_norm": -0.5}, "training.gradient_clip_norm"),
     ({"gradient_clip_norm": "1"}, "training.gradient_clip_norm"),
     ({"gradient_clip_norm": 1e9}, "training.gradient_clip_norm"),
