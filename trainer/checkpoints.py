@@ -271,7 +271,8 @@ class TrainState(object):
                 raise BadInput(
                     "checkpoint %s does not fit the model and optimizer this try built (%s: %s): "
                     "the run's training settings (model, model_kwargs, optimizer, "
-                    "learning_rate_schedule, mixed_precision) changed since it was saved. Fix: put "
+                    "learning_rate_schedule, learning_rate_warmup_epochs, mixed_precision) changed "
+                    "since it was saved. Fix: put "
                     "back the settings this run started with, or start a new DAG run; the run's "
                     "checkpoints are left as they are" % (path, type(error).__name__,
                                                           _first_line(error)))
