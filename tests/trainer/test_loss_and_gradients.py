@@ -149,3 +149,17 @@ def test_an_unknown_class_weight_and_a_negative_clip_are_refused(ws):
         config_mod.resolve(ws.config("train", training={"class_weight": "inverse"}))
     with pytest.raises(BadInput, match=r"training\.gradient_clip_norm"):
         config_mod.resolve(ws.config("train", training={"gradient_clip_norm": -1}))
+
+
+def test_mixed_precision_trains_with_class_weights_a_clip_and_a_warm_up(skewed):
+    """Under mixed_float16 the loss scale wraps the optimizer that clips, and the per-example loss
+    the weights multiply may be float16: a run with all three finishes with finite weights."""
+    config, _, _ = prepared(skewed, "mixed", epochs=2, mixed_precision=True, gradient_clip_norm=1.0,
+                            learning_rate_warmup_epochs=1, **BALANCED)
+    try:
+        result = train.run(config)
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    assert result["steps"] == 2 * result["steps_per_epoch"] and result["class_weights"]["rare"] > 4
+    for name, value in final_weights(skewed, "mixed").items():
+        assert np.isfinite(value).all(), name
