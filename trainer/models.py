@@ -2,11 +2,14 @@
 
 Built-ins (``training.model``), with their ``training.model_kwargs``:
 
-- ``mlp`` (CSV data): ``hidden_units=[64, 32]``, ``dropout=0.0``. A ``Normalization`` layer
+- ``mlp`` (CSV data): ``hidden_units=[64, 32]``, ``dropout=0.0``, ``l2=0.0``. A ``Normalization`` layer
   initialised from the train split's mean/variance in ``stats.json`` sits inside the model, so the
   model takes raw feature values.
-- ``cnn`` (images): ``filters=[16, 32]``, ``dense_units=64``, ``dropout=0.0``; ``Rescaling(1/255)``
-  inside the model.
+- ``cnn`` (images): ``filters=[16, 32]``, ``dense_units=64``, ``dropout=0.0``, ``l2=0.0``;
+  ``Rescaling(1/255)`` inside the model.
+
+``l2`` adds ``l2 * sum(kernel ** 2)`` of every kernel to the training loss (weight decay; the
+train loop adds the model's losses to the global batch's mean).
 - ``resnet50`` (images at least 32x32): ``tf.keras.applications.ResNet50(weights=None)`` behind a
   ``Rescaling`` to [-1, 1].
 
@@ -38,8 +41,13 @@ import tensorflow as tf  # noqa: E402
 layers = tf.keras.layers
 
 
-def mlp(input_spec, num_classes, stats, hidden_units=(64, 32), dropout=0.0):
-    """A multi-layer perceptron over normalised tabular features."""
+def _l2(l2):
+    """An L2 penalty ``l2 * sum(w ** 2)`` of a layer's kernel (weight decay), or None for 0."""
+    return tf.keras.regularizers.l2(float(l2)) if l2 else None
+
+
+def mlp(input_spec, num_classes, stats, hidden_units=(64, 32), dropout=0.0, l2=0.0):
+    """A multi-layer perceptron over normalised tabular features (``l2``: the kernels' penalty)."""
     if input_spec["kind"] != "tabular":
         raise BadInput("training.model mlp needs CSV data (data.format csv); use cnn or resnet50 "
                        "for images")
@@ -49,10 +57,11 @@ def mlp(input_spec, num_classes, stats, hidden_units=(64, 32), dropout=0.0):
     inputs = tf.keras.Input(shape=input_spec["shape"], dtype="float32", name="features")
     x = layers.Normalization(axis=-1, mean=mean, variance=variance, name="normalize")(inputs)
     for i, units in enumerate(hidden_units):
-        x = layers.Dense(int(units), activation="relu", name="dense_%d" % i)(x)
+        x = layers.Dense(int(units), activation="relu", name="dense_%d" % i,
+                         kernel_regularizer=_l2(l2))(x)
         if dropout:
             x = layers.Dropout(float(dropout), name="dropout_%d" % i)(x)
-    logits = layers.Dense(num_classes, name="logits", dtype="float32")(x)
+    logits = layers.Dense(num_classes, name="logits", dtype="float32", kernel_regularizer=_l2(l2))(x)
     return tf.keras.Model(inputs, logits, name="mlp")
 
 
@@ -63,19 +72,20 @@ def _image_input(input_spec, model):
     return tf.keras.Input(shape=input_spec["shape"], dtype="uint8", name="image")
 
 
-def cnn(input_spec, num_classes, stats, filters=(16, 32), dense_units=64, dropout=0.0):
-    """A small convolutional network for images."""
+def cnn(input_spec, num_classes, stats, filters=(16, 32), dense_units=64, dropout=0.0, l2=0.0):
+    """A small convolutional network for images (``l2``: the kernels' penalty)."""
     inputs = _image_input(input_spec, "cnn")
     x = layers.Rescaling(1.0 / 255, name="rescale")(inputs)
     for i, count in enumerate(filters):
-        x = layers.Conv2D(int(count), 3, padding="same", activation="relu", name="conv_%d" % i)(x)
+        x = layers.Conv2D(int(count), 3, padding="same", activation="relu", name="conv_%d" % i,
+                          kernel_regularizer=_l2(l2))(x)
         if x.shape[1] >= 2 and x.shape[2] >= 2:
             x = layers.MaxPooling2D(name="pool_%d" % i)(x)
     x = layers.Flatten(name="flatten")(x)
-    x = layers.Dense(int(dense_units), activation="relu", name="dense")(x)
+    x = layers.Dense(int(dense_units), activation="relu", name="dense", kernel_regularizer=_l2(l2))(x)
     if dropout:
         x = layers.Dropout(float(dropout), name="dropout")(x)
-    logits = layers.Dense(num_classes, name="logits", dtype="float32")(x)
+    logits = layers.Dense(num_classes, name="logits", dtype="float32", kernel_regularizer=_l2(l2))(x)
     return tf.keras.Model(inputs, logits, name="cnn")
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import common, evaluate, export, prep, train
+from trainer import common, evaluate, export, models, prep, train
 from trainer import config as config_mod
 from trainer.errors import BadInput
 
@@ -66,13 +66,15 @@ def test_balanced_weights_follow_the_training_split_s_class_counts(skewed):
         pytest.approx([0.0, 2.0, 2.0 / 3])
 
 
-@pytest.mark.parametrize("setting, clip", [("balanced", 0), ("none", 0), ("balanced", 0.05), ("none", 0.05)])
-def test_one_step_descends_the_class_weighted_mean_loss_with_its_gradient_clipped(skewed, setting, clip):
+@pytest.mark.parametrize("setting, clip, l2", [("balanced", 0, 0), ("none", 0, 0), ("balanced", 0.05, 0),
+                                               ("none", 0.05, 0), ("none", 0, 0.01)])
+def test_one_step_descends_the_class_weighted_mean_loss_with_its_gradient_clipped(skewed, setting, clip, l2):
     """One SGD step of the loop against the same step by hand: the gradient of
-    ``sum(weight[y] * cross_entropy) / batch`` (weight 1 with ``none``), scaled down to the global
-    norm ``clip`` when it is longer (0: not clipped), to 1e-6."""
-    config, schema, stats = prepared(skewed, "%s-%s" % (setting, clip), optimizer="sgd", learning_rate=0.5,
-                                     class_weight=setting, gradient_clip_norm=clip)
+    ``sum(weight[y] * cross_entropy) / batch`` (weight 1 with ``none``) plus the mlp's ``l2``
+    penalty of its kernels, scaled down to the global norm ``clip`` when it is longer (0: not
+    clipped), to 1e-6."""
+    config, schema, stats = prepared(skewed, "%s-%s-%s" % (setting, clip, l2), optimizer="sgd", learning_rate=0.5,
+                                     class_weight=setting, gradient_clip_norm=clip, model_kwargs={"l2": l2})
     dataset_dir, _, _ = common.load_dataset(config)
     loop = train.Loop(config, common.setup_tensorflow(config["training"]), schema, stats, dataset_dir)
     x, y = next(loop.eval_iterator)
@@ -85,7 +87,11 @@ def test_one_step_descends_the_class_weighted_mean_loss_with_its_gradient_clippe
         per_example = tf.keras.losses.sparse_categorical_crossentropy(y, loop.model(x, training=True),
                                                                       from_logits=True)
         loss = tf.reduce_sum(per_example * per_class) / tf.cast(tf.size(y), tf.float32)
-    grads = tape.gradient(loss, variables)
+        kernels = [v for v in variables if "kernel" in v.name]
+        assert len(kernels) == 3  # dense_0, dense_1, logits
+        penalty = l2 * tf.add_n([tf.reduce_sum(tf.square(k)) for k in kernels])
+        total = loss + penalty
+    grads = tape.gradient(total, variables)
     norm = float(tf.linalg.global_norm(grads))
     scale = min(1.0, clip / norm) if clip else 1.0
     if clip:
@@ -96,7 +102,9 @@ def test_one_step_descends_the_class_weighted_mean_loss_with_its_gradient_clippe
         # SGD's first step with momentum: the weights minus the rate times the (clipped) gradient
         np.testing.assert_allclose(variable.numpy(), old - 0.5 * scale * grad.numpy(), rtol=0, atol=1e-6,
                                    err_msg=variable.name)
-    assert float(loop.train_loss.result()) == pytest.approx(float(loss), abs=1e-6)
+    assert float(loop.train_loss.result()) == pytest.approx(float(loss), abs=1e-6)  # the penalty is not in it
+    if l2:  # the penalty moves the weights: the check can tell it from no penalty
+        assert float(penalty) > 1e-3
     if setting == "balanced":  # the weighted loss is not the plain mean: the check can tell them apart
         assert abs(float(tf.reduce_mean(per_example)) - float(loss)) > 1e-3
 
@@ -163,3 +171,19 @@ def test_mixed_precision_trains_with_class_weights_a_clip_and_a_warm_up(skewed):
     assert result["steps"] == 2 * result["steps_per_epoch"] and result["class_weights"]["rare"] > 4
     for name, value in final_weights(skewed, "mixed").items():
         assert np.isfinite(value).all(), name
+
+
+def test_the_cnn_s_l2_penalises_every_kernel():
+    spec = {"kind": "image", "shape": [8, 8, 1], "dtype": "uint8", "feature_names": [], "class_names": ["a", "b"]}
+    model = models.cnn(spec, 2, {}, filters=(4, 4), dense_units=8, l2=0.01)
+    kernels = [v for v in model.trainable_variables if "kernel" in v.name]
+    assert len(kernels) == 4 and len(model.losses) == 4  # conv_0, conv_1, dense, logits
+    expected = 0.01 * sum(float(tf.reduce_sum(tf.square(k))) for k in kernels)
+    assert float(tf.add_n(model.losses)) == pytest.approx(expected, rel=1e-5)
+    assert not models.cnn(spec, 2, {}, filters=(4,), dense_units=8).losses  # 0: no penalty
+
+
+def test_a_keyword_the_built_in_model_does_not_take_is_refused_naming_it(skewed):
+    config, schema, stats = prepared(skewed, "kwargs", model_kwargs={"l3": 0.1})
+    with pytest.raises(BadInput, match=r"training.model_kwargs \['l3'\] do not fit model 'mlp'.*'l3'"):
+        models.build_model(config, schema, stats)
