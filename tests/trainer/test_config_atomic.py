@@ -30,7 +30,7 @@ def test_resolve_fills_defaults_for_missing_sections(ws):
     ("data", {"format": "parquet"}, ["data.format", "csv"]),
     ("data", {"image_size": [32]}, ["data.image_size"]),
     ("data", {"features": [{"name": "f0", "type": "complex"}]}, ["data.features[0].type"]),
-    ("evaluation", {"metric": "auc"}, ["evaluation.metric", "accuracy"]),
+    ("evaluation", {"metric": "roc"}, ["evaluation.metric", "accuracy"]),
     ("export", {"model_name": "../evil"}, ["export.model_name"]),
 ])
 def test_resolve_rejects_bad_fields_naming_them(ws, section, patch, words):
