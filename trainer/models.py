@@ -7,11 +7,11 @@ Built-ins (``training.model``), with their ``training.model_kwargs``:
   model takes raw feature values.
 - ``cnn`` (images): ``filters=[16, 32]``, ``dense_units=64``, ``dropout=0.0``, ``l2=0.0``;
   ``Rescaling(1/255)`` inside the model.
+- ``resnet50`` (images at least 32x32): ``tf.keras.applications.ResNet50(weights=None)`` behind a
+  ``Rescaling`` to [-1, 1].
 
 ``l2`` adds ``l2 * sum(kernel ** 2)`` of every kernel to the training loss (weight decay; the
 train loop adds the model's losses to the global batch's mean).
-- ``resnet50`` (images at least 32x32): ``tf.keras.applications.ResNet50(weights=None)`` behind a
-  ``Rescaling`` to [-1, 1].
 
 A user's model: ``training.model = "package.module:function"``, importable from
 ``training.code_path`` (a directory added to ``sys.path``; a relative path is taken relative to
