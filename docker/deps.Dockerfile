@@ -17,8 +17,23 @@ RUN python3 -m pip install --no-cache-dir --no-index --find-links /tmp/wheels \
         --target /opt/tfpipe/deps -r /tmp/requirements.lock \
     && (python3 -m compileall -q /opt/tfpipe/deps >/dev/null || true) \
     && sh /tmp/finish-deps.sh
+# The installed tree (4.3 GB with CUDA) as five image layers of at most about 1.3 GB, not one:
+# `docker push` gzips each layer on one core and sends up to five at once, and a GPU host's pull
+# downloads three at once, so one big layer made the registry round trip of the deployment a
+# single-core job. Each group moves out of the tree to a root of its own (empty in the CPU
+# variant, where there is no nvidia/), and the final stage copies the roots back in order.
+RUN set -eu; cd /opt/tfpipe; \
+    for group in cudnn:nvidia/cudnn cublas:nvidia/cublas cuda:nvidia tensorflow:tensorflow; do \
+      root="layers/${group%%:*}/opt/tfpipe/deps"; path="${group#*:}"; \
+      mkdir -p "$root"; \
+      if [ -e "deps/$path" ]; then mkdir -p "$root/$(dirname "$path")" && mv "deps/$path" "$root/$path"; fi; \
+    done
 
 FROM ${ROOT_IMAGE}
+COPY --from=install /opt/tfpipe/layers/cudnn/ /
+COPY --from=install /opt/tfpipe/layers/cublas/ /
+COPY --from=install /opt/tfpipe/layers/cuda/ /
+COPY --from=install /opt/tfpipe/layers/tensorflow/ /
 COPY --from=install /opt/tfpipe/deps /opt/tfpipe/deps
 COPY --from=install /opt/tfpipe/overlay/ /
 # PYTHONPATH puts the locked packages ahead of anything the root image ships (the official image

@@ -48,12 +48,12 @@ def test_not_root_names_what_is_missing_and_the_command_that_installs_it(tmp_pat
     _bin(tmp_path, monkeypatch, "postgres")
     with pytest.raises(StackError) as err:
         _check_tools(root=False)
-    assert str(err.value) == _install_hint(["redis-server", "docker-registry"])
-    assert f"{INSTALL} redis-server docker-registry " in str(err.value)
+    assert str(err.value) == _install_hint(["redis-server", "docker-registry", "pigz"])
+    assert f"{INSTALL} redis-server docker-registry pigz " in str(err.value)
 
 def test_nothing_missing_means_nothing_to_install(tmp_path, monkeypatch):
     record = tmp_path / "apt-get.calls"
-    _bin(tmp_path, monkeypatch, "postgres", "redis-server", "docker-registry", "apt-get",
+    _bin(tmp_path, monkeypatch, "postgres", "redis-server", "docker-registry", "unpigz", "apt-get",
          script=f'echo "$*" >> {shlex.quote(str(record))}')
     assert _check_tools(root=True) is None
     assert not record.exists()
@@ -69,7 +69,7 @@ def test_root_on_debian_installs_exactly_what_is_missing_with_apt_get(tmp_path, 
     _check_tools(root=True)
     assert record.read_text().splitlines() == [
         " update -qq",
-        "noninteractive install -y -qq --no-install-recommends redis-server docker-registry",
+        "noninteractive install -y -qq --no-install-recommends redis-server docker-registry pigz",
     ]
 
 
@@ -78,7 +78,7 @@ def test_root_without_apt_get_says_what_to_install(tmp_path, monkeypatch):
     _bin(tmp_path, monkeypatch, "postgres")
     with pytest.raises(StackError) as err:
         _check_tools(root=True)
-    assert str(err.value) == _install_hint(["redis-server", "docker-registry"])
+    assert str(err.value) == _install_hint(["redis-server", "docker-registry", "pigz"])
 
 
 def test_make_up_as_a_user_with_tools_missing_says_what_to_install_without_a_traceback():
