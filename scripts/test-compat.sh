@@ -2,6 +2,7 @@
 # The provider's tests on one Airflow 3 release, in a virtualenv of its own.
 #
 #   scripts/test-compat.sh AIRFLOW_VERSION [pytest args...]      (make test-compat AIRFLOW_VERSION=X.Y.Z)
+#   scripts/test-compat.sh --prepare AIRFLOW_VERSION             (the venv and DB only, no tests)
 #
 # The virtualenv .venv-airflow-X.Y.Z is built from that release's lock, requirements/airflow-X.Y.lock
 # (exact pins, so a run today and a run next year install the same thing), and reused while the lock
@@ -14,7 +15,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-version=${1:?usage: scripts/test-compat.sh AIRFLOW_VERSION [pytest args...]}
+# --prepare builds what the tests need and stops: `make test` builds the venv (mostly waiting on
+# the package index) while the trainer suite keeps the CPUs busy, instead of after the host suite.
+prepare=0
+if [[ ${1:-} == --prepare ]]; then
+  prepare=1
+  shift
+fi
+version=${1:?usage: scripts/test-compat.sh [--prepare] AIRFLOW_VERSION [pytest args...]}
 shift
 PYTHON=${PYTHON:-python3}
 supported() { sed -n 's/^apache-airflow==//p' requirements/airflow-*.lock | sort -V | paste -sd' '; }
@@ -50,6 +58,10 @@ if [[ ! -f $AIRFLOW_HOME/.migrated || $venv/.installed -nt $AIRFLOW_HOME/.migrat
   mkdir -p "$AIRFLOW_HOME"
   airflow db migrate >"$AIRFLOW_HOME/migrate.log" 2>&1 || { tail -30 "$AIRFLOW_HOME/migrate.log"; exit 1; }
   touch "$AIRFLOW_HOME/.migrated"
+fi
+if ((prepare)); then
+  echo "[compat $version] venv and metadata DB ready ($((SECONDS - started)) s)"
+  exit 0
 fi
 
 tests_started=$SECONDS

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import _UNITS_FIRST, _unit_rank, _work_unit, pytest_xdist_make_scheduler
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -99,6 +101,32 @@ def test_make_runs_two_workers_unless_told_one():
     assert 'XDIST_ARGS="-n 2 --dist loadscope --no-loadscope-reorder"' in line("test-compat-oldest", "test-compat.sh")
     assert 'XDIST_ARGS=""' in line("test-compat-oldest", "test-compat.sh", "TEST_WORKERS=1")
     assert 'read -r -a xdist <<<"${XDIST_ARGS:-}"' in (REPO / "scripts/test-compat.sh").read_text()
+
+
+def test_make_test_builds_the_compat_venv_beside_the_trainer_suite_and_before_the_host_suite():
+    recipe = subprocess.run(["make", "-n", "--no-print-directory", "test"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    prepare = next(i for i, line in enumerate(recipe) if "test-compat.sh --prepare" in line)
+    trainer = next(i for i, line in enumerate(recipe) if "run-in-image.sh" in line)
+    host = next(i for i, line in enumerate(recipe) if "-m pytest" in line)
+    compat = next(i for i, line in enumerate(recipe) if "test-compat.sh" in line and "--prepare" not in line)
+    assert max(prepare, trainer) < host < compat, recipe
+    # one make runs both at once (-j2): the venv waits on the package index while TF tests use the CPUs
+    makefile = (REPO / "Makefile").read_text()
+    assert "-j2 test-trainer compat-prepare-oldest" in makefile
+
+
+def test_compat_prepare_builds_the_venv_and_db_then_stops_before_any_test():
+    oldest = subprocess.run(["make", "-s", "--no-print-directory", "-f", "Makefile", "-f", "-", "show"],
+                            cwd=REPO, input="show:\n\t@echo $(AIRFLOW_OLDEST)\n",
+                            capture_output=True, text=True, check=True).stdout.strip()
+    if not (REPO / f".venv-airflow-{oldest}" / ".installed").exists():
+        pytest.skip(f"no .venv-airflow-{oldest} yet: `make compat-prepare-oldest` builds it (make test does)")
+    out = subprocess.run(["scripts/test-compat.sh", "--prepare", oldest], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert f"[compat {oldest}] venv and metadata DB ready" in out.stdout
+    assert "tests:" not in out.stdout and "passed" not in out.stdout
 
 
 def test_each_worker_has_its_own_copy_of_the_airflow_db():
