@@ -15,8 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# --prepare builds what the tests need and stops: `make test` builds the venv (mostly waiting on
-# the package index) while the trainer suite keeps the CPUs busy, instead of after the host suite.
+# --prepare builds what the tests need and stops: `make test` builds the venv (pip keeps about one
+# core busy) beside the trainer suite, which leaves part of the other idle, not after the host suite.
 prepare=0
 if [[ ${1:-} == --prepare ]]; then
   prepare=1

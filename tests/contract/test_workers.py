@@ -111,7 +111,7 @@ def test_make_test_builds_the_compat_venv_beside_the_trainer_suite_and_before_th
     host = next(i for i, line in enumerate(recipe) if "-m pytest" in line)
     compat = next(i for i, line in enumerate(recipe) if "test-compat.sh" in line and "--prepare" not in line)
     assert max(prepare, trainer) < host < compat, recipe
-    # one make runs both at once (-j2): the venv waits on the package index while TF tests use the CPUs
+    # one make runs both at once (-j2): pip's one busy core beside the trainer suite's idle share
     makefile = (REPO / "Makefile").read_text()
     assert "-j2 test-trainer compat-prepare-oldest" in makefile
 
