@@ -3,13 +3,15 @@
 import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
 # Inside the image TensorFlow must import: a broken image fails collection, never skips.
 import tensorflow  # noqa: E402,F401
 
-from trainer import contract, prep  # noqa: E402
+from trainer import common, contract, data, prep  # noqa: E402
 
 
 def result_of(proc):
@@ -120,3 +122,33 @@ def test_divergence_exits_12_and_checkpoints_nothing_diverged(ws, cli):
     assert saved == list(range(max(1, bad_step - 3), bad_step))  # finite steps only, keep 3
     attempt = json.load(open(os.path.join(ws.run_dir(), "attempts.json")))[0]
     assert attempt["status"] == "diverged" and "step %d" % bad_step in attempt["error"]
+
+
+def test_exit_skips_shutdown_but_runs_atexit_and_flushes(tmp_path):
+    # The stage process leaves with os._exit: the atexit handlers must still run, unflushed
+    # output must still come out, and the code must be the stage's.
+    marker = tmp_path / "atexit-ran"
+    code = ("import atexit, sys\n"
+            "from trainer.__main__ import exit_now\n"
+            "atexit.register(lambda: open(%r, 'w').write('yes'))\n"
+            "sys.stdout.write('no newline, not flushed')\n"
+            "sys.stderr.write('nor this')\n"
+            "exit_now(10)\n" % str(marker))
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+    assert proc.returncode == 10
+    assert proc.stdout == "no newline, not flushed" and proc.stderr == "nor this"
+    assert marker.read_text() == "yes"
+
+
+def test_a_trained_stage_removes_its_file_cache_at_exit(ws, cli):
+    # the file cache is released by an atexit handler, which the fast exit must still run
+    prep.run(ws.config("prep"))
+    config = ws.config("train", training={"cache": "file"})
+    proc = cli("train", config)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "cached in a file" in proc.stdout + proc.stderr
+    dataset_dir = common.load_dataset(config)[0]
+    assert os.listdir(data.cache_root(dataset_dir)) == []
