@@ -216,3 +216,24 @@ def test_report_text_is_escaped_and_odd_class_names_plot(tmp_path):
     check_self_contained(parse(written["report"]))
     for path in written["plots"]:
         check_png(path)
+
+
+def test_matplotlib_reads_the_font_list_built_into_the_image():
+    # Rebuilding the list costs every evaluate stage about 0.25 s: the image's list must be used,
+    # without a writable HOME, and by any other --user the operator picks (a sticky, writable
+    # directory, as matplotlib only uses a writable one).
+    import stat
+    import subprocess
+    import sys
+    code = ("import logging, matplotlib\n"
+            "logging.basicConfig(level=logging.DEBUG)\n"
+            "from matplotlib import font_manager\n"
+            "print('CACHEDIR', matplotlib.get_cachedir())\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, HOME="/nonexistent"),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "CACHEDIR /opt/tfpipe/matplotlib" in proc.stdout, proc.stdout + proc.stderr
+    assert "Using fontManager instance from /opt/tfpipe/matplotlib/fontlist-v" in proc.stderr
+    assert "generated new fontManager" not in proc.stderr
+    assert stat.S_IMODE(os.stat("/opt/tfpipe/matplotlib").st_mode) == 0o1777
