@@ -45,6 +45,21 @@ def find_existing(root, run):
     return None
 
 
+def save_saved_model(module, path):
+    """Write ``module`` as a SavedModel with its ``serving_default`` signature, and the Keras
+    model's variables, without Keras' own traces of every layer's call.
+
+    Those traces are only for ``tf.keras.models.load_model``, which nothing here uses (serving
+    goes through the signature; warm starts read ``variables_ckpt``), and Keras traces them with
+    autograph off: a user's layer whose ``call`` branches in Python on a tensor failed the export
+    after training it without complaint. They were also most of the save's time.
+    """
+    from keras.saving.saved_model import utils as keras_saving  # Keras 2.9, pinned with TF
+    with keras_saving.keras_option_scope(save_traces=False):
+        tf.saved_model.save(module, path,
+                            signatures={"serving_default": module.serve.get_concrete_function()})
+
+
 def verify_reloaded(path, module, x):
     """Reload the SavedModel at ``path`` and compare its signature with the in-memory model."""
     expected = tf.nn.softmax(module.model(x, training=False)).numpy()
@@ -178,8 +193,7 @@ def run(config):
     x, _ = next(iter(base.batch(VERIFY_EXAMPLES)))
 
     with atomic.temp_dir(root) as tmp:
-        tf.saved_model.save(module, tmp,
-                            signatures={"serving_default": module.serve.get_concrete_function()})
+        save_saved_model(module, tmp)
         checkpoints.write_weights(model, os.path.join(tmp, "variables_ckpt", "model"))
         check = verify_reloaded(tmp, module, x)
         report_entry = copy_report(run_dir, tmp)

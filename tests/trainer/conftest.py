@@ -87,6 +87,8 @@ def write_image_folder(root, classes=("bright_left", "bright_top"), per_class=15
 
 # A user's model module: a layer class of its own, a Python lambda closing over data-set
 # statistics and a Dense size from model_kwargs, none of which a Keras config could rebuild.
+# The layer's call branches in Python on a tensor, which only autograph turns into a graph: the
+# train step and the exported serving signature must both trace it with autograph on.
 USER_MODEL = """\
 import tensorflow as tf
 
@@ -97,6 +99,8 @@ class Centre(tf.keras.layers.Layer):
         self.mean = tf.constant(mean, tf.float32)
 
     def call(self, inputs):
+        if tf.reduce_any(tf.math.is_nan(inputs)):
+            inputs = tf.where(tf.math.is_nan(inputs), tf.zeros_like(inputs), inputs)
         return inputs - self.mean
 
 
