@@ -52,7 +52,7 @@ def save_saved_model(module, path):
     Those traces are only for ``tf.keras.models.load_model``, which nothing here uses (serving
     goes through the signature; warm starts read ``variables_ckpt``), and Keras traces them with
     autograph off: a user's layer whose ``call`` branches in Python on a tensor failed the export
-    after training it without complaint. They were also most of the save's time.
+    after training it without complaint. They were also about half of the save's time.
     """
     from keras.saving.saved_model import utils as keras_saving  # Keras 2.9, pinned with TF
     with keras_saving.keras_option_scope(save_traces=False):

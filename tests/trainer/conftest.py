@@ -88,7 +88,8 @@ def write_image_folder(root, classes=("bright_left", "bright_top"), per_class=15
 # A user's model module: a layer class of its own, a Python lambda closing over data-set
 # statistics and a Dense size from model_kwargs, none of which a Keras config could rebuild.
 # The layer's call branches in Python on a tensor, which only autograph turns into a graph: the
-# train step and the exported serving signature must both trace it with autograph on.
+# train step and the serving signature must trace it with autograph on, and the export must make
+# no trace of it with autograph off (Keras' own per-layer traces did).
 USER_MODEL = """\
 import tensorflow as tf
 

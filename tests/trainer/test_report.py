@@ -4,6 +4,9 @@ import base64
 import json
 import os
 import re
+import stat
+import subprocess
+import sys
 from html.parser import HTMLParser
 
 import pytest
@@ -222,9 +225,6 @@ def test_matplotlib_reads_the_font_list_built_into_the_image():
     # Rebuilding the list costs every evaluate stage about 0.25 s: the image's list must be used,
     # without a writable HOME, and by any other --user the operator picks (a sticky, writable
     # directory, as matplotlib only uses a writable one).
-    import stat
-    import subprocess
-    import sys
     code = ("import logging, matplotlib\n"
             "logging.basicConfig(level=logging.DEBUG)\n"
             "from matplotlib import font_manager\n"
