@@ -11,6 +11,7 @@ import pytest
 # Inside the image TensorFlow must import: a broken image fails collection, never skips.
 import tensorflow  # noqa: E402,F401
 
+from conftest import REPO  # noqa: E402
 from trainer import common, contract, data, prep  # noqa: E402
 
 
@@ -134,8 +135,7 @@ def test_exit_skips_shutdown_but_runs_atexit_and_flushes(tmp_path):
             "sys.stdout.write('no newline, not flushed')\n"
             "sys.stderr.write('nor this')\n"
             "exit_now(10)\n" % str(marker))
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))))
+    env = dict(os.environ, PYTHONPATH=REPO)
     proc = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
     assert proc.returncode == 10
