@@ -107,23 +107,23 @@ class ShardWriter(object):
     """
 
     def __init__(self, out_dir, split, shard_size):
-        common.quiet_tensorflow()
-        import tensorflow as tf
-
-        self._tf, self.out_dir, self.split, self.shard_size = tf, out_dir, split, shard_size
+        self.out_dir, self.split, self.shard_size = out_dir, split, shard_size
         self._writer, self._in_shard, self._paths, self.count = None, 0, [], 0
 
-    def write(self, records):
+    def write(self, batch):
         """Append serialized records, opening a new shard every ``shard_size`` of them."""
-        for record in records:
+        start = 0
+        while start < len(batch):
             if self._writer is None or self._in_shard == self.shard_size:
                 self.close_shard()
                 path = os.path.join(self.out_dir, ".%s-%05d" % (self.split, len(self._paths)))
-                self._writer = self._tf.io.TFRecordWriter(path)
+                self._writer = records.TFRecordFile(path)
                 self._paths.append(path)
-            self._writer.write(record)
-            self._in_shard += 1
-        self.count += len(records)
+            end = min(len(batch), start + self.shard_size - self._in_shard)
+            self._writer.write(batch[start:end])
+            self._in_shard += end - start
+            start = end
+        self.count += len(batch)
 
     def close_shard(self):
         """Close the shard being written, if any."""
@@ -136,7 +136,7 @@ class ShardWriter(object):
         self.close_shard()
         if not self._paths:  # an empty split still gets its one (empty) shard
             path = os.path.join(self.out_dir, ".%s-00000" % self.split)
-            self._tf.io.TFRecordWriter(path).close()
+            records.TFRecordFile(path).close()
             self._paths.append(path)
         names = []
         for shard, path in enumerate(self._paths):
@@ -266,8 +266,7 @@ class Workers(object):
 
     Workers are forked: they start at once and import nothing again. They run numpy and the
     standard library only, never TensorFlow, so forking is safe even from a process that holds
-    TensorFlow's threads (the in-image tests import it first; the stage itself imports it only
-    after the pool exists, for the shard writers).
+    TensorFlow's threads (the in-image tests import it first; the stage itself never does).
 
     A ``concurrent.futures`` pool, not ``multiprocessing.Pool``: a worker that dies abruptly (the
     out-of-memory killer picks the process with the most memory, often a worker parsing a large
@@ -282,9 +281,9 @@ class Workers(object):
         if count > 1:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 count, mp_context=multiprocessing.get_context("fork"))
-            # Every worker forked now, before the stage imports TensorFlow and grows: Python 3.9
-            # and 3.10 fork a worker only when a task finds none idle, so one quick task would
-            # start one. Tasks that outlast the submitting loop find none idle.
+            # Every worker forked now, while the stage is small: Python 3.9 and 3.10 fork a
+            # worker only when a task finds none idle, so one quick task would start one. Tasks
+            # that outlast the submitting loop find none idle.
             for started in [self._pool.submit(time.sleep, 0.05) for _ in range(count)]:
                 started.result()
 

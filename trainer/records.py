@@ -12,7 +12,17 @@ Wire format used (field numbers from ``tensorflow/core/example/{example,feature}
 ``Example.features = 1``; ``Features.feature = 1`` (a map: entries with ``key = 1`` and
 ``value = 2``); ``Feature.bytes_list = 1``, ``float_list = 2``, ``int64_list = 3``; each list's
 ``value = 1`` (floats and int64s packed).
+
+The files are TFRecord files written here too (:class:`TFRecordFile`): each record framed by its
+length and two masked CRC32C checksums, the checksums from ``google-crc32c``'s compiled extension.
+So the whole prep stage runs without importing TensorFlow, which alone takes about 2 of a digits
+prep's 3.5 s. The files are byte for byte what ``tf.io.TFRecordWriter`` writes
+(``tests/trainer/test_prep.py``).
 """
+
+import struct
+
+import google_crc32c
 
 #: Tag byte of a length-delimited field number 1, 2 and 3 (wire type 2).
 _LEN1, _LEN2, _LEN3 = b"\x0a", b"\x12", b"\x1a"
@@ -107,3 +117,42 @@ class ExampleEncoder(object):
         body = b"".join((self._value_head, value_bytes, self._label_entry(label_id),
                          self._key_head(len(key)), key))
         return self._example_head(len(body)) + body
+
+
+_LENGTH = struct.Struct("<Q")
+_CHECKSUM = struct.Struct("<I")
+#: Added to the rotated CRC (TensorFlow's ``crc32c::Mask``), so that a CRC of data that itself
+#: holds CRCs is not the easy-to-collide value of plain CRC32C.
+_MASK_DELTA = 0xA282EAD8
+
+
+def masked_crc32c(data):
+    """TFRecord's checksum of ``data``: its CRC32C rotated right by 15 bits plus ``_MASK_DELTA``."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def tfrecord(data):
+    """``data`` framed as one TFRecord: length (uint64 LE), its checksum, the data, its checksum."""
+    length = _LENGTH.pack(len(data))
+    return b"".join((length, _CHECKSUM.pack(masked_crc32c(length)), data,
+                     _CHECKSUM.pack(masked_crc32c(data))))
+
+
+class TFRecordFile(object):
+    """A TFRecord file written without TensorFlow: :meth:`write` serialized records, then :meth:`close`.
+
+    Uncompressed, as ``tf.io.TFRecordWriter(path)`` writes it and ``tf.data.TFRecordDataset(path)``
+    reads it (both verify nothing else: no file header, no footer).
+    """
+
+    def __init__(self, path):
+        self._handle = open(path, "wb")
+
+    def write(self, records):
+        """Append the serialized records (bytes each), framed, in one write."""
+        self._handle.write(b"".join([tfrecord(record) for record in records]))
+
+    def close(self):
+        """Flush and close the file."""
+        self._handle.close()

@@ -319,13 +319,14 @@ def test_redacting_log_replaces_every_secret_longest_first(caplog):
 
 
 def test_out_of_memory_kill_names_the_stage_and_is_retried(tfpipe_home, trainer_image, tmp_path):
-    """96 MiB cannot hold TensorFlow: the first stage, prep, is OOM-killed on both of its tries."""
+    """96 MiB holds prep, which never imports TensorFlow, but not train: train is OOM-killed twice."""
     dags = tmp_path / "dags"
-    write_dag(dags, "tiny_memory", resources={"mem_limit": "96m"})
+    write_dag(dags, "tiny_memory", resources={"mem_limit": "96m"}, retries=1)
     summary, log = run_dag("tiny_memory", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
     assert summary["state"] == "failed"
-    # prep has one retry: an OOM kill (exit 137) is a transient failure, so both tries ran
-    assert summary["tasks"]["prep"] == {"state": "failed", "try_number": 2}
-    assert summary["tasks"]["train"]["state"] == "upstream_failed"
+    assert summary["tasks"]["prep"] == {"state": "success", "try_number": 1}
+    # an OOM kill (exit 137) is a transient failure, so train's retry ran too
+    assert summary["tasks"]["train"] == {"state": "failed", "try_number": 2}
+    assert summary["tasks"]["evaluate"]["state"] == "upstream_failed"
     killed = re.findall(r"(\w+) was killed by the out-of-memory killer \(exit (\d+), mem_limit=96m\)", log)
-    assert killed == [("prep", "137"), ("prep", "137")], killed
+    assert killed == [("train", "137"), ("train", "137")], killed

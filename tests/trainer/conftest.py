@@ -229,3 +229,20 @@ def run_cli(stage, config=None, env=None, args=(), timeout=300, stdin=None):
 def cli():
     """The :func:`run_cli` helper."""
     return run_cli
+
+
+@pytest.fixture
+def without_tensorflow(tmp_path):
+    """Environment for :func:`run_cli` in which ``import tensorflow`` fails.
+
+    A ``tensorflow`` package that raises goes first on the path, so a stage that still imported
+    TensorFlow anywhere would fail, not just run slower. Checked here: the block itself works.
+    """
+    blocker = tmp_path / "block-tensorflow"
+    (blocker / "tensorflow").mkdir(parents=True)
+    (blocker / "tensorflow" / "__init__.py").write_text("raise ImportError('blocked: this stage imported tensorflow')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(blocker), REPO, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", "import tensorflow"], env=dict(os.environ, **env),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+    assert proc.returncode == 1 and "blocked: this stage imported tensorflow" in proc.stderr, proc.stderr
+    return env

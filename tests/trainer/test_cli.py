@@ -59,6 +59,12 @@ def test_bad_data_exits_11_naming_the_line(ws, cli):
     assert ws.visible("work", "datasets") == []
 
 
+def test_prep_runs_without_importing_tensorflow(ws, cli, without_tensorflow):
+    proc = cli("prep", ws.config("prep"), env=without_tensorflow)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert result_of(proc)["examples"] == {"train": 245, "eval": 55}
+
+
 @pytest.mark.integration
 def test_the_four_stages_through_the_cli(ws, cli, tmp_path):
     proc = cli("prep", ws.config("prep"))

@@ -11,7 +11,9 @@ import pytest
 import tensorflow as tf  # noqa: E402
 
 from conftest import write_blobs_csv, write_image_folder  # noqa: E402
-from trainer import common, prep  # noqa: E402
+import google_crc32c  # noqa: E402
+
+from trainer import common, prep, records  # noqa: E402
 from trainer.errors import BadInput  # noqa: E402
 
 
@@ -61,6 +63,30 @@ def test_csv_prep_writes_a_complete_dataset(ws):
     assert sum(stats["class_histogram"]["eval"]) == len(evals)
     assert ws.read("dataset.json")["fingerprint"] == result["fingerprint"]
     assert ws.read("config", "prep.json")["data"]["path"] == "blobs.csv"
+
+
+def test_tfrecord_files_are_what_tensorflow_writes_and_its_reader_checks_them(tmp_path):
+    assert google_crc32c.implementation == "c", "the image must carry google-crc32c's compiled extension"
+    batch = [b"", b"x", bytes(range(256)) * 300, records.ExampleEncoder("floats").encode(b"\1" * 16, 3, "k")]
+    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
+    written = records.TFRecordFile(ours)
+    written.write(batch[:2])
+    written.write(batch[2:])
+    written.close()
+    with tf.io.TFRecordWriter(theirs) as writer:
+        for record in batch:
+            writer.write(record)
+    with open(ours, "rb") as handle:
+        data = bytearray(handle.read())
+    with open(theirs, "rb") as handle:
+        assert bytes(data) == handle.read()
+    assert [record.numpy() for record in tf.data.TFRecordDataset(ours)] == batch
+    # one bit flipped inside the large record's data: TensorFlow's reader refuses the checksum
+    data[(16 + 0) + (16 + 1) + 12 + 100] ^= 1
+    with open(ours, "wb") as handle:
+        handle.write(bytes(data))
+    with pytest.raises(tf.errors.DataLossError):
+        list(tf.data.TFRecordDataset(ours))
 
 
 def test_string_labels_declared_features_and_key_column(ws):

@@ -109,6 +109,19 @@ def test_merged_shards_equal_an_unsharded_prep(parted, tmp_path, small_batches):
     assert not os.path.exists(shards.parts_root(shard_config(parted, "prep_merge"))), "parts removed after the merge"
 
 
+def test_shards_and_merge_run_without_importing_tensorflow(parted, cli, without_tensorflow):
+    for index in range(SHARDS):
+        proc = cli("prep_shard", shard_config(parted, "prep_shard", index), env=without_tensorflow)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = cli("prep_merge", shard_config(parted, "prep_merge"), env=without_tensorflow)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith(contract.RESULT_PREFIX), proc.stdout[-2000:]
+    merged = json.loads(last[len(contract.RESULT_PREFIX):])
+    assert merged["cache_hit"] is False and sum(merged["examples"].values()) == 600
+    assert os.path.exists(os.path.join(merged["dataset_dir"], "_SUCCESS"))
+
+
 def test_a_second_run_is_a_cache_hit_and_no_shard_parses(parted):
     _, first = run_sharded(parted)
     results, again = run_sharded(parted, run_id="manual__again")
