@@ -121,8 +121,8 @@ class ExampleEncoder(object):
 
 _LENGTH = struct.Struct("<Q")
 _CHECKSUM = struct.Struct("<I")
-#: Added to the rotated CRC (TensorFlow's ``crc32c::Mask``), so that a CRC of data that itself
-#: holds CRCs is not the easy-to-collide value of plain CRC32C.
+#: Added to the rotated CRC, as TensorFlow's ``crc32c::Mask`` does: a plain CRC computed over
+#: data that itself embeds CRCs is weak, so TFRecord stores every checksum masked.
 _MASK_DELTA = 0xA282EAD8
 
 
@@ -143,7 +143,7 @@ class TFRecordFile(object):
     """A TFRecord file written without TensorFlow: :meth:`write` serialized records, then :meth:`close`.
 
     Uncompressed, as ``tf.io.TFRecordWriter(path)`` writes it and ``tf.data.TFRecordDataset(path)``
-    reads it (both verify nothing else: no file header, no footer).
+    reads it; the format has no file header or footer, only the framed records.
     """
 
     def __init__(self, path):
