@@ -11,7 +11,7 @@ writes for the same input: same fingerprint, records, split, ``schema.json`` and
 
 import os
 
-from trainer import atomic, common, prep, shards, sources
+from trainer import atomic, common, prep, records, shards, sources
 from trainer.common import LOG
 from trainer.errors import BadInput
 
@@ -58,8 +58,8 @@ def _merge(config, fp, inputs, files):
                 for split, writer in writers.items():
                     before = writer.count
                     for name in part["shards"][split]:
-                        for records in shards.read_tfrecords(os.path.join(part_dir, name)):
-                            writer.write(records)
+                        for read in records.read_tfrecords(os.path.join(part_dir, name)):
+                            writer.write(read)
                     if writer.count - before != part["counts"][split]:
                         raise BadInput("prep_merge: %s holds %d %s records, its part.json says %d"
                                        % (part_dir, writer.count - before, split, part["counts"][split]))

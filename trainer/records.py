@@ -24,6 +24,8 @@ import struct
 
 import google_crc32c
 
+from trainer.errors import BadInput
+
 #: Tag byte of a length-delimited field number 1, 2 and 3 (wire type 2).
 _LEN1, _LEN2, _LEN3 = b"\x0a", b"\x12", b"\x1a"
 
@@ -156,3 +158,30 @@ class TFRecordFile(object):
     def close(self):
         """Flush and close the file."""
         self._handle.close()
+
+
+def read_tfrecords(path, batch=1000):
+    """Yield lists of up to ``batch`` serialized records of a TFRecord file, without TensorFlow.
+
+    The framing is :func:`tfrecord`'s. The CRCs are not checked: this reads only the parts sharded
+    prep committed in this run (``_SUCCESS`` written after them, :mod:`trainer.prep_merge`); a
+    truncated record still raises :class:`~trainer.errors.BadInput`.
+    """
+    records = []
+    with open(path, "rb") as handle:
+        while True:
+            head = handle.read(12)
+            if not head:
+                break
+            if len(head) < 12:
+                raise BadInput("%s: truncated TFRecord header" % path)
+            (length,) = _LENGTH.unpack(head[:8])
+            data = handle.read(length)
+            if len(data) < length or len(handle.read(4)) < 4:
+                raise BadInput("%s: truncated TFRecord" % path)
+            records.append(data)
+            if len(records) >= batch:
+                yield records
+                records = []
+    if records:
+        yield records

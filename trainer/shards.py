@@ -17,7 +17,6 @@ touches another shard's. The merge removes ``prep_shards/`` once the data set is
 import hashlib
 import json
 import os
-import struct
 
 from trainer import atomic, contract, prep
 from trainer.errors import BadInput
@@ -120,31 +119,3 @@ def moments_from_json(batch, width):
 
 
 _MOMENT_ARRAYS = ("mean", "m2", "min", "max")
-_HEADER = struct.Struct("<Q")
-
-
-def read_tfrecords(path, batch=1000):
-    """Yield lists of up to ``batch`` serialized records of a TFRecord file, without TensorFlow.
-
-    A TFRecord is ``length`` (uint64 LE), its masked CRC32C (4 bytes), the data, the data's
-    masked CRC32C (4 bytes). The files read here are parts this run committed (``_SUCCESS``
-    written after them), so the CRCs are not checked again; a truncated record still raises.
-    """
-    records = []
-    with open(path, "rb") as handle:
-        while True:
-            head = handle.read(12)
-            if not head:
-                break
-            if len(head) < 12:
-                raise BadInput("%s: truncated TFRecord header" % path)
-            (length,) = _HEADER.unpack(head[:8])
-            data = handle.read(length)
-            if len(data) < length or len(handle.read(4)) < 4:
-                raise BadInput("%s: truncated TFRecord" % path)
-            records.append(data)
-            if len(records) >= batch:
-                yield records
-                records = []
-    if records:
-        yield records

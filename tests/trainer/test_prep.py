@@ -81,6 +81,7 @@ def test_tfrecord_files_are_what_tensorflow_writes_and_its_reader_checks_them(tm
     with open(theirs, "rb") as handle:
         assert bytes(data) == handle.read()
     assert [record.numpy() for record in tf.data.TFRecordDataset(ours)] == batch
+    assert [list(read) for read in records.read_tfrecords(ours, batch=3)] == [batch[:3], batch[3:]]
     # one bit flipped inside the large record's data: TensorFlow's reader refuses the checksum
     data[(16 + 0) + (16 + 1) + 12 + 100] ^= 1
     with open(ours, "wb") as handle:
