@@ -90,6 +90,23 @@ def test_tfrecord_files_are_what_tensorflow_writes_and_its_reader_checks_them(tm
         list(tf.data.TFRecordDataset(ours))
 
 
+def test_reading_back_a_cut_tfrecord_file_names_the_file_and_what_is_cut(tmp_path):
+    path = str(tmp_path / "part.tfrecord")
+    written = records.TFRecordFile(path)
+    written.write([b"first", b"second record"])
+    written.close()
+    with open(path, "rb") as handle:
+        whole = handle.read()
+    for cut, what in ((len(whole) - 2, "truncated TFRecord"),  # the last checksum
+                      (len(whole) - 10, "truncated TFRecord"),  # inside the last record's data
+                      (16 + 5 + 4, "truncated TFRecord header")):  # 4 bytes into the second header
+        with open(path, "wb") as handle:
+            handle.write(whole[:cut])
+        with pytest.raises(BadInput) as caught:
+            list(records.read_tfrecords(path))
+        assert str(caught.value) == "%s: %s" % (path, what)
+
+
 def test_string_labels_declared_features_and_key_column(ws):
     path = os.path.join(ws.data, "named", "part.csv")
     os.makedirs(os.path.dirname(path))
