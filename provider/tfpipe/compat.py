@@ -14,7 +14,7 @@ tfpipe takes these names from here: a difference between releases lives in this 
   ``task_state_store`` so the next try can re-attach to it. Older releases have neither; there the
   common-compat provider's stand-in submits a new job on every try, and :func:`task_state_store`
   returns None. What tfpipe does then is the README's "Supported Airflow versions".
-* :func:`doubling_backoff`: ``retry_exponential_backoff`` is a multiplier (a number) from 3.3 on
+* :func:`doubling_backoff`: ``retry_exponential_backoff`` is a multiplier (a number) from 3.2 on
   and a bool before; both double the wait after each failed try, written differently.
 * :func:`dag_test_seams`: where ``dag.test()`` gets its run (``get_or_create_dagrun`` in
   ``airflow.models.dagrun``, or ``_get_or_create_dagrun`` in ``airflow.models.dag`` on 3.0) and
