@@ -87,11 +87,18 @@ def stack():
         yield handle
         return
     env = {**os.environ, **_stack_env()}
+    # What an earlier session left: `up --fresh` keeps the registry and the GPU host's data root.
+    state = Path(env["TFPIPE_STACK_DIR"])
+    pulled = (state / "image-ref").read_text().strip() if (state / "image-ref").is_file() else ""
     t0 = time.monotonic()
     up = stack_cli(env, "up", "--fresh")
     if up.returncode:
         pytest.fail(f"make up failed (exit {up.returncode}):\n{up.stderr[-6000:]}")
     handle = stack_module.Stack(env)
+    #: the GPU host's kept data root already held this image's layers (an earlier session pulled
+    #: the same digest), so this session's pull had nothing to fetch
+    handle.layers_were_on_gpu_host = bool(pulled) and (state / "gpuhost" / "docker").is_dir() and \
+        pulled.rsplit("@", 1)[-1] == handle.image_ref().rsplit("@", 1)[-1]
     handle.env = env
     handle.up_output = up.stdout + up.stderr
     handle.up_seconds = time.monotonic() - t0

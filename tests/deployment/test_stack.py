@@ -66,12 +66,15 @@ def test_up_prints_the_ui_url_and_admin_credentials_and_the_image_travels_by_dig
     assert ref.startswith(f"{stack.registry}/tfpipe/trainer@sha256:"), ref
     digests = json.loads(stack.engine_docker("image", "inspect", "--format", "{{json .RepoDigests}}", ref).stdout)
     assert ref in digests
-    # The GPU host pulled while Airflow migrated and started: `docker pull -q` writes its log only
-    # when done, after the migration's log (a pull before the migration would end first).
     pull_log, migrate_log = stack.logs / "pull.log", stack.logs / "migrate.log"
     assert pull_log.read_text().strip() == ref
-    assert pull_log.stat().st_mtime > migrate_log.stat().st_mtime, stack.up_output
     assert "the GPU host pulls it while Airflow starts" in stack.up_output
+    if not stack.layers_were_on_gpu_host:
+        # The GPU host pulled while Airflow migrated and started: `docker pull -q` writes its log
+        # only when done, after the migration's log (a pull before the migration would end first).
+        # A session after one that pulled the same digest into the kept data root finds every
+        # layer there, and its pull ends at once: then only that it ran can be seen.
+        assert pull_log.stat().st_mtime > migrate_log.stat().st_mtime, stack.up_output
     # The first engine keeps no trace of the registry name (the push tag was removed again).
     first = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
                            text=True, check=True).stdout
