@@ -146,8 +146,9 @@ print(json.dumps({"seconds": time.perf_counter() - started, "cpu": time.process_
 #: The same exec time where a DAG processor parses: Airflow 3's manager has its own modules loaded,
 #: and before it forks the process that parses a file it imports the ``airflow.*`` modules the file
 #: names (``[dag_processor] parsing_pre_import_modules``, on by default), with Airflow's own
-#: ``iter_airflow_imports``. A file naming the Docker provider then finds it loaded (the hand-written
-#: one, and tfpipe's DAG files, which name it for this); tfpipe's own modules are never pre-imported.
+#: ``iter_airflow_imports``. The hand-written file names the Docker provider and finds it loaded;
+#: tfpipe's DAG files name ``airflow.providers.tfpipe``, which imports tfpipe's DAG-building modules
+#: and the Docker provider under them, and find those loaded.
 PROCESSOR_PROBE = r'''
 import importlib, json, runpy, sys, time
 import airflow
@@ -192,7 +193,7 @@ def dag_parse(ctx: Context) -> dict[str, Any]:
     # A deployed provider is byte-compiled (pip compiles wheels on install; the dag processor writes
     # .pyc): compile tfpipe and both files once, as Airflow's own site-packages already are, so neither
     # side pays compilation inside the timed region. PYTHONDONTWRITEBYTECODE then keeps the tree unchanged.
-    run_logged([ctx.python, "-m", "compileall", "-q", str(REPO / "provider" / "tfpipe")], logfile,
+    run_logged([ctx.python, "-m", "compileall", "-q", str(REPO / "provider")], logfile,
                timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
                cwd=REPO)
     for path in (tfpipe_file, HANDWRITTEN_DAG):  # warm the page cache: untimed

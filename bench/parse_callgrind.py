@@ -1,6 +1,6 @@
 """Instructions executed to parse ``dags/tfpipe_digits.py`` against the hand-written DAG file.
 
-    .venv/bin/python bench/parse_callgrind.py [--after-docker] [--keep DIR]
+    .venv/bin/python bench/parse_callgrind.py [--after-docker | --in-dag-processor] [--keep DIR]
 
 Wall and CPU time of a 0.1 s parse swing by 20% and more on a shared 2-core machine; the number of
 instructions executed does not. Each side runs once under valgrind's callgrind, in a fresh
@@ -11,7 +11,10 @@ its DAG). The counted region is marked by two calls into CPython that nothing on
 makes (``os.sched_get_priority_min``/``max``): callgrind zeroes its counters on entering the first
 and dumps them on entering the second. ``--after-docker`` also imports the Docker provider before
 the region, leaving the DAG file's own cost (tfpipe's modules and the DAG build against the DAG
-build by hand). Prints one JSON line: instructions per side (``a_ir``, ``b_ir``) and ``ratio`` = A/B.
+build by hand). ``--in-dag-processor`` counts the parse as Airflow's DAG processor makes it: its
+module loaded and the ``airflow.*`` modules the file names imported before the region, as its
+manager does before it forks the parsing process (``parsing_pre_import_modules``). Prints one JSON
+line: instructions per side (``a_ir``, ``b_ir``) and ``ratio`` = A/B.
 Needs ``valgrind`` (Debian package ``valgrind``); takes about a minute per side.
 """
 
@@ -36,6 +39,12 @@ import airflow
 from airflow.sdk import DAG
 if sys.argv[2] == "after-docker":
     import airflow.providers.docker.operators.docker
+elif sys.argv[2] == "dag-processor":
+    import importlib
+    import airflow.dag_processing.processor
+    from airflow.utils.file import iter_airflow_imports
+    for module in iter_airflow_imports(sys.argv[1]):
+        importlib.import_module(module)
 os.sched_get_priority_min(os.SCHED_OTHER)  # callgrind: --zero-before (the region starts)
 runpy.run_path(sys.argv[1], run_name="bench_dag_file")
 os.sched_get_priority_max(os.SCHED_OTHER)  # callgrind: --dump-before (the region ends)
@@ -65,12 +74,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--after-docker", action="store_true",
                         help="import the Docker provider before the counted region (the DAG file's own cost)")
+    parser.add_argument("--in-dag-processor", action="store_true",
+                        help="pre-import as Airflow's DAG processor does before the counted region")
     parser.add_argument("--keep", type=Path, help="keep the callgrind output files in this directory "
                         "(for callgrind_annotate)")
     args = parser.parse_args(argv)
     if not shutil.which("valgrind"):
         raise SystemExit("valgrind not found. Fix: apt-get install valgrind")
-    mode = "after-docker" if args.after_docker else "file"
+    if args.after_docker and args.in_dag_processor:
+        parser.error("--after-docker and --in-dag-processor count different regions: choose one")
+    mode = "after-docker" if args.after_docker else "dag-processor" if args.in_dag_processor else "file"
     tmp = Path(tempfile.mkdtemp(prefix="tfpipe-callgrind-"))
     outdir = args.keep or tmp
     outdir.mkdir(parents=True, exist_ok=True)
@@ -78,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     env.setdefault("AIRFLOW_HOME", str(REPO / ".airflow"))
     try:
         # Byte-compiled, as pip installs a provider, so neither side counts compilation.
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "provider" / "tfpipe")],
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "provider")],
                        check=True, env={k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"})
         a = instructions(TFPIPE_DAG, mode, outdir, env)
         b = instructions(HANDWRITTEN_DAG, mode, outdir, env)

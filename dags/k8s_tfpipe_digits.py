@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import os
 
-# Named here so Airflow's DAG processor imports it once, before it forks the process that parses
-# this file ([dag_processor] parsing_pre_import_modules, on by default; only airflow.* imports
-# count): tfpipe's operators build on it, and every parse would import it again (about 50 ms of a
-# 70 ms parse, bench/README.md).
-import airflow.providers.docker.operators.docker  # noqa: F401
+# Named here so Airflow's DAG processor imports tfpipe (and the Docker provider under it) once,
+# before it forks the process that parses this file ([dag_processor] parsing_pre_import_modules, on
+# by default; only airflow.* imports count), instead of in every parse (bench/README.md).
+import airflow.providers.tfpipe  # noqa: F401
 from tfpipe import PipelineConfig, training_pipeline
 
 dag = training_pipeline(

@@ -4,6 +4,9 @@ Public API (imported lazily, so ``import tfpipe`` and provider discovery stay ch
 
     from tfpipe import PipelineConfig, training_pipeline
     from tfpipe.operators import PrepOperator, TrainOperator, EvaluateOperator, ExportOperator
+
+A DAG file also names ``airflow.providers.tfpipe`` (``import airflow.providers.tfpipe``), so that
+Airflow's DAG processor imports these modules once instead of in every parse (see that module).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent.parent
 TRAINER = sorted((REPO / "trainer").glob("*.py"))
-AIRFLOW_SIDE = sorted((REPO / "provider" / "tfpipe").rglob("*.py")) + sorted((REPO / "dags").glob("*.py"))
+AIRFLOW_SIDE = sorted((REPO / "provider").rglob("*.py")) + sorted((REPO / "dags").glob("*.py"))
 
 
 def _imported_roots(path: Path) -> set[str]:

@@ -115,13 +115,75 @@ def test_dag_file_imports_without_tensorflow(path):
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "dags").glob("*.py")), ids=lambda p: p.name)
-def test_dag_files_name_the_docker_provider_for_the_dag_processors_pre_import(path):
+def test_dag_files_name_tfpipe_for_the_dag_processors_pre_import(path):
     """Airflow's DAG processor imports the airflow.* modules a DAG file names once, in its manager,
     before it forks the process that parses the file (``parsing_pre_import_modules``, on by
-    default): a file that names the Docker provider spares every parse of it that import."""
+    default): a file that names ``airflow.providers.tfpipe`` spares every parse of it tfpipe's
+    modules and the Docker provider's."""
     from airflow.utils.file import iter_airflow_imports
 
-    assert "airflow.providers.docker.operators.docker" in set(iter_airflow_imports(str(path)))
+    assert "airflow.providers.tfpipe" in set(iter_airflow_imports(str(path)))
+
+
+PROCESSOR_PARSE = r"""
+import json, runpy, sys
+import airflow.dag_processing.processor as processor
+import structlog
+path, pre_import = sys.argv[1], sys.argv[2] == "pre-import"
+if pre_import:
+    # Airflow's own step, as its DAG processor makes it before forking the parsing process
+    processor._pre_import_airflow_modules(path, structlog.get_logger())
+before = set(sys.modules)
+runpy.run_path(path, run_name="processor_probe")
+# Airflow 3.0's providers manager reads every provider's info in a process's first DAG build (the
+# hand-written file's too): metadata, not what the file builds its DAG with
+print(json.dumps(sorted(m for m in set(sys.modules) - before
+                        if (m.split(".")[0] == "tfpipe" or m.startswith("airflow.providers.docker"))
+                        and not m.endswith(".get_provider_info"))))
+"""
+#: What a parse of these files still imports in the DAG processor: modules only their pipelines need.
+ONLY_THIS_PIPELINE = {"tfpipe_digits_manual.py": {"tfpipe.operators.gcs"},
+                      "k8s_tfpipe_digits.py": {"tfpipe.operators.kubernetes", "tfpipe.operators.exits", "tfpipe.exceptions",
+                                               "tfpipe.run_params", "tfpipe.settings", "tfpipe.tries"}}
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "dags").glob("*.py")), ids=lambda p: p.name)
+def test_in_the_dag_processor_a_parse_finds_tfpipe_loaded(path):
+    """After the pre-import Airflow's DAG processor makes, parsing the file imports none of tfpipe's
+    DAG-building modules and not the Docker provider; without it (the control) it imports them."""
+    env = {**os.environ, "TFPIPE_HOME": "/srv/tfpipe-probe"}
+
+    def imported(mode: str) -> set[str]:
+        proc = subprocess.run([sys.executable, "-c", PROCESSOR_PARSE, str(path), mode], capture_output=True,
+                              text=True, timeout=120, env=env, cwd=str(REPO))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return set(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+    control = imported("none")
+    assert {"tfpipe.config", "tfpipe.dag_factory", "airflow.providers.docker.operators.docker"} <= control
+    left = imported("pre-import")
+    assert left <= ONLY_THIS_PIPELINE.get(path.name, set()), f"{path.name}'s parse still imports {sorted(left)}"
+
+
+def test_the_wheel_ships_the_pre_import_module_and_no_airflow_package_init(tmp_path):
+    """``airflow.providers.tfpipe`` reaches an installed provider: the wheel has it, and has no
+    ``__init__.py`` of ``airflow`` or ``airflow.providers``, which would replace Airflow's own."""
+    import shutil
+    import zipfile
+
+    # A copy of what the build reads: setuptools builds in the source tree (build/, egg-info)
+    source = tmp_path / "source"
+    shutil.copytree(REPO / "provider", source / "provider",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"),
+                           str(source)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("airflow_provider_tfpipe-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "airflow/providers/tfpipe/__init__.py" in names and "tfpipe/dag_factory.py" in names
+    assert {n for n in names if n.startswith("airflow/")} == {"airflow/providers/tfpipe/__init__.py"}
 
 
 def _parse_probe(path: Path) -> dict:
