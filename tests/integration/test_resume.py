@@ -65,14 +65,28 @@ def _checkpointed_mid_training(home: Path, dag_id: str, min_epochs: int = 2):
         current.get("epochs_run", 0) >= min_epochs
 
 
-def _newest_checkpoint_on_disk(home: Path, dag_id: str) -> int:
-    """The step of the newest checkpoint in the run's checkpoint directory.
+def _checkpoints_on_disk(home: Path, dag_id: str, under: str = "") -> list[int]:
+    """The steps of the checkpoints in the run's checkpoint directory (or its ``under`` folder).
 
     Read once the container is dead: a SIGKILL can land between writing a checkpoint and recording
     it in ``attempts.json``, so the record may name the one before; the files are what a resume sees.
     """
-    ckpt_dir = _run_dir(home, dag_id) / "train" / "checkpoints"
-    return max(int(p.name[len("ckpt-"):-len(".index")]) for p in ckpt_dir.glob("ckpt-*.index"))
+    ckpt_dir = _run_dir(home, dag_id) / "train" / "checkpoints" / under
+    return sorted(int(p.name[len("ckpt-"):-len(".index")]) for p in ckpt_dir.glob("ckpt-*.index"))
+
+
+def _newest_whole_checkpoint(home: Path, dag_id: str, on_disk: list[int], log: str) -> int:
+    """The newest of ``on_disk`` (the steps on disk once the container died) a retry can restore.
+
+    TensorFlow renames a checkpoint's data into place but writes its index in place, last, so a
+    kill inside that write leaves the newest checkpoint unreadable: the retry sets it aside in
+    ``corrupt/``, says so in its log, and takes the one before. No older one may be set aside.
+    """
+    set_aside = _checkpoints_on_disk(home, dag_id, under="corrupt")
+    assert set_aside in ([], on_disk[-1:]), (set_aside, on_disk)
+    if set_aside:
+        assert f"ckpt-{set_aside[0]} cannot be restored" in log and "falling back" in log, log[-6000:]
+    return max(set(on_disk) - set(set_aside))
 
 
 class _TrainingContainerSampler(threading.Thread):
@@ -145,7 +159,7 @@ def test_container_killed_mid_training_resumes_on_retry(tfpipe_home, trainer_ima
         container = _wait_for(lambda: _training_container(docker_client, "resume_kill"), 240, "the training container")
         _wait_for(lambda: _checkpointed_mid_training(tfpipe_home, "resume_kill"), 240, "a checkpoint mid-training")
         container.kill()  # SIGKILL: no chance to save anything more
-        newest = _newest_checkpoint_on_disk(tfpipe_home, "resume_kill")  # before the retry writes any
+        on_disk = _checkpoints_on_disk(tfpipe_home, "resume_kill")  # before the retry writes any
         out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
@@ -159,8 +173,10 @@ def test_container_killed_mid_training_resumes_on_retry(tfpipe_home, trainer_ima
     first, second = _attempts(tfpipe_home, summary["model_dir"])
     assert first["status"] == "interrupted" and second["status"] == "completed"
     assert second["resumed_from"]["step"] > 0
-    # the newest checkpoint was used: work lost is at most one checkpoint interval (the killed try's
-    # record names that one, or the one before when the kill came between writing and recording it)
+    # the newest whole checkpoint was used: work lost is at most one checkpoint interval (the killed
+    # try's record names that one, or the one before when the kill came between writing and
+    # recording it)
+    newest = _newest_whole_checkpoint(tfpipe_home, "resume_kill", on_disk, log)
     assert second["resumed_from"]["checkpoint"].endswith(f"/ckpt-{newest}")
     recorded = int(Path(first["last_checkpoint"]).name.split("-")[-1])
     assert recorded <= newest <= recorded + CKPT_EVERY, (recorded, newest)
@@ -209,7 +225,7 @@ def test_worker_killed_then_cleared_reattaches_to_the_running_container(
         # slow machine training cannot end before the new try looks (a paused container is as alive
         # as a running one).
         orphan.pause()
-        newest = _newest_checkpoint_on_disk(tfpipe_home, "reattach_worker")  # frozen: no newer one comes
+        on_disk = _checkpoints_on_disk(tfpipe_home, "reattach_worker")  # frozen: no newer one comes
         # the UI's Clear of train (and downstream), in one process: same run, next try number
         cmd, env = dag_command("reattach_worker", None, home=tfpipe_home, image=trainer_image, dags_folder=dags,
                                rerun=run_id, rerun_tasks=["train"])
@@ -260,6 +276,8 @@ def test_worker_killed_then_cleared_reattaches_to_the_running_container(
         last = _attempts(tfpipe_home, summary["model_dir"])[-1]
         assert last["status"] == "completed" and last["resumed_from"]["step"] > 0, last
         # from the newest checkpoint the removed container wrote: at most one interval of steps lost
+        # (paused, then removed, it can have been inside a checkpoint's write)
+        newest = _newest_whole_checkpoint(tfpipe_home, "reattach_worker", on_disk, log)
         assert last["resumed_from"]["checkpoint"].endswith(f"/ckpt-{newest}"), (newest, last)
         assert last["start_step"] == last["resumed_from"]["step"] and last["end_step"] == last["target_steps"]
         return
@@ -333,7 +351,7 @@ def test_cleared_after_retries_ran_out_resumes_and_skips_corrupt_checkpoint(
 
     # the newest checkpoint is damaged (a disk or copy went wrong): the next attempt falls back
     ckpt_dir = _run_dir(tfpipe_home, "resume_clear") / "train" / "checkpoints"
-    newest = _newest_checkpoint_on_disk(tfpipe_home, "resume_clear")
+    newest = _checkpoints_on_disk(tfpipe_home, "resume_clear")[-1]
     shards = sorted(ckpt_dir.glob(f"ckpt-{newest}.data-*"))
     assert shards, sorted(p.name for p in ckpt_dir.iterdir())
     for shard in shards:

@@ -146,14 +146,23 @@ def test_resume_from_a_mid_epoch_checkpoint_replays_the_epoch_exactly(ws, monkey
 
 @pytest.mark.resume
 @pytest.mark.reliability
-def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(ws, capsys):
+@pytest.mark.parametrize("cut, keep", [
+    ("data", 0.5),
+    # TensorFlow renames a checkpoint's data file into place but writes its index in place, last:
+    # a SIGKILL while it writes leaves the newest index empty or cut short (a real kill in
+    # tests/integration/test_resume.py can land there)
+    ("index", 0.0),
+    ("index", 0.5),
+])
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(ws, capsys, cut, keep):
     prep.run(ws.config("prep"))
     train.run(ws.config("train", training={"epochs": 2}))
     ckpt_dir = os.path.join(ws.run_dir(), "train", "checkpoints")
-    data_file = glob.glob(os.path.join(ckpt_dir, "ckpt-16.data-*"))[0]
-    size = os.path.getsize(data_file)
-    with open(data_file, "r+b") as handle:
-        handle.truncate(size // 2)
+    pattern = "ckpt-16.data-*" if cut == "data" else "ckpt-16.index"
+    damaged = glob.glob(os.path.join(ckpt_dir, pattern))[0]
+    size = os.path.getsize(damaged)
+    with open(damaged, "r+b") as handle:
+        handle.truncate(int(size * keep))
     with open(os.path.join(ckpt_dir, "checkpoint"), "w") as handle:
         handle.write("model_checkpoint_path: {{{ not a text proto")  # the state file too
     capsys.readouterr()
@@ -163,7 +172,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(ws, capsys):
     assert warning and "falling back" in warning[0]
     assert "resumed from epoch 1 step 8 (checkpoint %s)" % os.path.join(ckpt_dir, "ckpt-8") in out
     assert result["steps"] == 24
-    assert os.path.exists(os.path.join(ckpt_dir, "corrupt", os.path.basename(data_file)))
+    assert os.path.exists(os.path.join(ckpt_dir, "corrupt", os.path.basename(damaged)))
     assert tf.train.latest_checkpoint(ckpt_dir).endswith("ckpt-24")
     # the rewritten state no longer lists the corrupt checkpoint, and a new one works
     assert train.run(ws.config("train", try_number=3, training={"epochs": 3}))[
