@@ -346,6 +346,13 @@ def settle_environment(client: Any) -> Any:
     endpoint are taken once and kept on the session. ``~/.netrc`` is not read: the only
     authorization Cloud Storage takes is the credentials' token header, which a netrc entry for
     the host would replace. Token refreshes use a session of their own and are unchanged.
+
+    The client's bucket-metadata cache is switched off unless the library's OpenTelemetry traces
+    are on (``ENABLE_GCS_PYTHON_CLIENT_OTEL_TRACES``). On a client's first use of a bucket,
+    google-cloud-storage starts a thread that reads the bucket's metadata (a ``GET`` of the bucket,
+    retried for up to two minutes on network errors), only to label trace spans. Without traces
+    nothing reads that label. The read is one more request per client, and so per download
+    process. It also needs ``storage.buckets.get``, which a key that may only read objects lacks.
     Returns ``client``.
     """
     session = client._http
@@ -353,7 +360,18 @@ def settle_environment(client: Any) -> Any:
     settings = session.merge_environment_settings(url, {}, None, None, None)
     session.proxies, session.verify = settings["proxies"], settings["verify"]
     session.trust_env = False
+    if getattr(client, "_bucket_metadata_cache", None) is not None and not _storage_traces_on():
+        client._bucket_metadata_cache = None  # the library tests it for truth before every use
     return client
+
+
+def _storage_traces_on() -> bool:
+    """Whether google-cloud-storage emits OpenTelemetry spans (its own switch, read at its import)."""
+    try:
+        from google.cloud.storage import _opentelemetry_tracing as tracing
+    except ImportError:  # a release without traces has no bucket-metadata cache either
+        return False
+    return bool(getattr(tracing, "HAS_OPENTELEMETRY", False) and getattr(tracing, "enable_otel_traces", False))
 
 
 def list_objects(hook: TfpipeGcsHook, uri: GcsUri, *, prefix: str | None = None, match_glob: str | None = None,
