@@ -9,6 +9,8 @@ from google.cloud.storage import _opentelemetry_tracing as tracing
 
 from tfpipe.hooks.gcs import settle_environment
 
+pytestmark = pytest.mark.gcs
+
 
 def _client():
     return storage.Client(project="p", credentials=AnonymousCredentials())
