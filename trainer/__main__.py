@@ -21,9 +21,10 @@ from trainer.errors import BadInput, NotBlessed, TrainerError
 def _parser():
     parser = argparse.ArgumentParser(
         prog="python3 -m trainer", description="Run one tfpipe training stage.",
-        epilog="Exit codes: 0 ok, %d not blessed, %d bad input, %d diverged, 1 other failure."
+        epilog="Exit codes: 0 ok, %d not blessed, %d bad input, %d diverged, %d a directory it "
+        "writes is not writable, 1 other failure."
         % (contract.ExitCode.NOT_BLESSED, contract.ExitCode.BAD_INPUT,
-           contract.ExitCode.DIVERGED))
+           contract.ExitCode.DIVERGED, contract.ExitCode.DIRS_NOT_READY))
     parser.add_argument("stage", choices=contract.RUNNABLE_STAGES)
     parser.add_argument("--config", metavar="FILE",
                         help="stage config JSON file, '-' for stdin (default: $%s)"
@@ -70,7 +71,8 @@ def main(argv=None):
         if config["stage"] != args.stage:
             raise BadInput("the command runs stage %r but the config says stage %r"
                            % (args.stage, config["stage"]))
-        from trainer import common
+        from trainer import common, workdirs
+        workdirs.require_writable_dirs(config)
         common.quiet_tensorflow()
         common.setup_logging()
         module = importlib.import_module("trainer." + args.stage)

@@ -14,6 +14,7 @@ Contract 2, the exit code (:class:`ExitCode`) and the result line: a stage print
 """
 
 import json
+import posixpath
 import re
 
 SCHEMA_VERSION = 1
@@ -229,10 +230,15 @@ class ExitCode:
     BAD_INPUT = 11
     #: training produced a NaN or infinite loss: fails without retrying, nothing is exported.
     DIVERGED = 12
+    #: a directory the stage writes (:func:`writable_dirs`) is missing and cannot be made, or is
+    #: not writable by the stage's user: checked before the stage starts, so nothing was written.
+    #: The Docker operator then prepares the run's directories and starts the stage once more;
+    #: where no one prepares them, the task fails without retrying.
+    DIRS_NOT_READY = 13
     #: killed (SIGKILL: docker kill, the out-of-memory killer): retried like any unlisted code.
     KILLED = 137
 
-    NO_RETRY = (BAD_INPUT, DIVERGED)
+    NO_RETRY = (BAD_INPUT, DIVERGED, DIRS_NOT_READY)
 
     @classmethod
     def describe(cls, code):
@@ -242,6 +248,7 @@ class ExitCode:
             cls.NOT_BLESSED: "candidate not blessed",
             cls.BAD_INPUT: "bad input or config",
             cls.DIVERGED: "training diverged (NaN/inf loss)",
+            cls.DIRS_NOT_READY: "a directory it writes is not writable by its user",
             cls.KILLED: "killed (SIGKILL: docker kill, or the out-of-memory killer)",
             143: "terminated (SIGTERM)",
         }.get(code, "failed")
@@ -275,6 +282,23 @@ _REQUIRED = {
 }
 _RUN_KEYS = ("dag_id", "run_id", "task_id", "try_number")
 _PATH_KEYS = ("data", "work", "models", "run_dir")
+
+
+def writable_dirs(stage, run_directory, model_name, work=CONTAINER_WORK, models=CONTAINER_MODELS):
+    """The directories ``stage`` writes, each of which must exist and be writable by its user.
+
+    The trainer checks them before a stage starts (exit :attr:`ExitCode.DIRS_NOT_READY` if one is
+    not ready); the operator's helper container makes every stage's ones ready for a run. The DAG's
+    runs directory (the run dir's parent) is among them: writable by the stages' user, it lets the
+    first stage of a later run make its new run dir itself. ``work`` and ``models``: where those
+    volumes are mounted (the container's paths, unless a test mounts them elsewhere).
+    """
+    dirs = [work + "/cache", work + "/cache/cuda", posixpath.dirname(run_directory), run_directory]
+    if stage in ("prep", "prep_merge"):
+        dirs.append(work + "/datasets")
+    if stage == "export":
+        dirs.append(models + "/" + model_name)
+    return tuple(dirs)
 
 
 def validate_stage_config(config):

@@ -40,3 +40,11 @@ class NotBlessed(TrainerError):
     def __init__(self, message, result):
         super(NotBlessed, self).__init__(message)
         self.result = result
+
+
+class DirsNotReady(TrainerError):
+    """A directory the stage writes is missing and cannot be made, or is not writable by the
+    stage's user (exit 13, found before the stage starts: the operator prepares the directories
+    and starts the stage again)."""
+
+    exit_code = ExitCode.DIRS_NOT_READY

@@ -11,7 +11,6 @@ tests call them directly. What one try of a spec runs with, resolved when the ta
 from __future__ import annotations
 
 import hashlib
-import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import field
 from typing import Any
@@ -328,20 +327,11 @@ def container_labels(*, dag_id: str, run_id: str, task_id: str, try_number: int,
 
 
 def writable_dirs(stage: str, cfg_or_template: Mapping[str, Any] | PipelineConfig, run_dir: str) -> tuple[str, ...]:
-    """Container directories a stage writes, which must exist and belong to the stage's user.
-
-    The DAG's runs directory (the run dir's parent) is one of them: owned by the stage's user, it
-    lets the stages of a later run create their new run dir themselves, with no helper container.
-    """
+    """Container directories a stage writes, which must exist and be writable by the stage's user
+    (:func:`tfpipe.contract.writable_dirs` for this pipeline's model)."""
     model_name = (cfg_or_template.export.model_name if isinstance(cfg_or_template, PipelineConfig)
                   else cfg_or_template["export"]["model_name"])
-    work, models = contract.CONTAINER_WORK, contract.CONTAINER_MODELS
-    dirs = [f"{work}/cache", f"{work}/cache/cuda", posixpath.dirname(run_dir), run_dir]
-    if stage in ("prep", "prep_merge"):
-        dirs.append(f"{work}/datasets")
-    if stage == "export":
-        dirs.append(f"{models}/{model_name}")
-    return tuple(dirs)
+    return contract.writable_dirs(stage, run_dir, model_name)
 
 
 def run_writable_dirs(config: Mapping[str, Any], run_dir: str) -> tuple[str, ...]:
@@ -351,14 +341,6 @@ def run_writable_dirs(config: Mapping[str, Any], run_dir: str) -> tuple[str, ...
     for stage in contract.STAGES:
         dirs.update(dict.fromkeys(writable_dirs(stage, config, run_dir)))
     return tuple(dirs)
-
-
-def numeric_owner(user: str | None) -> tuple[int, int] | None:
-    """``(uid, gid)`` of a ``uid[:gid]`` user, as :func:`prepare_dirs_command` hands directories to it;
-    ``None`` for a user given by name (its ids are known only inside the image)."""
-    uid, _, gid = (user or "0:0").partition(":")
-    gid = gid or uid
-    return (int(uid), int(gid)) if uid.isdigit() and gid.isdigit() else None
 
 
 def prepare_dirs_command(dirs: Sequence[str], user: str) -> list[str]:

@@ -13,8 +13,8 @@ from docker.errors import NotFound
 from tfpipe import contract, debug
 from tfpipe.config import PipelineConfig
 from tests.integration.test_pipeline import CreatedContainers
-from tfpipe.exceptions import ImageNotFoundError
-from tfpipe.operators.docker import PREPARE_ROLE, TrainOperator
+from tfpipe.exceptions import ImageNotFoundError, StageRejectedError
+from tfpipe.operators.docker import PREPARE_ROLE, PrepOperator, TrainOperator
 from tfpipe.specs import config_template, container_labels, container_name
 from tfpipe.tries import TryIdentity, resolve_try
 
@@ -141,63 +141,93 @@ def test_prepare_dirs_hands_directories_to_the_stage_user(trainer_image, tfpipe_
     assert (tfpipe_home / "work" / "runs").stat().st_uid == 0
 
 
-def _start_try(op: TrainOperator, run_id: str, try_number: int = 1) -> None:
-    """Create, check and start the try's container as ``submit_job`` does, running ``true``: the volume
-    checks are under test here, not the training."""
-    plan = resolve_try(op.spec, TryIdentity("hygiene", run_id, "train", try_number), image=op.image)
+def _prep_operator(image: str, home, **kwargs) -> PrepOperator:
+    cfg = PipelineConfig.from_dict({
+        "dag_id": "hygiene", "image": {"ref": image}, "data": {"path": "digits/digits.csv"},
+        "volumes": {"data": f"{home}/data", "work": f"{home}/work", "models": f"{home}/models"},
+    })
+    with DAG("hygiene", schedule=None):
+        return PrepOperator(task_id="prep", image=image, stage_config=config_template(cfg, "prep"),
+                            volumes=cfg.volumes, **kwargs)
+
+
+def _run_try(op: PrepOperator, run_id: str, try_number: int = 1) -> dict:
+    """One try of a real prep stage through the operator's own start and follow path (submit_job,
+    poll_until_complete), as execute() sets it up; its result."""
+    plan = resolve_try(op.spec, TryIdentity("hygiene", run_id, "prep", try_number), image=op.image)
     op._plan, op.container_name, op.labels = plan, plan.name, dict(plan.labels)
-    op._dirs_ready = False
-    op.command = ["true"]
-    container = op._start_with_gpu_fallback(None)
-    try:
-        assert op.cli.wait(container["Id"])["StatusCode"] == 0
-    finally:
-        op._remove_container()
+    op._dirs_ready = not op.prepare_volumes
+    return op.poll_until_complete(op.submit_job({}), {})
 
 
-def test_volume_helper_runs_only_when_directories_are_not_ready(trainer_image, tfpipe_home, docker_client):
-    """The helper container that prepares directories is created when the engine shows them missing or
-    owned by someone else, and not when they are already the stage user's (checked through the engine)."""
-    op = _train_operator(trainer_image, tfpipe_home)
+def test_volume_helper_runs_only_when_a_stage_finds_its_directories_not_ready(trainer_image, tfpipe_home,
+                                                                              docker_client):
+    """The helper container that prepares directories runs when the engine has no volume directory yet, or
+    when the stage, checking in its own container as its user, finds one it cannot write (exit 13); the
+    stage then runs again. When they are ready, no helper runs and the engine is asked nothing."""
+    op = _prep_operator(trainer_image, tfpipe_home)
     run_id = f"manual__hygiene_{uuid.uuid4().hex[:8]}"
     run_dir = tfpipe_home / "work" / "runs" / "hygiene" / run_id
 
-    def helpers_created_by(action, of_run: str = run_id) -> int:
+    def containers_of(action, of_run: str = run_id) -> tuple[int, int, int]:
+        """(helpers, stage containers, archive reads) of ``of_run`` while ``action`` runs."""
         events = CreatedContainers(docker_client, "hygiene")
         events.start()
         try:
             action()
         finally:
             created = events.stop()
-        return sum(1 for a in created if a.get("tfpipe.run_id") == of_run and a.get("tfpipe.role") == PREPARE_ROLE)
+        mine = [a for a in created if a.get("tfpipe.run_id") == of_run]
+        reads = [a for a in events.archive_reads if a.get("tfpipe.run_id") == of_run]
+        return (sum(1 for a in mine if a.get("tfpipe.role") == PREPARE_ROLE),
+                sum(1 for a in mine if "tfpipe.role" not in a), len(reads))
 
     # a fresh host: work/ and models/ do not exist yet; one helper prepares every stage's directories
-    assert helpers_created_by(lambda: _start_try(op, run_id)) == 1
+    assert containers_of(lambda: _run_try(op, run_id)) == (1, 1, 0)
     for path in (run_dir, tfpipe_home / "work" / "cache" / "cuda", tfpipe_home / "work" / "datasets",
                  tfpipe_home / "models" / op.spec.config["export"]["model_name"]):
         assert (path.stat().st_uid, path.stat().st_gid) == (1000, 1000), path
     # the next try (or the next stage) of the run finds them ready: no helper container at all
-    assert helpers_created_by(lambda: _start_try(op, run_id, try_number=2)) == 0
+    assert containers_of(lambda: _run_try(op, run_id, try_number=2)) == (0, 1, 0)
     # the helper handed the DAG's runs directory (not the whole tree) to the user, so a new run, whose
-    # run dir does not exist yet, needs no helper either: its stage creates the run dir itself
+    # run dir does not exist yet, needs no helper either: its stage makes the run dir itself
     runs = run_dir.parent
     assert (runs.stat().st_uid, runs.stat().st_gid) == (1000, 1000) and runs.parent.stat().st_uid == 0
     next_run = f"manual__hygiene_{uuid.uuid4().hex[:8]}"
-    assert helpers_created_by(lambda: _start_try(op, next_run), of_run=next_run) == 0
-    assert not (runs / next_run).exists()
-    # ... unless one of those directories is not the user's: then the helper prepares them again
+    assert containers_of(lambda: _run_try(op, next_run), of_run=next_run) == (0, 1, 0)
+    assert (runs / next_run).stat().st_uid == 1000
+    # ... unless one of those directories is not the user's: the stage exits 13 before writing anything,
+    # the helper prepares them, and the stage runs again, once
     os.chown(runs, 0, 0)
-    assert helpers_created_by(lambda: _start_try(op, next_run), of_run=next_run) == 1
-    assert (runs.stat().st_uid, (runs / next_run).stat().st_uid) == (1000, 1000)
-    # a directory taken away from the stage's user is handed back: the run dir on a first try, any
-    # of them on a retry
-    os.chown(run_dir, 0, 0)
-    assert helpers_created_by(lambda: _start_try(op, run_id)) == 1
-    assert (run_dir.stat().st_uid, run_dir.stat().st_gid) == (1000, 1000)
+    third_run = f"manual__hygiene_{uuid.uuid4().hex[:8]}"
+    result = {}
+    assert containers_of(lambda: result.update(_run_try(op, third_run)), of_run=third_run) == (1, 2, 0)
+    assert result["num_classes"] == 10, result
+    assert (runs.stat().st_uid, (runs / third_run).stat().st_uid) == (1000, 1000)
     cache = tfpipe_home / "work" / "cache"
     os.chown(cache, 0, 0)
-    assert helpers_created_by(lambda: _start_try(op, run_id, try_number=3)) == 1
+    assert containers_of(lambda: _run_try(op, run_id, try_number=3)) == (1, 2, 0)
     assert (cache.stat().st_uid, cache.stat().st_gid) == (1000, 1000)
+
+
+def test_a_stage_that_cannot_write_its_directories_fails_naming_them_when_nothing_prepares_them(
+        trainer_image, tfpipe_home):
+    """With ``prepare_volumes`` off (the user manages the volumes), a directory the stage cannot write
+    fails the task without retrying, before the stage wrote anything, and says which one and how to fix it."""
+    op = _prep_operator(trainer_image, tfpipe_home)
+    run_id = f"manual__hygiene_{uuid.uuid4().hex[:8]}"
+    _run_try(op, run_id)  # the helper makes the volumes ready once
+    datasets = tfpipe_home / "work" / "datasets"
+    os.chown(datasets, 0, 0)
+    before = sorted(os.listdir(datasets))
+    manual = _prep_operator(trainer_image, tfpipe_home, prepare_volumes=False)
+    with pytest.raises(StageRejectedError) as err:
+        _run_try(manual, f"manual__hygiene_{uuid.uuid4().hex[:8]}")
+    assert err.value.exit_code == contract.ExitCode.DIRS_NOT_READY
+    message = str(err.value)
+    assert "/work/datasets (owned by 0:0, mode 755)" in message and "uid 1000" in message, message
+    assert "chown" in message and "prepare_volumes" in message, message
+    assert datasets.stat().st_uid == 0 and sorted(os.listdir(datasets)) == before, "nothing may be written"
 
 
 def test_image_the_engine_lacks_and_cannot_pull_names_the_fix(trainer_image, tfpipe_home):

@@ -57,6 +57,8 @@ EXIT_TABLE = [
     ("prep", f"exit {contract.ExitCode.BAD_INPUT}", None, StageRejectedError, False),
     ("train", f"exit {contract.ExitCode.BAD_INPUT}", None, StageRejectedError, False),
     ("train", f"exit {contract.ExitCode.DIVERGED}", None, StageRejectedError, False),
+    # a directory it writes is not writable, and nothing prepares them in this try: no retry helps
+    ("export", f"exit {contract.ExitCode.DIRS_NOT_READY}", None, StageRejectedError, False),
     ("train", "exit 1", None, StageFailedError, True),
     # a child shell SIGKILLed (PID 1 of a container cannot be signalled from inside): exit 137
     ("train", 'sh -c "kill -KILL \\$\\$"', None, StageFailedError, True),

@@ -1,17 +1,14 @@
-"""What a run of a tfpipe pipeline asks Airflow and the engine, beyond the stages' own work, does not
-grow with the DAG's history, and later stages of a run do not ask the engine again about directories
-an earlier stage of the same run made ready.
+"""What a run of a tfpipe pipeline asks Airflow, beyond the stages' own work, does not grow with the
+DAG's history.
 
-The engine-side half (no archive read by a later stage's container) is checked on a real engine by
-``tests/integration/test_pipeline.py::test_digits_pipeline_end_to_end``.
+The engine-side half (a later run asks the engine nothing about its directories: no archive read)
+is checked on a real engine by ``tests/integration/test_pipeline.py::test_digits_pipeline_end_to_end``.
 """
 
 from __future__ import annotations
 
 import logging
 
-from tfpipe import PipelineConfig, training_pipeline
-from tfpipe.operators.docker import TfpipeStageOperator
 from tfpipe.operators.retention import active_run_ids
 
 
@@ -59,34 +56,3 @@ def test_another_active_run_is_still_found_and_a_failed_one_is_not():
     runs["manual__failed_long_ago"] = ("failed", {"prep": "failed", "train": None, "cleanup": "success"})
     states = RunStates("manual__now", runs)
     assert active_run_ids(states, "d", logging.getLogger(__name__)) == ["manual__now", "manual__retrying"]
-
-
-def _pipeline(**changes) -> dict[str, TfpipeStageOperator]:
-    cfg = PipelineConfig.from_dict({
-        "dag_id": "cost_plan", "image": {"ref": "tfpipe/trainer:0.1.0"}, "data": {"path": "digits/digits.csv"},
-        "volumes": {"data": "/srv/data", "work": "/srv/work", "models": "/srv/models"}, **changes})
-    dag = training_pipeline(cfg)
-    return {t.task_id: t for t in dag.tasks if isinstance(t, TfpipeStageOperator)}
-
-
-def test_later_stages_of_a_run_trust_the_directories_an_earlier_stage_made_ready():
-    stages = _pipeline()
-    assert stages["prep"]._upstream_stage_prepared() is False  # the first stage asks the engine
-    for later in ("train", "evaluate", "export"):
-        assert stages[later]._upstream_stage_prepared() is True, later
-
-
-def test_a_stage_that_may_run_after_a_failed_or_different_upstream_asks_the_engine():
-    train = _pipeline()["train"]
-    train.trigger_rule = "none_failed"  # it may run although its upstream was skipped
-    assert train._upstream_stage_prepared() is False
-    evaluate = _pipeline()["evaluate"]
-    evaluate.user = "2000:2000"  # another user than the stage that made them
-    assert evaluate._upstream_stage_prepared() is False
-    export = _pipeline()["export"]
-    for upstream in export.upstream_list:
-        upstream.prepare_volumes = False  # the upstream never checked them
-    assert export._upstream_stage_prepared() is False
-    other_engine = _pipeline()["evaluate"]
-    other_engine.docker_url = "tcp://127.0.0.1:2376"
-    assert other_engine._upstream_stage_prepared() is False

@@ -14,7 +14,6 @@ from tfpipe.run_params import conf_only_keys
 from tfpipe.specs import (
     container_labels,
     container_name,
-    numeric_owner,
     plan_pipeline,
     prepare_dirs_command,
     resolve_stage_config,
@@ -179,12 +178,6 @@ def test_the_run_prepares_every_stage_directory_once(cfg):
     dirs = run_writable_dirs(spec.config, run)
     assert len(dirs) == len(set(dirs))
     assert set(dirs) == {d for stage in contract.STAGES for d in writable_dirs(stage, spec.config, run)}
-
-
-@pytest.mark.parametrize(("user", "owner"), [("1000:1000", (1000, 1000)), ("1000", (1000, 1000)), ("0:0", (0, 0)),
-                                             ("1000:100", (1000, 100)), ("tfpipe", None), ("1000:staff", None)])
-def test_numeric_owner_matches_what_the_helper_hands_directories_to(user, owner):
-    assert numeric_owner(user) == owner
 
 
 def test_early_stopping_is_configured_in_the_dag_and_a_run_s_conf_may_change_its_patience(cfg):

@@ -131,6 +131,31 @@ def test_divergence_exits_12_and_checkpoints_nothing_diverged(ws, cli):
     assert attempt["status"] == "diverged" and "step %d" % bad_step in attempt["error"]
 
 
+def test_a_directory_it_cannot_write_exits_13_before_the_stage_starts(ws, cli):
+    """The stage checks, as its own user, every directory it writes before it starts: a missing one
+    is made (as a new run's stage makes its run dir), one it cannot write ends the stage with exit
+    13, naming each such directory and the fix, before any data set is written."""
+    runs = os.path.dirname(ws.run_dir())
+    os.makedirs(runs)
+    os.chmod(runs, 0o555)  # the stage's user owns it but cannot write it: what a root-owned one is to it
+    try:
+        proc = cli("prep", ws.config("prep"))
+    finally:
+        os.chmod(runs, 0o755)
+    assert proc.returncode == contract.ExitCode.DIRS_NOT_READY == 13, proc.stdout + proc.stderr
+    assert "ERROR (DirsNotReady, exit 13): this stage runs as uid %d" % os.getuid() in proc.stderr
+    assert "%s (owned by %d:%d, mode 555)" % (runs, os.getuid(), os.getgid()) in proc.stderr, proc.stderr
+    assert "%s (cannot be made (Permission denied))" % ws.run_dir() in proc.stderr, proc.stderr
+    assert "Fix: let the operator prepare the volumes" in proc.stderr and "chown" in proc.stderr
+    assert contract.RESULT_PREFIX not in proc.stdout
+    assert ws.visible("work", "datasets") == [] and not os.path.exists(ws.run_dir())
+    # ready again: the same stage makes what is missing, as its user, and runs
+    proc = cli("prep", ws.config("prep"))
+    assert proc.returncode == 0, proc.stderr
+    for made in (ws.run_dir(), os.path.join(ws.work, "cache", "cuda"), os.path.join(ws.work, "datasets")):
+        assert os.stat(made).st_uid == os.getuid(), made
+
+
 def test_exit_skips_shutdown_but_runs_atexit_and_flushes(tmp_path):
     # The stage process leaves with os._exit: the atexit handlers must still run, unflushed
     # output must still come out, and the code must be the stage's.

@@ -44,8 +44,6 @@ LOG = logging.getLogger(__name__)
 #: Where a helper program's payload and result live inside its container.
 HELPER_IN = "/tmp/tfpipe-helper-in.json"
 HELPER_OUT = "/tmp/tfpipe-helper-out.json"
-#: Enough of a tar stream for its first member's header (a PAX header and the ustar header behind it).
-_HEADER_BYTES = 8192
 #: The directory bit of a Go ``os.FileMode``, as the engine's path stat reports the mode.
 _GO_MODE_DIR = 1 << 31
 #: Label that says what a container is for (``stage`` containers have none).
@@ -153,40 +151,6 @@ class TfpipeDockerHook(DockerHook):
                 tags.get("tfpipe.try_number", "?"), c.get("State"))
             cli.remove_container(cid, force=True)
         return len(found)
-
-    def path_owners(self, container_id: str, paths: Sequence[str]) -> dict[str, tuple[int, int] | None]:
-        """The ``(uid, gid)`` of each directory ``paths`` in a container's view (``None``: missing or
-        not a directory), read through the engine's archive API.
-
-        The container may be created and never started (the engine mounts its binds for archive
-        operations), so a stage container can check its own mounts before it starts. Only the first
-        tar header of each path is read, then the stream is closed: a run directory full of
-        checkpoints costs no more than an empty one.
-        """
-        from docker.errors import NotFound
-
-        cli = self.api_client
-        url = cli._url("/containers/{0}/archive", container_id)
-        owners: dict[str, tuple[int, int] | None] = {}
-        for path in paths:
-            response = cli._get(url, params={"path": path}, stream=True)
-            try:
-                try:
-                    cli._raise_for_status(response)
-                except NotFound:
-                    owners[path] = None
-                    continue
-                head = b""
-                for chunk in response.iter_content(chunk_size=_HEADER_BYTES):
-                    head += chunk
-                    if len(head) >= _HEADER_BYTES:
-                        break
-                with tarfile.open(fileobj=io.BytesIO(head), mode="r|") as tar:
-                    first = tar.next()
-                owners[path] = (first.uid, first.gid) if first is not None and first.isdir() else None
-            finally:
-                response.close()
-        return owners
 
     def create_helper(self, *, image: str, command: Sequence[str], binds: Mapping[str, Mapping[str, str]],
                       labels: Mapping[str, str], role: str) -> str:

@@ -13,18 +13,19 @@ DAG files parse fast and offline). ``execute()`` then, against the Docker engine
    does not cost the training it was watching. Otherwise:
 3. removes any leftover container of an earlier try of the same task (a worker killed with
    SIGKILL never ran ``on_kill``: two containers must never write one checkpoint directory);
-4. creates the stage container (deterministic name, ``tfpipe.*`` labels, non-root user, GPUs)
-   and, before starting it, checks through the engine that the directories it writes exist and
-   belong to its user (the worker may not see the engine's disks; a first try checks the run
-   directory, a retry all of them). Only when they do not does a
-   short root container prepare them, for every stage of the run at once, so in a normal run
-   only the first stage pays for one, and only in the first run: it also hands the DAG's runs
-   directory to the stage's user, so later runs' stages create their run directory themselves.
-   A later stage's first try that runs only after such a stage of the same run succeeded (same
-   engine, user and mounts) asks the engine nothing: that stage left every directory ready.
-   Then it starts the container and records its id;
+4. creates and starts the stage container (deterministic name, ``tfpipe.*`` labels, non-root
+   user, GPUs) and records its id;
 5. follows its output, waits for its exit, maps the exit code through the contract
    (:mod:`tfpipe.operators.exits`) and returns the stage's JSON result through XCom.
+
+The directories a stage writes must be writable by its user. The stage checks that itself, in its
+own container before it starts (:mod:`trainer.workdirs`: a few ``stat`` calls, no request to the
+engine, and the worker may not see the engine's disks anyway), and exits 13 when one is not. Only
+then does a short root container prepare them, for every stage of the run at once, and the stage
+starts again, once. So only the first stage of the first run pays for one: it also hands the DAG's
+runs directory to the stage's user, so later runs' stages make their run directory themselves. On
+a fresh engine host, where the volume directories do not exist yet, the engine refuses to create
+the stage container, and the helper runs before it.
 
 On Airflow < 3.3 the ``common.compat`` stand-in of the mixin has no ``task_state_store``: every
 try starts a new container (step 3 on), resuming from the newest checkpoint.
@@ -44,7 +45,6 @@ from tfpipe.links import RunReportLink, TensorBoardLink
 from tfpipe.specs import (
     MountSpec,
     StageSpec,
-    numeric_owner,
     prepare_dirs_command,
     run_writable_dirs,
     stage_spec,
@@ -119,8 +119,9 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
 
     :param spec: the stage's spec; when given, the spec arguments below must be left out.
     :param docker_url: the Docker engine, local or remote.
-    :param prepare_volumes: make sure the directories the stage writes exist and belong to its user
-        before it runs (checked through the engine; a helper container prepares them only when not).
+    :param prepare_volumes: make the directories the stage writes ready for its user when the stage
+        finds they are not (a short root helper container on the engine, then the stage once more);
+        off, such a stage fails without retrying.
     :param image: the trainer image, pinned by version tag or digest; ``None`` = the Airflow
         Variable ``tfpipe_image``, read when the task runs.
     :param stage_config: the stage config template (see :func:`tfpipe.specs.config_template`);
@@ -291,7 +292,7 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
         self._plan = plan
         self._result: dict[str, Any] | None = None
         self._fresh = False
-        self._dirs_ready = not self.prepare_volumes
+        self._dirs_ready = not self.prepare_volumes  # False: this try may still prepare them, once
         self.log.info("tfpipe %s: run dir %s, container %s", self.stage, plan.run_dir, self.container_name)
         # Where the run's files are, for the api-server's report and TensorBoard (tfpipe.plugins);
         # pushed first so a failed try still leads there.
@@ -370,6 +371,8 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
         code = self.cli.wait(cid).get("StatusCode")
         if not fresh or contract.parse_result_line(lines) is None:
             lines = lines + self._tail_lines(cid, exclude=lines)
+        if code == contract.ExitCode.DIRS_NOT_READY and not getattr(self, "_dirs_ready", True):
+            return self._prepare_and_start_again(context)
         try:
             if code != 0:  # only a failure needs the state (was it the OOM killer?)
                 self._raise_for_exit(code, bool(self._container_state().get("OOMKilled")), lines, context)
@@ -474,8 +477,6 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
         )
         self.container = container
         try:
-            if not getattr(self, "_dirs_ready", True):
-                self._prepare_dirs_unless_ready(container["Id"])
             self.cli.start(container["Id"])
         except Exception:
             self._remove_container()  # a container that never started is nobody's to keep
@@ -558,61 +559,20 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
             binds={m.source: {"bind": m.target, "mode": "rw"} for m in self.spec.mounts if not m.read_only},
             labels=self.labels or {}, role=PREPARE_ROLE, where="the work and models volumes")
 
-    def _prepare_dirs_unless_ready(self, container_id: str) -> None:
-        """Prepare the run's directories unless the stage's own are already there and its user's.
-
-        Checked through the engine, in the created (not yet started) stage container's view of
-        its mounts; a user given by name cannot be checked, so its directories are prepared.
-        Each path costs the engine a mount of the container, so a first try checks only the run
-        directory: it is new in every run and made by the same helper call as all the others, so
-        an earlier stage of this run left them all ready. A retry checks every one (a try may
-        have failed because one of them was not).
-
-        A new run's first stage finds no run directory. When every other directory the run
-        writes (the DAG's runs directory among them) is already the user's, as the first run's
-        helper left them, no helper runs: the stage creates its run directory itself, as its user.
-        """
-        plan = self._plan
-        owner = numeric_owner(self.user)
-        first_try = plan.config["run"]["try_number"] == 1
-        if first_try and self._upstream_stage_prepared():
-            self._dirs_ready = True
-            return
-        checked = (plan.run_dir,) if first_try and plan.run_dir in plan.writable_dirs else plan.writable_dirs
-        owners = self.hook.path_owners(container_id, checked) if owner else {}
-        missing = [d for d in checked if owners.get(d) != owner]
-        if owner and first_try and missing == [plan.run_dir] and owners.get(plan.run_dir) is None:
-            others = tuple(d for d in run_writable_dirs(plan.config, plan.run_dir) if d != plan.run_dir)
-            others_owners = self.hook.path_owners(container_id, others)
-            missing = [d for d in others if others_owners.get(d) != owner]
-        if missing:
-            self.log.info("preparing the run's directories on the engine's host (%s not ready)", ", ".join(missing))
-            self._prepare_dirs(run_writable_dirs(plan.config, plan.run_dir))
+    def _prepare_and_start_again(self, context: Any) -> dict[str, Any]:
+        """The stage found a directory it writes not ready for its user (exit 13, before it wrote
+        anything): prepare every directory of the run, then run the stage in a new container, once
+        (a second exit 13 fails the task, with the stage's own message)."""
+        self._remove_container()
+        self.log.info("%s: a directory it writes is not ready for %s: preparing the run's directories on the "
+                      "engine's host, then starting the stage again", self.stage, self.user or "root")
+        self._prepare_dirs(run_writable_dirs(self._plan.config, self._plan.run_dir))
         self._dirs_ready = True
-
-    def _upstream_stage_prepared(self) -> bool:
-        """Whether a stage directly upstream already made this run's directories ready, so this
-        first try need not ask the engine again.
-
-        True when this task runs only after all its upstream tasks succeeded (``all_success``) and
-        one of them is a stage of the same run with the same engine, user and writable mounts that
-        checks its directories too: its first try checked (or prepared) every directory of the run
-        (:func:`~tfpipe.specs.run_writable_dirs`), and its container, run as the same user in the
-        same mounts, created the run directory and exited 0. Each engine check costs a mount of the
-        container, so this saves one per later stage of every run. A retry, or a try after a Clear,
-        checks again (its try number is above 1).
-        """
-        if self.trigger_rule != "all_success":  # a str enum: equal to its value
-            return False
-        writable = [(m.source, m.target) for m in self.spec.mounts if not m.read_only]
-        for upstream in self.upstream_list:
-            if (isinstance(upstream, TfpipeStageOperator) and upstream.prepare_volumes
-                    and upstream.docker_url == self.docker_url
-                    and upstream.engine_from_shard_list == self.engine_from_shard_list
-                    and upstream.user == self.user
-                    and [(m.source, m.target) for m in upstream.spec.mounts if not m.read_only] == writable):
-                return True
-        return False
+        container_id = self.submit_job(context)
+        store = context.get("task_state_store")
+        if store is not None:  # a worker lost from here on finds this container, as execute_resumable records one
+            store.set(self.external_id_key, container_id)
+        return self.poll_until_complete(container_id, context)
 
     def _container_state(self) -> dict[str, Any]:
         if not getattr(self, "container", None):
