@@ -611,10 +611,11 @@ def resume_cost(ctx: Context) -> dict[str, Any]:
     kills: list[dict[str, Any]] = []
 
     def start(run_id: str, try_number: int) -> tuple[subprocess.Popen, str, Path, float]:
-        config = resolve_try(spec, TryIdentity(cfg.dag_id, run_id, "train", try_number)).config
+        try_plan = resolve_try(spec, TryIdentity(cfg.dag_id, run_id, "train", try_number))
+        config = try_plan.config
         run_dir = host_path(cfg, config["paths"]["run_dir"])
         if try_number == 1:  # the run's prep output and directories: prepared beforehand, untimed
-            make_dirs(run_dir, root / "work" / "cache" / "cuda", root / "models")
+            make_dirs(*(host_path(cfg, d) for d in try_plan.writable_dirs), root / "models")
             shutil.copy(prep_pointer, run_dir / "dataset.json")
             os.chown(run_dir / "dataset.json", *UID_GID)
         args = ctx.docker_run_args("resume")
@@ -830,7 +831,7 @@ def rss_drift(ctx: Context) -> dict[str, Any]:
     metrics.json; both runs are the real stage container as the operator configures it, the
     second with ``resources.jemalloc: false``. They run side by side, so machine load hits both."""
     from tfpipe.config import PipelineConfig
-    from tfpipe.specs import config_template, plan_pipeline, resolve_stage_config
+    from tfpipe.specs import config_template, plan_pipeline, resolve_stage_config, writable_dirs
 
     root = ctx.images_root()
     logfile = LOGS / "rss_drift_ratio.log"
@@ -856,7 +857,7 @@ def rss_drift(ctx: Context) -> dict[str, Any]:
         config = resolve_stage_config(config_template(cfg, "train"), dag_id=cfg.dag_id, run_id=run_id,
                                       task_id="train", try_number=1, image=ctx.image)
         run_dir = host_path(cfg, config["paths"]["run_dir"])
-        make_dirs(run_dir, root / "work" / "cache" / "cuda", root / "models")
+        make_dirs(*(host_path(cfg, d) for d in writable_dirs("train", cfg, config["paths"]["run_dir"])), root / "models")
         shutil.copy(prep_pointer, run_dir / "dataset.json")
         os.chown(run_dir / "dataset.json", *UID_GID)
         args = ctx.docker_run_args(f"rss-{label}")
