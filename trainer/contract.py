@@ -14,7 +14,6 @@ Contract 2, the exit code (:class:`ExitCode`) and the result line: a stage print
 """
 
 import json
-import posixpath
 import re
 
 SCHEMA_VERSION = 1
@@ -293,7 +292,7 @@ def writable_dirs(stage, run_directory, model_name, work=CONTAINER_WORK, models=
     first stage of a later run make its new run dir itself. ``work`` and ``models``: where those
     volumes are mounted (the container's paths, unless a test mounts them elsewhere).
     """
-    dirs = [work + "/cache", work + "/cache/cuda", posixpath.dirname(run_directory), run_directory]
+    dirs = [work + "/cache", work + "/cache/cuda", run_directory.rstrip("/").rsplit("/", 1)[0], run_directory]
     if stage in ("prep", "prep_merge"):
         dirs.append(work + "/datasets")
     if stage == "export":
