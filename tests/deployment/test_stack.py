@@ -442,7 +442,11 @@ def test_sharded_prep_runs_its_shards_on_two_engines_that_share_the_volumes(stac
     finally:
         if not had_image:
             _first_engine_cli("image", "rm", image)
-    assert [(a["tfpipe.task_id"], a["tfpipe.map_index"]) for a in on_first] == [("prep_shard", "1")], on_first
+    # Shard 1 only, and started twice at most: where the DAG's directories on these volumes were not
+    # ready yet when it started (its first run), it exits 13 before writing anything, a helper
+    # prepares them and it starts again in the same try.
+    on_first_tasks = [(a["tfpipe.task_id"], a["tfpipe.map_index"]) for a in on_first]
+    assert set(on_first_tasks) == {("prep_shard", "1")} and len(on_first_tasks) <= 2, on_first
     tls_tasks = [(a["tfpipe.task_id"], a["tfpipe.map_index"]) for a in on_tls]
     assert ("prep_shard", "0") in tls_tasks and ("prep_shard", "1") not in tls_tasks, tls_tasks
     assert {"prep_merge", "train", "evaluate"} <= {task for task, _ in tls_tasks}, tls_tasks
