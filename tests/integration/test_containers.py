@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
+from types import SimpleNamespace
 
 import pytest
 from airflow.sdk import DAG
 from docker.errors import NotFound
 
 from tfpipe import contract, debug
+from tfpipe.compat import has_resumable_jobs
 from tfpipe.config import PipelineConfig
 from tests.integration.test_pipeline import CreatedContainers
 from tfpipe.exceptions import ImageNotFoundError, StageRejectedError
@@ -151,12 +153,23 @@ def _prep_operator(image: str, home, **kwargs) -> PrepOperator:
                             volumes=cfg.volumes, **kwargs)
 
 
-def _run_try(op: PrepOperator, run_id: str, try_number: int = 1) -> dict:
-    """One try of a real prep stage through the operator's own start and follow path (submit_job,
-    poll_until_complete), as execute() sets it up; its result."""
+def _start_try(op: PrepOperator, run_id: str, try_number: int) -> PrepOperator:
+    """``op`` set up for one try of the run, as its execute() sets it up before it starts the stage."""
     plan = resolve_try(op.spec, TryIdentity("hygiene", run_id, "prep", try_number), image=op.image)
     op._plan, op.container_name, op.labels = plan, plan.name, dict(plan.labels)
     op._dirs_ready = not op.prepare_volumes
+    return op
+
+
+def _try_context(op: PrepOperator, run_id: str, try_number: int, store) -> dict:
+    ti = SimpleNamespace(dag_id="hygiene", run_id=run_id, task_id=op.task_id, try_number=try_number, stats_tags={})
+    return {"ti": ti, "task_state_store": store}
+
+
+def _run_try(op: PrepOperator, run_id: str, try_number: int = 1) -> dict:
+    """One try of a real prep stage through the operator's own start and follow path (submit_job,
+    poll_until_complete); its result."""
+    _start_try(op, run_id, try_number)
     return op.poll_until_complete(op.submit_job({}), {})
 
 
@@ -228,6 +241,68 @@ def test_a_stage_that_cannot_write_its_directories_fails_naming_them_when_nothin
     assert "/work/datasets (owned by 0:0, mode 755)" in message and "uid 1000" in message, message
     assert "chown" in message and "prepare_volumes" in message, message
     assert datasets.stat().st_uid == 0 and sorted(os.listdir(datasets)) == before, "nothing may be written"
+
+
+class _WorkerLost(BaseException):
+    """The worker process dying: nothing after it runs, the container it started keeps running."""
+
+
+class _TaskStateStore:
+    """The try's ``task_state_store`` as the mixin uses it (``get``/``set`` of the container id; Airflow
+    keeps it in its metadata DB across tries), recording each id it is given and checking, as it is
+    given, that the id names a container of this task that the engine still has."""
+
+    def __init__(self, docker_client, run_id: str, lose_worker_after: int | None = None):
+        self.client, self.run_id, self.lose_worker_after = docker_client, run_id, lose_worker_after
+        self.values: dict[str, str] = {}
+        self.history: list[str] = []
+
+    def get(self, key: str):
+        return self.values.get(key)
+
+    def set(self, key: str, value: str) -> None:
+        labels = self.client.api.inspect_container(value)["Config"]["Labels"]
+        assert (labels["tfpipe.run_id"], labels["tfpipe.task_id"]) == (self.run_id, "prep"), labels
+        self.values[key] = value
+        self.history.append(value)
+        if len(self.history) == self.lose_worker_after:
+            raise _WorkerLost
+
+
+@pytest.mark.skipif(not has_resumable_jobs(), reason="Airflow before 3.3 has no task_state_store to record it in")
+def test_a_stage_started_again_after_preparing_directories_is_the_one_a_lost_worker_re_attaches_to(
+        trainer_image, tfpipe_home, docker_client):
+    """When the stage exits 13 and starts again in a new container, the try records the new container's id,
+    as it recorded the first one's: a worker lost while that container runs leaves a next try that takes
+    its result, with no third stage container."""
+    run_id = f"manual__hygiene_{uuid.uuid4().hex[:8]}"
+    op = _prep_operator(trainer_image, tfpipe_home)
+    _run_try(op, run_id)  # the volumes exist; then the DAG's runs directory stops being the user's
+    os.chown(tfpipe_home / "work" / "runs" / "hygiene", 0, 0)
+    run_id = f"manual__hygiene_{uuid.uuid4().hex[:8]}"
+    store = _TaskStateStore(docker_client, run_id, lose_worker_after=2)
+    events = CreatedContainers(docker_client, "hygiene")
+    events.start()
+    try:
+        with pytest.raises(_WorkerLost):
+            _start_try(op, run_id, 1).execute_resumable(_try_context(op, run_id, 1, store))
+        first, again = store.history
+        assert first != again
+        with pytest.raises(NotFound):  # the container that exited 13 is gone ...
+            docker_client.api.inspect_container(first)
+        # ... and the one started again keeps running without its worker
+        assert docker_client.api.inspect_container(again)["State"]["Status"] in ("created", "running", "exited")
+        next_try = _prep_operator(trainer_image, tfpipe_home)
+        result = _start_try(next_try, run_id, 2).execute_resumable(_try_context(next_try, run_id, 2, store))
+    finally:
+        created = events.stop()
+    assert result["num_classes"] == 10, result
+    assert store.history == [first, again], "the next try must take the recorded container, not start one"
+    stages = [a for a in created if a.get("tfpipe.run_id") == run_id and "tfpipe.role" not in a]
+    helpers = [a for a in created if a.get("tfpipe.run_id") == run_id and a.get("tfpipe.role") == PREPARE_ROLE]
+    assert (len(helpers), len(stages)) == (1, 2), created
+    with pytest.raises(NotFound):
+        docker_client.api.inspect_container(again)
 
 
 def test_image_the_engine_lacks_and_cannot_pull_names_the_fix(trainer_image, tfpipe_home):

@@ -569,7 +569,9 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
         self._prepare_dirs(run_writable_dirs(self._plan.config, self._plan.run_dir))
         self._dirs_ready = True
         container_id = self.submit_job(context)
-        store = context.get("task_state_store")
+        from tfpipe.compat import task_state_store
+
+        store = task_state_store(context)
         if store is not None:  # a worker lost from here on finds this container, as execute_resumable records one
             store.set(self.external_id_key, container_id)
         return self.poll_until_complete(container_id, context)
