@@ -170,6 +170,67 @@ def test_rerun_only_failed_reruns_the_failed_task_and_its_upstream_failed_ones_o
         assert _runs(marks, kept) == 1, f"{kept} succeeded before and must not run again"
 
 
+EXIT_DAG = '''"""A DAG of one Python task that marks, per process, how the process ends."""
+import atexit
+import os
+import sys
+
+import pendulum
+from airflow.sdk import DAG, task
+
+MARKS = {marks!r}
+
+
+# Everything it needs is bound now: at teardown, module globals may already be gone.
+def _mark(name, _open=os.open, _write=os.write, _close=os.close, _getpid=os.getpid, _marks=MARKS,
+          _flags=os.O_CREAT | os.O_WRONLY):
+    fd = _open(f"{{_marks}}/{{name}}-{{_getpid()}}", _flags, 0o644)
+    _write(fd, b"ran")
+    _close(fd)
+
+
+class _FreedAtTeardown:
+    def __del__(self, _mark=_mark):
+        _mark("teardown")
+
+
+if not hasattr(sys, "_tfpipe_exit_probe"):  # once per process, however often it parses this file
+    sys._tfpipe_exit_probe = _FreedAtTeardown()  # only the interpreter's teardown frees it
+    atexit.register(_mark, "atexit")
+
+with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False):
+    @task(retries=0)
+    def one():
+        print("done")
+
+    one()
+'''
+
+
+def test_the_command_ends_its_process_after_atexit_without_tearing_the_interpreter_down(tmp_path):
+    """``tfpipe run`` (``python -m tfpipe.cli``) runs the process's ``atexit`` handlers and delivers its
+    summary line through a pipe (stdout not unbuffered), then ends the process without the interpreter's
+    teardown, which freed its objects one by one for 2-3 s after a DAG run."""
+    dag_id = f"exit_{uuid.uuid4().hex[:8]}"
+    dags, marks = tmp_path / "dags", tmp_path / "marks"
+    dags.mkdir()
+    marks.mkdir()
+    (dags / f"{dag_id}.py").write_text(EXIT_DAG.format(marks=str(marks), dag_id=dag_id))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags)
+    proc = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "run", dag_id, "--dags-folder", str(dags)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    stdout, stderr = proc.communicate(timeout=300)
+    summary = parse_summary(stdout, stderr, proc.returncode)
+    assert proc.returncode == 0 and summary["state"] == "success", stderr[-4000:]
+    assert (marks / f"atexit-{proc.pid}").exists(), "the atexit handlers must run"
+    assert not (marks / f"teardown-{proc.pid}").exists(), "the interpreter's teardown must be skipped"
+    # the same DAG file in a plain interpreter is torn down and writes the mark: the probe works
+    subprocess.run([sys.executable, "-c", f"import runpy; runpy.run_path({str(dags / (dag_id + '.py'))!r})"],
+                   env=env, check=True, timeout=120, cwd=REPO, capture_output=True)
+    assert {p.name.split("-")[0] for p in marks.iterdir()} == {"atexit", "teardown"}
+
+
 def test_only_failed_needs_rerun():
     proc = subprocess.run([sys.executable, "-m", "tfpipe.cli", "run", "any_dag", "--only-failed"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
