@@ -183,6 +183,7 @@ def test_the_wheel_ships_the_pre_import_module_and_no_airflow_package_init(tmp_p
     (wheel,) = (tmp_path / "dist").glob("airflow_provider_tfpipe-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "airflow/providers/tfpipe/__init__.py" in names and "tfpipe/dag_factory.py" in names
+    assert "airflow_provider_tfpipe.py" in names  # the module Airflow's example-DAG discovery guesses
     assert {n for n in names if n.startswith("airflow/")} == {"airflow/providers/tfpipe/__init__.py"}
 
 

@@ -61,3 +61,38 @@ def test_the_plugin_comes_through_the_entry_point_only():
     plugins = [ep for ep in dist.entry_points if ep.group == "airflow.plugins"]
     assert [(ep.name, ep.value) for ep in plugins] == [("tfpipe", "tfpipe.plugins.tfpipe:TfpipePlugin")]
     assert plugins[0].load().__name__ == "TfpipePlugin"
+
+
+class _Log:
+    """Stands in for the discovery's module logger (Airflow routes it through structlog, past
+    ``caplog``): keeps every message at warning level or above."""
+
+    def __init__(self):
+        self.problems: list[str] = []
+
+    def _keep(self, msg, *args, **kwargs):
+        self.problems.append(msg % args if args else msg)
+
+    warning = error = exception = critical = _keep
+
+    def __getattr__(self, name):  # debug, info: not kept
+        return lambda *args, **kwargs: None
+
+
+def test_example_dag_discovery_finds_a_module_for_the_distribution_and_no_example_dags(monkeypatch):
+    """With ``load_examples`` on (Airflow's default), Airflow guesses each provider's package from its
+    distribution name to look for an ``example_dags`` folder; for ``airflow-provider-tfpipe`` the guess
+    is ``airflow_provider_tfpipe``, which must import (else an error with a traceback is logged by every
+    process that loads the DAG bundles) and add no bundle."""
+    manager = importlib.import_module("airflow.dag_processing.bundles.manager")
+    discover = getattr(manager, "_add_provider_example_dags_to_bundle", None)
+    if discover is None:  # releases before it add only Airflow's own example DAGs
+        import pytest
+
+        pytest.skip("this Airflow does not look for providers' example DAGs")
+    log = _Log()
+    monkeypatch.setattr(manager, "log", log)
+    bundles: list = []
+    discover(bundles)
+    assert not [m for m in log.problems if "tfpipe" in m], log.problems
+    assert not [b for b in bundles if "tfpipe" in b.name], bundles
