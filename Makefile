@@ -53,6 +53,9 @@ $(VENV)/.installed: requirements/host.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check -r requirements/host.lock 2> >(grep -v "^WARNING: Location" >&2)
 	@$(PY) -m pip install -q --disable-pip-version-check --no-deps -e . 2> >(grep -v "^WARNING: Location" >&2)
+	@# The build leaves the distribution's metadata in provider/, which is on sys.path: a second copy
+	@# there makes Airflow load the plugin's entry point twice and record a plugin import error.
+	@rm -rf provider/*.egg-info
 	@touch $@
 
 image: docker

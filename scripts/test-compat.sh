@@ -48,6 +48,7 @@ if [[ ! -f $venv/.installed || $lock -nt $venv/.installed || pyproject.toml -nt 
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$lock" 2> >(grep -v "^WARNING: Location" >&2)
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e . \
     2> >(grep -v "^WARNING: Location" >&2)
+  rm -rf provider/*.egg-info  # a second copy of the metadata on sys.path: see the Makefile's venv target
   touch "$venv/.installed"
   echo "[compat $version] venv ready in $((SECONDS - started)) s"
 fi

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import subprocess
+import sys
 from importlib import metadata, resources
 
 import jsonschema
@@ -61,6 +63,31 @@ def test_the_plugin_comes_through_the_entry_point_only():
     plugins = [ep for ep in dist.entry_points if ep.group == "airflow.plugins"]
     assert [(ep.name, ep.value) for ep in plugins] == [("tfpipe", "tfpipe.plugins.tfpipe:TfpipePlugin")]
     assert plugins[0].load().__name__ == "TfpipePlugin"
+
+
+PLUGINS_PROBE = """
+import json
+from airflow import plugins_manager as pm
+if hasattr(pm, "_get_plugins"):  # Airflow 3.2 on
+    plugins, errors = pm._get_plugins()
+else:
+    pm.ensure_plugins_loaded()
+    plugins, errors = pm.plugins, pm.import_errors
+print(json.dumps({"names": [p.name for p in plugins], "errors": {str(k): str(v) for k, v in errors.items()}}))
+"""
+
+
+def test_airflow_loads_the_plugin_once_and_records_no_plugin_error():
+    """In a fresh process, as the api-server and workers load plugins: the plugin is there once, and
+    Airflow records no plugin import error for it (one it would show in the UI and ``airflow plugins``).
+    A second copy of the distribution's metadata on ``sys.path`` (the ``.egg-info`` a ``pip install -e``
+    leaves in ``provider/``) made Airflow read the entry point twice and record one."""
+    proc = subprocess.run([sys.executable, "-c", PLUGINS_PROBE], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert loaded["names"].count("tfpipe") == 1, loaded
+    assert not {k: v for k, v in loaded["errors"].items() if "tfpipe" in k + v}, loaded["errors"]
+    assert sum(1 for d in metadata.distributions() if d.metadata["Name"] == "airflow-provider-tfpipe") == 1
 
 
 class _Log:
