@@ -8,6 +8,7 @@ commands pick a run, not the stages.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -201,16 +202,24 @@ if not hasattr(sys, "_tfpipe_exit_probe"):  # once per process, however often it
 with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False):
     @task(retries=0)
     def one():
-        print("done")
+        # A process pool left running with a live worker, as OpenLineage's listener leaves one
+        # in the process that ran the DAG: it must not keep that process from ending.
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        sys._tfpipe_exit_pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+        sys._tfpipe_exit_pool.submit(os.getpid).result()
+        _mark("task")
 
     one()
 '''
 
 
 def test_the_command_ends_its_process_after_atexit_without_tearing_the_interpreter_down(tmp_path):
-    """``tfpipe run`` (``python -m tfpipe.cli``) runs the process's ``atexit`` handlers and delivers its
-    summary line through a pipe (stdout not unbuffered), then ends the process without the interpreter's
-    teardown, which freed its objects one by one for 2-3 s after a DAG run."""
+    """``tfpipe run`` (``python -m tfpipe.cli``) stops the process pools a task left running, runs the
+    process's ``atexit`` handlers and delivers its summary line through a pipe (stdout not unbuffered),
+    then ends the process without the interpreter's teardown, which freed its objects one by one for
+    2-3 s after a DAG run."""
     dag_id = f"exit_{uuid.uuid4().hex[:8]}"
     dags, marks = tmp_path / "dags", tmp_path / "marks"
     dags.mkdir()
@@ -219,16 +228,23 @@ def test_the_command_ends_its_process_after_atexit_without_tearing_the_interpret
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     env["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags)
     proc = subprocess.Popen([sys.executable, "-m", "tfpipe.cli", "run", dag_id, "--dags-folder", str(dags)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    stdout, stderr = proc.communicate(timeout=300)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the pool's worker too: it holds the pipes open
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"tfpipe run did not end (its summary: {stdout.strip()[-300:]!r}): {stderr[-3000:]}")
     summary = parse_summary(stdout, stderr, proc.returncode)
     assert proc.returncode == 0 and summary["state"] == "success", stderr[-4000:]
+    assert (marks / f"task-{proc.pid}").exists(), "dag.test runs the task (and its process pool) in this process"
     assert (marks / f"atexit-{proc.pid}").exists(), "the atexit handlers must run"
     assert not (marks / f"teardown-{proc.pid}").exists(), "the interpreter's teardown must be skipped"
     # the same DAG file in a plain interpreter is torn down and writes the mark: the probe works
     subprocess.run([sys.executable, "-c", f"import runpy; runpy.run_path({str(dags / (dag_id + '.py'))!r})"],
                    env=env, check=True, timeout=120, cwd=REPO, capture_output=True)
-    assert {p.name.split("-")[0] for p in marks.iterdir()} == {"atexit", "teardown"}
+    assert {p.name.split("-")[0] for p in marks.iterdir()} == {"task", "atexit", "teardown"}
 
 
 def test_only_failed_needs_rerun():

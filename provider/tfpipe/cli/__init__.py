@@ -65,18 +65,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def end_process(code: int) -> NoReturn:
-    """Run the ``atexit`` handlers, flush stdout and stderr, and end the process with ``code``,
-    without the interpreter's teardown.
+    """Do what the interpreter does at exit up to its teardown, then end the process with ``code``.
 
     After a ``tfpipe run`` the process holds Airflow, SQLAlchemy, the DAG and the task runner, some
     700,000 objects: tearing them down one by one (module by module, with the garbage collector's
     passes between) took 2-3 s after the summary line, an eighth of an 18 s run of the digits DAG, to
-    free memory the kernel frees at once. What must happen at exit is registered with ``atexit``
-    (logging's final flush, ``weakref.finalize`` clean-ups, Airflow's ``dispose_orm``) and runs here
-    as it would have; Airflow's own task processes end the same way.
+    free memory the kernel frees at once. Everything before the teardown runs here, in the
+    interpreter's order: first ``threading``'s shutdown, which joins the threads that are not
+    daemons and stops the process pools of ``concurrent.futures`` (OpenLineage's listener keeps one
+    with a forked worker; ``multiprocessing``'s own exit handler joins that worker, and waits for it
+    forever unless the pool was stopped first), then the ``atexit`` handlers (logging's final flush,
+    ``weakref.finalize`` clean-ups, Airflow's ``dispose_orm``), then a flush of stdout and stderr.
     """
     import atexit
+    import threading
 
+    threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
