@@ -68,7 +68,7 @@ def test_the_plugin_comes_through_the_entry_point_only():
 PLUGINS_PROBE = """
 import json
 from airflow import plugins_manager as pm
-if hasattr(pm, "_get_plugins"):  # Airflow 3.2 on
+if hasattr(pm, "_get_plugins"):  # newer releases; older ones keep module globals
     plugins, errors = pm._get_plugins()
 else:
     pm.ensure_plugins_loaded()
