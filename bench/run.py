@@ -1185,10 +1185,19 @@ def verdict(entry: dict[str, Any]) -> str:
     return "ok" if judged <= entry["target"] else "MISSED"
 
 
-def judged_label(entry: dict[str, Any]) -> str:
-    """The value a target was judged on, as the run prints it: ``1.0041`` or ``CPU 1.0041``."""
+def judged_label(entry: dict[str, Any], show: Callable[[Any], str] = str) -> str:
+    """The value a target was judged on, as the run prints it: ``ratio 1.0041`` or ``CPU ratio 1.0041``."""
     field = entry.get("judged_on", "ratio")
-    return f"{'CPU ' if field == 'cpu_ratio' else ''}{entry[field]}"
+    return f"{'CPU ratio' if field == 'cpu_ratio' else 'ratio'} {show(entry.get(field))}"
+
+
+def result_entry(figure: Figure, measured: dict[str, Any], *, seconds: float, image: str) -> dict[str, Any]:
+    """A figure's ``results.json`` entry: the fields every figure has first, then its own details."""
+    measured = dict(measured)
+    return {"ratio": measured.pop("ratio", None), "min": measured.pop("min", None), "max": measured.pop("max", None),
+            "pairs": measured.pop("pairs", None), "target": figure.target, "judged_on": figure.judged_on,
+            **measured, "seconds": round(seconds, 1),
+            "measured_at": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(), "image": image}
 
 
 def table(results: dict[str, Any], names: list[str]) -> str:
@@ -1286,17 +1295,11 @@ def main(argv: list[str] | None = None) -> int:
                     with open(LOGS / f"{figure.name}.log", "a") as handle:
                         traceback.print_exc(file=handle)
                     entry = {"error": f"{type(err).__name__}: {err} (traceback in {LOGS / (figure.name + '.log')})"}
-            entry = {"ratio": entry.pop("ratio", None), "min": entry.pop("min", None), "max": entry.pop("max", None),
-                     "pairs": entry.pop("pairs", None), "target": figure.target,
-                     "judged_on": figure.judged_on, **entry,
-                     "seconds": round(time.monotonic() - started, 1),
-                     "measured_at": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
-                     "image": ctx.image}
+            entry = result_entry(figure, entry, seconds=time.monotonic() - started, image=ctx.image)
             if entry.get("error"):
                 log(f"{figure.name}: ERROR: {entry['error']}")
             else:
-                judged = "CPU ratio" if figure.judged_on == "cpu_ratio" else "ratio"
-                log(f"{figure.name}: {judged} {fmt(entry.get(figure.judged_on))} (target {fmt(figure.target)}) "
+                log(f"{figure.name}: {judged_label(entry, fmt)} (target {fmt(figure.target)}) "
                     f"in {entry['seconds']:.0f} s")
             results[figure.name] = entry
             args.output.write_text(json.dumps(results, indent=2, sort_keys=False) + "\n")
