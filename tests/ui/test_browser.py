@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from urllib.parse import quote
 
 import pytest
@@ -11,20 +12,50 @@ from tests.ui.conftest import DAG_ID, PASSWORDS
 
 pytestmark = pytest.mark.integration
 
+#: What Chromium aborts a load with when the host's network interfaces change under it. The Docker
+#: engine adds and removes a veth for each container that other tests start meanwhile, and
+#: Chromium aborts even a load from loopback then (seen in CI, on a goto to the api-server).
+NETWORK_CHANGED = "net::ERR_NETWORK_CHANGED"
+#: Fresh browsers a scenario gets when a network change aborted a load; any other failure fails at once.
+TRIES = 3
 
-def _browser_as_mlviewer(pw, server):
-    """Headless Chromium logged in as ``mlviewer`` through the simple auth manager's own form."""
-    chromium = chromium_path()
-    browser = pw.chromium.launch(executable_path=chromium, args=[
-        "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-    page.set_default_timeout(60_000)
+
+def _login_as_mlviewer(page, server) -> None:
+    """Log ``page`` in as ``mlviewer`` through the simple auth manager's own form."""
     page.goto(f"{server.url}/auth/login")
     page.locator("input[name=username]").fill("mlviewer")
     page.locator("input[name=password]").fill(PASSWORDS["mlviewer"])
     page.locator("button[type=submit]").click()
     page.wait_for_url(lambda url: "/auth/login" not in url)
-    return browser, page
+
+
+def _as_mlviewer(server, scenario: Callable) -> None:
+    """Run ``scenario(page)`` in headless Chromium logged in as ``mlviewer``.
+
+    A try that failed while Chromium reported a load aborted by a network change (in the error or
+    in any request of the page) runs again in a fresh browser, up to ``TRIES`` times: the change is
+    the host's, not the product's. Any other failure, and the last try's, is raised as it is.
+    """
+    from playwright.sync_api import sync_playwright
+
+    for attempt in range(1, TRIES + 1):
+        aborted: list[str] = []
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium_path(), args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+            try:
+                page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+                page.set_default_timeout(60_000)
+                page.on("requestfailed", lambda r: aborted.append(r.url) if r.failure == NETWORK_CHANGED else None)
+                _login_as_mlviewer(page, server)
+                scenario(page)
+                return
+            except Exception as error:
+                if attempt == TRIES or not (aborted or NETWORK_CHANGED in str(error)):
+                    raise
+                print(f"Chromium: {NETWORK_CHANGED} on try {attempt} ({aborted or error}); again in a fresh browser")
+            finally:
+                browser.close()
 
 
 def _click_extra_link(page, server, run_id: str, task_id: str, name: str) -> None:
@@ -37,39 +68,33 @@ def _click_extra_link(page, server, run_id: str, task_id: str, name: str) -> Non
 
 
 def test_run_report_link_opens_the_report_with_its_plots(ui_run):
-    from playwright.sync_api import sync_playwright
-
     server, run_id = ui_run["server"], ui_run["summary"]["run_id"]
-    with sync_playwright() as pw:
-        browser, page = _browser_as_mlviewer(pw, server)
-        try:
-            _click_extra_link(page, server, run_id, "evaluate", "Run report")
-            page.wait_for_url("**/report/")
-            page.wait_for_load_state("load")
-            assert f"/tfpipe/runs/{DAG_ID}/" in page.url and page.url.endswith("/report/")
-            assert run_id in page.content()
-            widths = page.evaluate("Array.from(document.images).map(i => i.complete ? i.naturalWidth : 0)")
-            assert len(widths) >= 3 and all(w > 0 for w in widths), f"plots not rendered: {widths}"
-        finally:
-            browser.close()
+
+    def scenario(page):
+        _click_extra_link(page, server, run_id, "evaluate", "Run report")
+        page.wait_for_url("**/report/")
+        page.wait_for_load_state("load")
+        assert f"/tfpipe/runs/{DAG_ID}/" in page.url and page.url.endswith("/report/")
+        assert run_id in page.content()
+        widths = page.evaluate("Array.from(document.images).map(i => i.complete ? i.naturalWidth : 0)")
+        assert len(widths) >= 3 and all(w > 0 for w in widths), f"plots not rendered: {widths}"
+
+    _as_mlviewer(server, scenario)
 
 
 def test_tensorboard_link_opens_tensorboard_with_the_run_s_scalars(ui_run):
     """The train task's "TensorBoard" link: TensorBoard's own app loads through the plugin and draws
     the run's scalar charts (every asset and data request goes through the engine)."""
-    from playwright.sync_api import sync_playwright
-
     server, run_id = ui_run["server"], ui_run["summary"]["run_id"]
-    with sync_playwright() as pw:
-        browser, page = _browser_as_mlviewer(pw, server)
+
+    def scenario(page):
         failed: list[str] = []
         page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
-        try:
-            _click_extra_link(page, server, run_id, "train", "TensorBoard")
-            page.wait_for_url("**/tensorboard/**", timeout=120_000)
-            # TensorBoard's scalars dashboard names every tag it found in the run's event files
-            for tag in ("val_accuracy", "loss"):
-                page.get_by_text(tag, exact=True).first.wait_for(timeout=300_000)
-            assert not [f for f in failed if "/tfpipe/" in f], failed
-        finally:
-            browser.close()
+        _click_extra_link(page, server, run_id, "train", "TensorBoard")
+        page.wait_for_url("**/tensorboard/**", timeout=120_000)
+        # TensorBoard's scalars dashboard names every tag it found in the run's event files
+        for tag in ("val_accuracy", "loss"):
+            page.get_by_text(tag, exact=True).first.wait_for(timeout=300_000)
+        assert not [f for f in failed if "/tfpipe/" in f], failed
+
+    _as_mlviewer(server, scenario)
