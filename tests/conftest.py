@@ -72,6 +72,28 @@ def chromium_path() -> str:
     return chromium
 
 
+#: What Chromium aborts a load with when the host's network interfaces change under it. The Docker
+#: engine adds and removes a veth for each container that other tests start meanwhile, and
+#: Chromium aborts even a load from loopback then (seen in CI, on a goto to the api-server).
+NETWORK_CHANGED = "net::ERR_NETWORK_CHANGED"
+#: Loads of one page before a network change fails the test.
+LOAD_TRIES = 3
+
+
+def goto(page, url: str, **kwargs):
+    """``page.goto(url, **kwargs)``, loaded again when Chromium aborted it for a network change
+    (``NETWORK_CHANGED``), up to ``LOAD_TRIES`` times; any other error is raised at once."""
+    from playwright.sync_api import Error
+
+    for attempt in range(1, LOAD_TRIES + 1):
+        try:
+            return page.goto(url, **kwargs)
+        except Error as error:
+            if attempt == LOAD_TRIES or NETWORK_CHANGED not in str(error):
+                raise
+            print(f"Chromium: {NETWORK_CHANGED} loading {url} on try {attempt}; loading it again")
+
+
 @pytest.fixture(scope="session")
 def trainer_image() -> str:
     """The trainer image reference; fails (does not skip) when it is missing."""

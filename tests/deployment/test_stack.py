@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import chromium_path
+from tests.conftest import chromium_path, goto
 from tests.deployment.conftest import TERMINAL, free_port, stack_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.deployment]
@@ -294,13 +294,13 @@ def _trigger_in_ui(stack, rest, dag_id: str, tmp_path, fill) -> str:
                                      args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
-            page.goto(f"{stack.api_url}/", wait_until="networkidle")
+            goto(page, f"{stack.api_url}/", wait_until="networkidle")
             page.fill("input[name=username]", "admin")
             page.fill("input[name=password]", stack.admin_password())
             page.keyboard.press("Enter")
             page.wait_for_url(lambda url: "/auth/login" not in url, timeout=30000)
             for attempt in range(1, FORM_TRIES + 1):
-                page.goto(f"{stack.api_url}/dags/{dag_id}", wait_until="networkidle")
+                goto(page, f"{stack.api_url}/dags/{dag_id}", wait_until="networkidle")
                 page.get_by_role("button", name="Trigger").first.click()
                 page.locator("input[name=element_epochs]").wait_for(timeout=30000)
                 try:
