@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -91,7 +92,8 @@ def goto(page, url: str, **kwargs):
         except Error as error:
             if attempt == LOAD_TRIES or NETWORK_CHANGED not in str(error):
                 raise
-            print(f"Chromium: {NETWORK_CHANGED} loading {url} on try {attempt}; loading it again")
+            # a warning, not a print: the run's summary shows every retry, passing tests' included
+            warnings.warn(f"Chromium: {NETWORK_CHANGED} loading {url} on try {attempt}; loading it again", stacklevel=2)
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from urllib.parse import quote
 
@@ -31,7 +32,8 @@ def _as_mlviewer(server, scenario: Callable) -> None:
 
     A try that failed while Chromium reported a load aborted by a network change (in the error or
     in any request of the page) runs again in a fresh browser, up to ``TRIES`` times: the change is
-    the host's, not the product's. Any other failure, and the last try's, is raised as it is.
+    the host's, not the product's. Each retry is a warning in the run's summary. Any other failure,
+    and the last try's, is raised as it is.
     """
     from playwright.sync_api import sync_playwright
 
@@ -50,7 +52,8 @@ def _as_mlviewer(server, scenario: Callable) -> None:
             except Exception as error:
                 if attempt == TRIES or not (aborted or NETWORK_CHANGED in str(error)):
                     raise
-                print(f"Chromium: {NETWORK_CHANGED} on try {attempt} ({aborted or error}); again in a fresh browser")
+                warnings.warn(f"Chromium: {NETWORK_CHANGED} on try {attempt} ({aborted or error}); "
+                              "again in a fresh browser", stacklevel=2)
             finally:
                 browser.close()
 
