@@ -540,7 +540,8 @@ def input_pipeline(ctx: Context) -> dict[str, Any]:
         stats["uncached_note"] = ("C/B with training.cache false (TFRecords re-read and parsed every epoch): "
                                   f"median {uncached['ratio']}, min {uncached['min']}, max {uncached['max']}")
     stats["info"] = (f"{stats['a_median_s'] * 1000:.0f} vs {stats['b_median_s'] * 1000:.0f} ms per step (cnn, batch "
-                     f"{result['batch_size']}, {result['image_shape']} uint8); process CPU time A/B "
+                     f"{result['batch_size']}, {result['image_shape']} uint8, {result['steps_per_loop']} steps per "
+                     f"compiled call); process CPU time A/B "
                      f"{stats['cpu_ratio']}" + (f"; {stats['uncached_note']}" if "uncached_note" in stats else ""))
     alone = result["pipeline_alone_s_per_batch"]
     stats["pipeline_alone_ms_per_batch"] = round(alone * 1000, 2)
@@ -556,7 +557,7 @@ def input_pipeline(ctx: Context) -> dict[str, Any]:
                         f"that a 2-core machine takes from the training step's threads")
     stats.update(unit=result["unit"], batch_size=result["batch_size"], image_shape=result["image_shape"],
                  steps_per_epoch=result["steps_per_epoch"], epochs_per_sample=result["epochs_per_sample"],
-                 model="cnn")
+                 steps_per_loop=result["steps_per_loop"], calls_per_epoch=result["calls_per_epoch"], model="cnn")
     return stats
 
 

@@ -1,16 +1,22 @@
 """input_pipeline_ratio: training step time fed by trainer.data's TFRecord pipeline / fed by
 in-memory tensors of the same shape.
 
-Both arms call the same compiled training step of the trainer's own :class:`trainer.train.Loop`
-(the small ``cnn`` model on the synthetic 64x64 RGB data set of make_images.py, CPU):
+Both arms run the trainer's own compiled training loop of :class:`trainer.train.Loop` (the small
+``cnn`` model on the synthetic 64x64 RGB data set of make_images.py, CPU), ``training.steps_per_loop``
+steps per call, the calls cut at the epoch ends by ``Loop.loop_length`` as in ``Loop.fit``:
 
-- **A**: one training epoch exactly as ``Loop.fit`` feeds it: ``data.epoch_dataset`` over
-  ``data.base_dataset`` (interleaved TFRecord shards, parse, ``cache()``, shuffle, batch,
-  prefetch) through ``strategy.experimental_distribute_dataset``. The untimed warm-up epoch
-  fills the cache, so A is the steady state of epochs 2+ (``--uncached`` adds an arm C that
-  re-reads and parses the TFRecords every epoch, as with ``training.cache: false``; C/B is
-  reported as a detail).
-- **B**: the same batches, materialised once as eager tensors in memory, fed to the same step.
+- **A**: the batches exactly as ``Loop.fit`` feeds them: ``Loop.train_iterator`` (the epochs'
+  ``data.epoch_dataset``s over ``data.base_dataset`` -- interleaved TFRecord shards, parse,
+  ``cache()``, shuffle, batch, prefetch -- concatenated into one iterator, without tf.data's
+  autotuning thread) and ``Loop._run_loop``, which calls the compiled loop that takes each
+  batch with ``next(iterator)`` inside the graph. The untimed warm-up fills the cache, so A is
+  the steady state of epochs 2+ (``--uncached`` adds an arm C over a base data set that is not
+  cached, which re-reads and parses the TFRecords every epoch, as with ``training.cache:
+  false``; C/B is reported as a detail). Each sample builds its own iterator, as ``Loop.fit``
+  does every ``EPOCHS_PER_ITERATOR`` epochs, so A pays that set-up more often than training does.
+- **B**: the same batches, materialised once as eager tensors in memory, handed to a compiled
+  function that runs the same training step once per tensor pair, with the same number of steps
+  per call: no iterator, no loop in the graph.
 
 A and B alternate (A, B[, C], A, B[, C], ...); every sample is ``--epochs`` epochs; the result is the
 per-step seconds of each sample.
@@ -31,6 +37,9 @@ def main():
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=2, help="epochs per sample")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps-per-loop", type=int, default=10,
+                        help="training.steps_per_loop of both arms (the automatic length is about 8 "
+                             "at this step time)")
     parser.add_argument("--uncached", action="store_true",
                         help="also time arm C: the pipeline with training.cache false")
     args = parser.parse_args()
@@ -44,65 +53,97 @@ def main():
     config = config_mod.resolve(util.stage_config(
         args.root, "train", dag_id="bench_input", run_id="input",
         data=util.image_data_section(size, schema["image"]["channels"]),
-        training={"model": "cnn", "batch_size": args.batch_size, "epochs": 1000}))
+        training={"model": "cnn", "batch_size": args.batch_size, "epochs": 1000,
+                  "steps_per_loop": args.steps_per_loop}))
     training = config["training"]
     strategy = common.setup_tensorflow(training)
     loop = Loop(config, strategy, schema, stats, dataset_dir)
+    cached = loop.base_train
     uncached = data.base_dataset(dataset_dir, schema, "train", cache=False) if args.uncached else None
-    batch, seed, buffer = training["batch_size"], training["seed"], training["shuffle_buffer"]
-    epoch_counter = [0]
+    spe = loop.spe
+    next_epoch = [1]  # epoch 0's order is B's batches; every sample of A or C trains later epochs
 
-    def pipeline_epoch(base):
-        epoch_counter[0] += 1
-        dataset = data.epoch_dataset(base, epoch_counter[0], seed, batch, buffer)
+    def calls(first_step, last_step):
+        """The steps of each compiled call from ``first_step`` to ``last_step``, as Loop.fit cuts them."""
+        lengths, step = [], first_step
+        while step < last_step:
+            epoch_end = (step // spe + 1) * spe
+            lengths.append(loop.loop_length(step, epoch_end))
+            step += lengths[-1]
+        return lengths
+
+    def pipeline_sample(base):
+        """``args.epochs`` epochs fed as Loop.fit feeds them; returns the steps trained."""
+        first = next_epoch[0]
+        next_epoch[0] += args.epochs
+        loop.base_train = base  # train_iterator builds its datasets over this base
+        try:
+            iterator = loop.train_iterator(first, first + args.epochs, 0)
+        finally:
+            loop.base_train = cached
+        lengths = calls(first * spe, (first + args.epochs) * spe)
+        for steps in lengths:
+            loop._run_loop(iterator, steps)
+        return sum(lengths)
+
+    # The in-memory batches: epoch 0's batches of the same pipeline, as eager tensors.
+    in_memory = [(tf.identity(x), tf.identity(y))
+                 for x, y in data.epoch_dataset(cached, 0, training["seed"], training["batch_size"],
+                                                training["shuffle_buffer"])]
+    util.log("%d batches of %s %s per epoch, %s steps per call", len(in_memory),
+             list(in_memory[0][0].shape), in_memory[0][0].dtype.name, calls(0, spe))
+
+    def _memory_call(xs, ys):
+        for x, y in zip(xs, ys):  # unrolled in the graph: one step per tensor pair
+            loop._train_step(x, y)
+
+    memory_call = tf.function(_memory_call)
+    memory_chunks = []
+    start = 0
+    for steps in calls(0, spe):
+        chunk = in_memory[start:start + steps]
+        memory_chunks.append(([x for x, _ in chunk], [y for _, y in chunk]))
+        start += steps
+
+    def memory_sample():
         steps = 0
-        for x, y in strategy.experimental_distribute_dataset(dataset):
-            loop.train_step(x, y)
-            steps += 1
+        for _ in range(args.epochs):
+            for xs, ys in memory_chunks:
+                memory_call(xs, ys)
+                steps += len(xs)
         return steps
 
-    # The in-memory batches: the pipeline's own batches of one epoch, as eager tensors.
-    in_memory = [(tf.identity(x), tf.identity(y))
-                 for x, y in data.epoch_dataset(loop.base_train, 0, seed, batch, buffer)]
-    util.log("%d batches of %s %s per epoch", len(in_memory), list(in_memory[0][0].shape),
-             in_memory[0][0].dtype.name)
-
-    def memory_epoch():
-        for x, y in in_memory:
-            loop.train_step(x, y)
-        return len(in_memory)
-
-    def timed(epoch_fn):
+    def timed(sample):
         def run(_):
             started = time.perf_counter()
-            steps = sum(epoch_fn() for _ in range(args.epochs))
+            steps = sample()
             _ = float(loop.train_loss.result().numpy())  # wait for the last step
             return (time.perf_counter() - started) / steps
         return run
 
     def warmup():
-        pipeline_epoch(loop.base_train)  # traces the step, fills the cache
-        memory_epoch()
+        pipeline_sample(cached)  # traces the loop, fills the cache
+        memory_sample()  # traces each chunk's shape once
         if uncached is not None:
-            pipeline_epoch(uncached)
+            pipeline_sample(uncached)
 
     def pipeline_alone():
-        """Seconds per batch of the pipeline with no training step (what it costs by itself)."""
-        started, batches = time.perf_counter(), 0
-        for _ in range(args.epochs):
-            epoch_counter[0] += 1
-            for _batch in data.epoch_dataset(loop.base_train, epoch_counter[0], seed, batch, buffer):
-                batches += 1
+        """Seconds per batch of A's iterator with no training step (what it costs by itself)."""
+        first = next_epoch[0]
+        next_epoch[0] += args.epochs
+        started = time.perf_counter()
+        batches = sum(1 for _ in loop.train_iterator(first, first + args.epochs, 0))
         return (time.perf_counter() - started) / batches
 
     started = time.time()
-    arms = [("A", timed(lambda: pipeline_epoch(loop.base_train))), ("B", timed(memory_epoch))]
+    arms = [("A", timed(lambda: pipeline_sample(cached))), ("B", timed(memory_sample))]
     if uncached is not None:
-        arms.append(("C", timed(lambda: pipeline_epoch(uncached))))
+        arms.append(("C", timed(lambda: pipeline_sample(uncached))))
     samples = util.interleave(args.pairs, arms, warmup=warmup)
     alone = sorted(pipeline_alone() for _ in range(3))[1]
-    util.emit(dict(samples, unit="seconds per step", pipeline_alone_s_per_batch=alone, steps_per_epoch=len(in_memory),
-                   epochs_per_sample=args.epochs, batch_size=batch,
+    util.emit(dict(samples, unit="seconds per step", pipeline_alone_s_per_batch=alone, steps_per_epoch=spe,
+                   epochs_per_sample=args.epochs, batch_size=training["batch_size"],
+                   steps_per_loop=args.steps_per_loop, calls_per_epoch=len(calls(0, spe)),
                    image_shape=list(in_memory[0][0].shape[1:]),
                    train_examples=schema["counts"]["train"],
                    seconds=round(time.time() - started, 1)))

@@ -331,7 +331,7 @@ def test_one_trace_per_step_function_and_one_divergence_check_per_save(ws, monke
     for function in (loop.train_loop, loop.eval_loop, loop.all_finite):
         assert function.experimental_get_tracing_count() == 1
     assert loop.eval_steps == 2
-    # the one-step function (bench/in_image uses it) too: a full and a partial batch, one trace
+    # the one-step function (tests/trainer/test_loss_and_gradients.py uses it) too: a full and a partial batch, one trace
     for x, y in data.eval_dataset(loop.base_eval, 32):
         loop.train_step(x, y)
     assert loop.train_step.experimental_get_tracing_count() == 1
