@@ -547,11 +547,14 @@ def input_pipeline(ctx: Context) -> dict[str, Any]:
     stats["pipeline_alone_ms_per_batch"] = round(alone * 1000, 2)
     share = f"the pipeline alone makes a batch in {alone * 1000:.1f} ms ({alone / stats['b_median_s'] * 100:.0f}% of a step)"
     if stats["cpu_ratio"] <= 1.10:
-        stats["why"] = (f"{share} and the process CPU time A/B is {stats['cpu_ratio']}: the wall-time excess is "
-                        f"contention, not the pipeline; on a shared 2-core machine a step takes about twice as long "
-                        f"while another process holds a core, so pairs that straddle such a change swing widely "
-                        f"(per pair {stats['min']}-{stats['max']}); rerun with `--only input_pipeline_ratio --pairs 10` "
-                        f"on a quiet machine")
+        # Same CPU, more wall time: A waited. A shared VM's swings do that (pairs straddling them
+        # spread widely), and so did a feed that training no longer used (bench/NOTES.md,
+        # 2026-12-04 15:20): the per-pair spread tells the two apart.
+        stats["why"] = (f"{share} and the process CPU time A/B is {stats['cpu_ratio']}: A spent no more CPU, it "
+                        f"waited; on a shared 2-core machine a step takes about twice as long while another process "
+                        f"holds a core, so pairs that straddle such a change swing widely (per pair "
+                        f"{stats['min']}-{stats['max']}); a steady excess in every pair is a wait in the feed itself. "
+                        f"Rerun with `--only input_pipeline_ratio --pairs 10` on a quiet machine")
     else:
         stats["why"] = (f"{share}; the process CPU time A/B is {stats['cpu_ratio']}: feeding from tf.data costs CPU "
                         f"that a 2-core machine takes from the training step's threads")
