@@ -385,11 +385,20 @@ def test_asset_event_triggers_the_on_data_dag_which_emits_the_model_asset(stack,
     assert [e for e in events if e["source_run_id"] == run_id and e["source_task_id"] == "export"], events
 
 
+#: Epochs of each run of the parallel DAG: 150 trained in 8-9 s on an idle 2-core machine. When one
+#: run's training ends, the other's starts (the pool's slot) beside the first run's evaluate and
+#: export, and its own cleanup runs beside the first run's training.
+PARALLEL_EPOCHS = 200
+
+
 def test_two_runs_at_once_on_two_workers_share_one_gpu_slot(stack, rest):
     """(7) Two runs at once on two workers: separate run dirs, distinct versions, train never overlaps (pool)."""
     dag_id = "tfpipe_stack_parallel"
     assert rest.get("pools/gpu")["slots"] == 1
-    runs = [rest.trigger(dag_id, conf={"seed": seed}) for seed in (1, 2)]
+    # Training long enough to outlast the scheduler's gaps between a run's tasks: with the DAG's one
+    # epoch every task took 1-3 s and the gaps 4-11 s, so the two runs could interleave on the two
+    # workers without any two tasks running at the same moment.
+    runs = [rest.trigger(dag_id, conf={"seed": seed, "epochs": PARALLEL_EPOCHS}) for seed in (1, 2)]
     for run_id in runs:
         assert rest.wait_for_run(dag_id, run_id, timeout=480)["state"] == "success"
     tis = {r: {t["task_id"]: t for t in rest.task_instances(dag_id, r)} for r in runs}
@@ -405,7 +414,8 @@ def test_two_runs_at_once_on_two_workers_share_one_gpu_slot(stack, rest):
         if a["try_number"] and b["try_number"] and a["start_date"] and b["start_date"]
         and _interval(a)[0] < _interval(b)[1] and _interval(b)[0] < _interval(a)[1]
     ]
-    assert side_by_side, "no task of one run ran while a task of the other did"
+    assert side_by_side, ("no task of one run ran while a task of the other did", {
+        r: {t: (a["start_date"], a["end_date"]) for t, a in tis[r].items()} for r in runs})
     ta, tb = side_by_side[0]
     workers = (worker_of(runs[0], ta), worker_of(runs[1], tb))
     assert all(len(w) == 1 for w in workers) and workers[0] != workers[1], (side_by_side, workers)
