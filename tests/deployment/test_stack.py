@@ -385,9 +385,11 @@ def test_asset_event_triggers_the_on_data_dag_which_emits_the_model_asset(stack,
     assert [e for e in events if e["source_run_id"] == run_id and e["source_task_id"] == "export"], events
 
 
-#: Epochs of each run of the parallel DAG: 150 trained in 8-9 s on an idle 2-core machine. When one
-#: run's training ends, the other's starts (the pool's slot) beside the first run's evaluate and
-#: export, and its own cleanup runs beside the first run's training.
+#: Epochs of each run of the parallel DAG: enough for one run's training to outlast the scheduler's
+#: gaps of 4-11 s between a run's tasks (150 epochs took 8-9 s on an idle 2-core machine). With the
+#: DAG's one epoch every task took 1-3 s, and the two runs could interleave on the two workers with
+#: no two tasks running at the same moment. When one run's training ends, the other's starts (the
+#: pool's slot) beside the first run's evaluate and export.
 PARALLEL_EPOCHS = 200
 
 
@@ -395,9 +397,6 @@ def test_two_runs_at_once_on_two_workers_share_one_gpu_slot(stack, rest):
     """(7) Two runs at once on two workers: separate run dirs, distinct versions, train never overlaps (pool)."""
     dag_id = "tfpipe_stack_parallel"
     assert rest.get("pools/gpu")["slots"] == 1
-    # Training long enough to outlast the scheduler's gaps between a run's tasks: with the DAG's one
-    # epoch every task took 1-3 s and the gaps 4-11 s, so the two runs could interleave on the two
-    # workers without any two tasks running at the same moment.
     runs = [rest.trigger(dag_id, conf={"seed": seed, "epochs": PARALLEL_EPOCHS}) for seed in (1, 2)]
     for run_id in runs:
         assert rest.wait_for_run(dag_id, run_id, timeout=480)["state"] == "success"
