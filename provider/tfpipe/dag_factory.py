@@ -29,6 +29,21 @@ GCS_PARAM_PATTERN = r"^gs://"
 
 _PARAM_TYPES = {"int": "integer", "number": "number", "bool": "boolean", "str": "string"}
 
+#: The JSON Schema draft every Param here declares. Airflow resolves a Param with
+#: ``jsonschema.validate``, which checks the schema against its draft's metaschema before it checks
+#: the value, and it resolves every Param at each parse of a scheduled DAG, at each serialization
+#: of each task and at each run. A schema without ``$schema`` is checked as draft 2020-12, whose
+#: metaschema (vocabularies, dynamic references) costs about three times draft 7's. The keywords
+#: the Params use (type, enum, minimum, maximum, exclusiveMinimum, exclusiveMaximum, pattern) mean
+#: the same in both drafts, and Airflow's trigger form ignores the key.
+PARAM_SCHEMA_DRAFT = "http://json-schema.org/draft-07/schema#"
+
+
+def form_param(value: Any, **schema: Any) -> Param:
+    """A Param holding ``value``, its schema declared as :data:`PARAM_SCHEMA_DRAFT`
+    (``description`` is the Param's own text, as Airflow takes it)."""
+    return Param(value, **{"$schema": PARAM_SCHEMA_DRAFT, **schema})
+
 
 def schema_param(section: str, name: str, value: Any, **form: Any) -> Param:
     """A trigger-form Param of a stage-config field: type, bounds and choices from the contract.
@@ -46,7 +61,7 @@ def schema_param(section: str, name: str, value: Any, **form: Any) -> Param:
             rules[schema_key] = spec[key]
     if "maximum" in spec or "parse_maximum" in spec:
         rules["maximum"] = spec.get("maximum", spec.get("parse_maximum"))
-    return Param(value, **{**rules, "description": spec["doc"][:1].upper() + spec["doc"][1:] + ".", **form})
+    return form_param(value, **{**rules, "description": spec["doc"][:1].upper() + spec["doc"][1:] + ".", **form})
 
 
 def pipeline_params(cfg: PipelineConfig) -> dict[str, Param]:
@@ -72,20 +87,22 @@ def pipeline_params(cfg: PipelineConfig) -> dict[str, Param]:
         "warm_start": schema_param("training", "warm_start", t.warm_start, title="Warm start"),
         "metric": schema_param("evaluation", "metric", e.metric, title="Blessing metric"),
         "threshold": schema_param("evaluation", "threshold", e.threshold, title="Blessing threshold"),
-        "gpus": Param(None, type=["null", "string"], pattern=GPU_PARAM_PATTERN, title="GPUs",
-                      description="Empty = as configured; 'none' = CPU; 'all'; a count such as '2'; or ids '0,1'."),
+        "gpus": form_param(None, type=["null", "string"], pattern=GPU_PARAM_PATTERN, title="GPUs",
+                           description="Empty = as configured; 'none' = CPU; 'all'; a count such as '2'; or ids '0,1'."),
     }
     stage_in, publish = bucket_tasks(cfg)
     # Google Cloud Storage, only where the DAG has the task: empty = the config's data_uri / publish_uri
     if stage_in:
-        params["data_uri"] = Param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN, title="Data URI",
-                                   description="gs://bucket/prefix synced to the data path before prep. Empty = "
-                                   f"{cfg.data_uri or 'none (use the data volume as it is)'}.")
+        params["data_uri"] = form_param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN,
+                                        title="Data URI",
+                                        description="gs://bucket/prefix synced to the data path before prep. "
+                                        f"Empty = {cfg.data_uri or 'none (use the data volume as it is)'}.")
     if publish:
-        params["publish_uri"] = Param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN, title="Publish URI",
-                                      description="gs://bucket/prefix a blessed export is published under "
-                                      f"(<prefix>/{cfg.export.model_name}/<version>/). Empty = "
-                                      f"{cfg.publish_uri or 'none'}.")
+        params["publish_uri"] = form_param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN,
+                                           title="Publish URI",
+                                           description="gs://bucket/prefix a blessed export is published under "
+                                           f"(<prefix>/{cfg.export.model_name}/<version>/). Empty = "
+                                           f"{cfg.publish_uri or 'none'}.")
     return params
 
 

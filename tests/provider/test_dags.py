@@ -274,6 +274,42 @@ def test_trigger_form_params(dagbag):
     assert schema["type"] == "integer" and schema["minimum"] == 1
 
 
+#: Values of every kind a trigger may send, for each Param: in and out of bounds, wrong types,
+#: choices and patterns that match and do not.
+_PROBE_VALUES = (None, 0, -1, 1, 2, 0.5, 1.5, 10, 11, 65537, 100001, "ten", "", "mlp", "cnn", "adam", "lion",
+                 "accuracy", True, False, "all", "none", "0,1", "2", "many", "gs://bucket/p", "s3://bucket/p",
+                 [], {})
+
+
+def test_trigger_form_params_declare_draft_7_and_judge_every_value_as_the_default_draft_does(dagbag):
+    """The Params declare JSON Schema draft 7 (a cheaper check of the schema at every resolve) and
+    accept and reject exactly the values the same schema accepts and rejects undeclared (2020-12)."""
+    import jsonschema
+    from jsonschema import Draft7Validator, FormatChecker
+    from jsonschema.exceptions import ValidationError
+
+    from tfpipe.dag_factory import PARAM_SCHEMA_DRAFT
+
+    def verdict(value, schema):
+        try:
+            jsonschema.validate(value, schema, format_checker=FormatChecker())  # as Param.resolve checks
+        except ValidationError:
+            return False
+        return True
+
+    params = dagbag.get_dag("tfpipe_digits_manual").params  # every Param, the bucket ones too
+    assert {"data_uri", "publish_uri", "gpus", "epochs"} <= set(params)
+    for name in params:
+        schema = params.get_param(name).schema
+        assert schema["$schema"] == PARAM_SCHEMA_DRAFT, name
+        assert jsonschema.validators.validator_for(schema) is Draft7Validator, name
+        undeclared = {k: v for k, v in schema.items() if k != "$schema"}
+        assert jsonschema.validators.validator_for(undeclared) is jsonschema.validators.validator_for({}), name
+        verdicts = {repr(v): verdict(v, schema) for v in _PROBE_VALUES}
+        assert verdicts == {repr(v): verdict(v, undeclared) for v in _PROBE_VALUES}, name
+        assert True in verdicts.values() and False in verdicts.values(), name  # the probes reach both sides
+
+
 @pytest.mark.reliability
 @pytest.mark.parametrize("conf", [
     {"epochs": 0}, {"epochs": "ten"}, {"batch_size": -1}, {"learning_rate": 0},
