@@ -285,15 +285,15 @@ def test_trigger_form_params_declare_draft_7_and_judge_every_value_as_the_defaul
     """The Params declare JSON Schema draft 7 (a cheaper check of the schema at every resolve) and
     accept and reject exactly the values the same schema accepts and rejects undeclared (2020-12)."""
     import jsonschema
-    from jsonschema import Draft7Validator, FormatChecker
-    from jsonschema.exceptions import ValidationError
+    from airflow.providers.common.compat.sdk import Param, ParamValidationError
+    from jsonschema import Draft7Validator
 
     from tfpipe.dag_factory import PARAM_SCHEMA_DRAFT
 
     def verdict(value, schema):
         try:
-            jsonschema.validate(value, schema, format_checker=FormatChecker())  # as Param.resolve checks
-        except ValidationError:
+            Param(schema=schema).resolve(value)  # Airflow's own check of a run's value
+        except ParamValidationError:
             return False
         return True
 
