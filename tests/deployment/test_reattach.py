@@ -64,10 +64,21 @@ def _created_train_containers(stack, run_id: str, since: float) -> list[str]:
 
 
 def _kill_every_worker_mid_training(stack, rest, run_id: str) -> tuple[str, list[int]]:
-    """Wait for a checkpoint mid-training, SIGKILL every worker; return the container's id and the workers."""
+    """Wait for a checkpoint mid-training, pause the training container, SIGKILL every worker.
+
+    Returns the container's id and the workers. The container stays paused (the caller unpauses or
+    kills it): training cannot end before the kill on a fast machine, nor before the retry on a slow
+    one, and a paused container is as alive as a running one to the retry.
+    """
     rest.wait_for_task(DIGITS, run_id, "train", {"running"}, timeout=600)
     _wait(lambda: (_attempts(stack, run_id) or [{}])[-1].get("last_checkpoint"), 600, "a checkpoint mid-training")
     (container,) = [c for c in _train_containers(stack, run_id) if c["State"] == "running"]
+    stack.engine_docker("pause", container["ID"])
+    # cleanup starts beside train. A worker killed while it starts a task, before the task reports
+    # itself running, leaves that task queued until the scheduler's task_queued_timeout (600 s by
+    # default) requeues it: a CI-shape run whose first checkpoint came that early took 12 minutes.
+    # The kill lands under train alone.
+    rest.wait_for_task(DIGITS, run_id, "cleanup", {"success", "failed", "skipped"}, timeout=600)
     workers = [n for n in range(1, int(stack.settings["workers"]) + 1) if stack.pid(f"worker{n}")]
     for n in workers:
         stack.stop(f"worker{n}", signal.SIGKILL)
@@ -89,10 +100,7 @@ def test_worker_killed_mid_training_the_retry_reattaches_to_the_same_container(s
     since = time.time() - 1
     run_id = rest.trigger(DIGITS, conf=CONF)
     cid, workers = _kill_every_worker_mid_training(stack, rest, run_id)
-    # Frozen until the retry has re-attached, so that training cannot end first on a slow machine
-    # (a paused container is as alive as a running one; the retry waits for it).
-    stack.engine_docker("pause", cid)
-    try:
+    try:  # paused until the retry has re-attached
         for n in workers:
             stack.start_worker(n)
         # the scheduler fails try 1 once its heartbeat times out; try 2 then runs on a worker
