@@ -38,7 +38,7 @@ def unknown_run_params(conf: Mapping[str, Any] | None, known: Iterable[str]) -> 
         import difflib  # only for a key that is wrong
 
         close = difflib.get_close_matches(key, names, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         if key in OPTIONAL_PARAMS:
             hint = f" ({OPTIONAL_PARAMS[key]})"
         problems.append(f"unknown run parameter {key!r}{hint}")

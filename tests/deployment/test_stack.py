@@ -267,7 +267,7 @@ def test_a_misspelt_run_parameter_fails_before_any_container_starts(stack, rest)
     assert all(v["state"] == "upstream_failed" for k, v in tis.items() if k not in failed), states
     for task_id in failed:
         text = rest.task_log(DIGITS, run_id, task_id, 1)
-        assert "unknown run parameter 'epoch'; did you mean 'epochs'?" in text, text[-3000:]
+        assert "unknown run parameter 'epoch' (did you mean 'epochs'?)" in text, text[-3000:]
         assert "Nothing ran." in text
     on_engine = stack.engine_docker("events", "--since", str(int(since)), "--until", str(int(time.time()) + 1),
                                     "--filter", f"label=tfpipe.run_id={run_id}").stdout
@@ -355,7 +355,7 @@ def test_a_misspelt_parameter_in_the_ui_s_configuration_json_fails_the_same_way(
     run = rest.wait_for_run(dag_id, run_id, timeout=240)
     assert run["conf"] == {"epoch": 3} and run["state"] == "failed", run
     text = rest.task_log(dag_id, run_id, "stage_in", 1)
-    assert "unknown run parameter 'epoch'; did you mean 'epochs'?" in text and "Nothing ran." in text, text[-3000:]
+    assert "unknown run parameter 'epoch' (did you mean 'epochs'?)" in text and "Nothing ran." in text, text[-3000:]
     assert rest.task_instance(dag_id, run_id, "train")["state"] == "upstream_failed"
 
 

@@ -264,7 +264,7 @@ def test_a_misspelt_conf_key_fails_the_pod_task_before_any_pod_is_built():
     with pytest.raises(AirflowFailException) as err:
         task.execute(context)
     message = str(err.value)
-    assert message.startswith("train: unknown run parameter 'epoch'; did you mean 'epochs'?. Fix:")
+    assert message.startswith("train: unknown run parameter 'epoch' (did you mean 'epochs'?). Fix:")
     assert message.endswith("Nothing ran.")
     assert task.name is None and contract.CONFIG_ENV not in task.env_vars, "the try was never prepared"
     # the Docker backend's task says the same about the same conf

@@ -11,11 +11,11 @@ PARAMS = ("epochs", "batch_size", "learning_rate", "model", "optimizer", "seed",
 
 
 @pytest.mark.parametrize("conf,expected", [
-    ({"epoch": 3}, ["unknown run parameter 'epoch'; did you mean 'epochs'?"]),
-    ({"learningrate": 0.1, "epochs": 2}, ["unknown run parameter 'learningrate'; did you mean 'learning_rate'?"]),
+    ({"epoch": 3}, ["unknown run parameter 'epoch' (did you mean 'epochs'?)"]),
+    ({"learningrate": 0.1, "epochs": 2}, ["unknown run parameter 'learningrate' (did you mean 'learning_rate'?)"]),
     ({"zzz": 1}, ["unknown run parameter 'zzz'"]),
-    ({"batchsize": 8, "seeed": 1}, ["unknown run parameter 'batchsize'; did you mean 'batch_size'?",
-                                     "unknown run parameter 'seeed'; did you mean 'seed'?"]),
+    ({"batchsize": 8, "seeed": 1}, ["unknown run parameter 'batchsize' (did you mean 'batch_size'?)",
+                                     "unknown run parameter 'seeed' (did you mean 'seed'?)"]),
     ({"epochs": 3, "gpus": "none"}, []),
     ({}, []),
     (None, []),
