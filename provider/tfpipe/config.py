@@ -21,7 +21,7 @@ import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import field
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from typing import Any, ClassVar
 
 from tfpipe import contract
@@ -143,13 +143,13 @@ def check_choice(field_name: str, value: Any, choices: tuple[str, ...]) -> None:
         raise config_error(field_name, f"unknown value {value!r}", f"use one of {', '.join(map(repr, choices))}")
 
 
-def check_name(field_name: str, value: Any) -> None:
+def check_name(field_name: str, value: Any, *, example: str = "digits") -> None:
     """Raise unless ``value`` is a safe identifier for file and container names."""
     if not isinstance(value, str) or not matches_name(value):
         raise config_error(
             field_name,
             f"must be a name of letters, digits, '.', '_' or '-', got {value!r}",
-            "rename it, e.g. 'digits'",
+            f"rename it, e.g. {example!r}",
         )
 
 
@@ -195,13 +195,17 @@ def check_host_path(field_name: str, value: Any) -> str:
     root directory and the Docker socket or its directory (mounting either hands the container
     control of the engine).
     """
-    if not isinstance(value, str) or not value:
-        raise config_error(field_name, f"must be an absolute host path, got {value!r}", "e.g. '/srv/tfpipe/data'")
+    # An example named after the field, so the fix for volumes.models does not suggest a data directory.
+    example = "/srv/tfpipe/" + field_name.rpartition(".")[2].removesuffix("_volume")
+    if value is None or value == "":
+        raise config_error(field_name, "is not set", f"give the directory on the engine's host, e.g. {example!r}")
+    if not isinstance(value, str):
+        raise config_error(field_name, f"must be an absolute host path, got {value!r}", f"e.g. {example!r}")
     if not value.startswith("/"):
         raise config_error(
             field_name,
             f"{value!r} is relative; a mount path is a path on the Docker engine's host",
-            "give an absolute path such as '/srv/tfpipe/data'",
+            f"give an absolute path such as {example!r}",
         )
     norm = posixpath.normpath(value)
     if norm == "/":
@@ -959,6 +963,37 @@ def _check_schedule(value: Any) -> None:
                     "use minute hour day-of-month month day-of-week, e.g. '0 3 * * *'")
 
 
+#: Airflow's limit on a DAG tag's length (longer tags fail the DAG's serialization).
+TAG_MAX_LEN = 100
+
+
+def _checked_tags(tags: Any) -> tuple[str, ...]:
+    """``tags`` as a tuple of non-empty strings; a bare string is refused, not split into letters."""
+    if isinstance(tags, str) or not isinstance(tags, (list, tuple, set, frozenset)):
+        raise config_error("tags", f"must be a list of tag strings, got {tags!r}", "e.g. ['tfpipe', 'digits']")
+    for tag in tags:
+        if not isinstance(tag, str) or not tag.strip() or len(tag) > TAG_MAX_LEN:
+            raise config_error("tags", f"every tag must be a non-empty string of at most {TAG_MAX_LEN} characters, "
+                               f"got {tag!r}", "e.g. ['tfpipe', 'digits']")
+    return tuple(sorted(tags)) if isinstance(tags, (set, frozenset)) else tuple(tags)  # a stable order
+
+
+def _checked_start_date(value: Any) -> datetime | None:
+    """``start_date`` as a datetime: one as given, a date at midnight, or an ISO 8601 string (a mapping
+    loaded from YAML or JSON has those); naive ones keep Airflow's default time zone, as a DAG's do."""
+    if value is None or isinstance(value, datetime):
+        return value
+    if isinstance(value, date):
+        return datetime(value.year, value.month, value.day)
+    fix = "give a datetime, e.g. datetime(2026, 1, 1, tzinfo=timezone.utc), or an ISO 8601 string such as '2026-01-01'"
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise config_error("start_date", f"{value!r} is not an ISO 8601 date or time", fix) from None
+    raise config_error("start_date", f"must be a date or time, got {value!r}", fix)
+
+
 @frozen_dataclass
 class PipelineConfig:
     """A whole training pipeline: prep -> train -> evaluate -> export.
@@ -988,8 +1023,9 @@ class PipelineConfig:
         the work volume, and must have the image or be able to pull it. An entry left at the local
         default means the deployment's engine, as ``docker_url`` does; a ``tcp://`` entry gets the
         deployment's TLS client files (``[tfpipe] tls_*``).
-    :param start_date: first schedulable date.
-    :param tags: DAG tags.
+    :param start_date: first schedulable date: a datetime (naive: Airflow's default time zone), a date,
+        or an ISO 8601 string such as ``"2026-01-01"``; ``None`` = Airflow's default.
+    :param tags: DAG tags, a list of strings (a bare string is refused rather than split into letters).
     :param description: one-line DAG description.
     :param data_uri: default ``gs://bucket/prefix`` synced to ``volumes.data``/``data.path`` before prep
         (a run's ``data_uri`` Param overrides it); ``None`` = no stage-in.
@@ -1063,7 +1099,7 @@ class PipelineConfig:
         if not _is_number(self.retry_delay_seconds) or self.retry_delay_seconds < 0:
             raise config_error("retry_delay_seconds", f"must be >= 0, got {self.retry_delay_seconds!r}", "e.g. 30")
         if self.gpu_pool is not None:
-            check_name("gpu_pool", self.gpu_pool)
+            check_name("gpu_pool", self.gpu_pool, example="gpu")
         if not isinstance(self.docker_url, str) or "://" not in self.docker_url:
             raise config_error("docker_url", f"must be a URL like 'unix://var/run/docker.sock' or 'tcp://host:2376', "
                         f"got {self.docker_url!r}", "set the engine's URL")
@@ -1072,7 +1108,8 @@ class PipelineConfig:
                         "use 'cnn' or 'resnet50'")
         if self.data.format == "csv" and self.training.model in ("cnn", "resnet50"):
             raise config_error("training.model", f"{self.training.model!r} needs images, data.format is 'csv'", "use 'mlp'")
-        object.__setattr__(self, "tags", tuple(self.tags))
+        object.__setattr__(self, "tags", _checked_tags(self.tags))
+        object.__setattr__(self, "start_date", _checked_start_date(self.start_date))
         # Google Cloud Storage
         for name in ("data_uri", "publish_uri"):
             if getattr(self, name) is not None:

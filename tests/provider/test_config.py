@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import date, datetime, timezone
 
 import pytest
 
@@ -109,6 +110,15 @@ BAD_CONFIGS = [
     (with_("retries", -1), ["retries", "0..20"]),
     (with_("data_asset", "not-a-uri"), ["data_asset", "URI"]),
     (with_("docker_url", "localhost"), ["docker_url", "unix://"]),
+    (with_("volumes.models", DELETE), ["volumes.models: is not set", "'/srv/tfpipe/models'"]),
+    (with_("volumes.work", 7), ["volumes.work", "absolute host path", "'/srv/tfpipe/work'"]),
+    (with_("gpu_pool", ""), ["gpu_pool", "e.g. 'gpu'"]),
+    (with_("tags", "ml"), ["tags", "list of tag strings", "got 'ml'"]),
+    (with_("tags", None), ["tags", "list of tag strings"]),
+    (with_("tags", ["ml", 3]), ["tags", "non-empty string", "got 3"]),
+    (with_("tags", ["x" * 101]), ["tags", "at most 100 characters"]),
+    (with_("start_date", "yesterday"), ["start_date", "'yesterday' is not an ISO 8601", "'2026-01-01'"]),
+    (with_("start_date", 20260101), ["start_date", "must be a date or time"]),
 ]
 
 
@@ -121,6 +131,31 @@ def test_bad_config_names_field_and_fix(mapping, expected):
     for part in expected:
         assert part in message, f"{part!r} not in {message!r}"
     assert "Fix:" in message
+
+
+@pytest.mark.parametrize("given,expected", [
+    ("2026-03-01", datetime(2026, 3, 1)),
+    ("2026-03-01T04:30:00Z", datetime(2026, 3, 1, 4, 30, tzinfo=timezone.utc)),
+    (date(2026, 3, 1), datetime(2026, 3, 1)),  # what YAML loads an unquoted date as
+    (datetime(2026, 3, 1, tzinfo=timezone.utc), datetime(2026, 3, 1, tzinfo=timezone.utc)),
+    (None, None),
+])
+def test_start_date_from_a_mapping_becomes_a_datetime(given, expected):
+    cfg = PipelineConfig.from_dict(with_("start_date", given))
+    assert cfg.start_date == expected and type(cfg.start_date) is type(expected)
+
+
+def test_a_start_date_string_reaches_the_dag():
+    from tfpipe import training_pipeline
+
+    dag = training_pipeline(PipelineConfig.from_dict({**with_("start_date", "2026-03-01"), "tags": ["ml"]}))
+    assert dag.start_date == datetime(2026, 3, 1, tzinfo=timezone.utc)  # naive: Airflow's default zone, UTC here
+    assert set(dag.tags) == {"ml"}
+
+
+def test_tags_stay_whole_words_in_a_stable_order():
+    assert PipelineConfig.from_dict(with_("tags", ["ml", "digits"])).tags == ("ml", "digits")
+    assert PipelineConfig.from_dict(with_("tags", {"ml", "digits"})).tags == ("digits", "ml")
 
 
 def test_model_must_fit_data_format():
