@@ -1108,6 +1108,9 @@ class PipelineConfig:
                         "use 'cnn' or 'resnet50'")
         if self.data.format == "csv" and self.training.model in ("cnn", "resnet50"):
             raise config_error("training.model", f"{self.training.model!r} needs images, data.format is 'csv'", "use 'mlp'")
+        if not isinstance(self.description, str):
+            raise config_error("description", f"must be a string, got {self.description!r}",
+                               "e.g. 'Nightly retraining of the digits classifier'")
         object.__setattr__(self, "tags", _checked_tags(self.tags))
         object.__setattr__(self, "start_date", _checked_start_date(self.start_date))
         # Google Cloud Storage

@@ -119,6 +119,7 @@ BAD_CONFIGS = [
     (with_("tags", ["x" * 101]), ["tags", "at most 100 characters"]),
     (with_("start_date", "yesterday"), ["start_date", "'yesterday' is not an ISO 8601", "'2026-01-01'"]),
     (with_("start_date", 20260101), ["start_date", "must be a date or time"]),
+    (with_("description", 5), ["description", "must be a string, got 5"]),
 ]
 
 
