@@ -1026,7 +1026,7 @@ class PipelineConfig:
     :param start_date: first schedulable date: a datetime (naive: Airflow's default time zone), a date,
         or an ISO 8601 string such as ``"2026-01-01"``; ``None`` = Airflow's default.
     :param tags: DAG tags, a list of strings (a bare string is refused rather than split into letters).
-    :param description: one-line DAG description.
+    :param description: one-line DAG description (``None``: none).
     :param data_uri: default ``gs://bucket/prefix`` synced to ``volumes.data``/``data.path`` before prep
         (a run's ``data_uri`` Param overrides it); ``None`` = no stage-in.
     :param publish_uri: default ``gs://bucket/prefix`` blessed exports are published under, as
@@ -1108,6 +1108,8 @@ class PipelineConfig:
                         "use 'cnn' or 'resnet50'")
         if self.data.format == "csv" and self.training.model in ("cnn", "resnet50"):
             raise config_error("training.model", f"{self.training.model!r} needs images, data.format is 'csv'", "use 'mlp'")
+        if self.description is None:  # as Airflow's DAG takes it: no description
+            object.__setattr__(self, "description", "")
         if not isinstance(self.description, str):
             raise config_error("description", f"must be a string, got {self.description!r}",
                                "e.g. 'Nightly retraining of the digits classifier'")

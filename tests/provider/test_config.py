@@ -154,6 +154,13 @@ def test_a_start_date_string_reaches_the_dag():
     assert set(dag.tags) == {"ml"}
 
 
+def test_no_description_is_an_empty_one_not_the_word_none():
+    from tfpipe import training_pipeline
+
+    dag = training_pipeline(PipelineConfig.from_dict(with_("description", None)))
+    assert dag.description == "" and "None" not in dag.doc_md.split("**prep")[0]
+
+
 def test_tags_stay_whole_words_in_a_stable_order():
     assert PipelineConfig.from_dict(with_("tags", ["ml", "digits"])).tags == ("ml", "digits")
     assert PipelineConfig.from_dict(with_("tags", {"ml", "digits"})).tags == ("digits", "ml")
