@@ -10,7 +10,7 @@
 # one (.cache/airflow-home-X.Y.Z): each release has its own schema. Then, with that venv's Python:
 # every test not marked `integration` (provider unit tests, the DagBag import check of every dags/
 # file), plus the integration tests marked `compat` (a whole tfpipe_digits run with real containers
-# and a Param changed, a resume after a container kill, a re-run after a worker kill). The trainer
+# and a second one on the same data, a resume after a container kill, a re-run after a worker kill). The trainer
 # image and the data set come from `make image data`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,7 +66,7 @@ if ((prepare)); then
 fi
 
 tests_started=$SECONDS
-echo "[compat $version] tests: unit, DagBag, one tfpipe_digits run with a Param changed, one resume after a killed container, one re-run after a killed worker"
+echo "[compat $version] tests: unit, DagBag, two tfpipe_digits runs (the second a prep cache hit), one resume after a killed container, one re-run after a killed worker"
 # The same pytest-xdist flags as make test-host: make passes its XDIST_ARGS (from TEST_WORKERS);
 # run directly without them, the tests run in this one process.
 read -r -a xdist <<<"${XDIST_ARGS:-}"
