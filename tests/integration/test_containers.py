@@ -309,5 +309,25 @@ def test_image_the_engine_lacks_and_cannot_pull_names_the_fix(trainer_image, tfp
     op = _train_operator(trainer_image, tfpipe_home)
     assert op._ensure_image()["Id"].startswith("sha256:")  # present: its inspect, no pull
     op.image = "127.0.0.1:1/tfpipe/absent:0"  # a registry nobody listens on: the pull fails at once
-    with pytest.raises(ImageNotFoundError, match="make image"):
+    with pytest.raises(ImageNotFoundError) as raised:
         op._ensure_image()
+    message = str(raised.value)
+    # the engine it asked, the image it lacks, and the same fix as a pipeline with no image at all
+    assert f"engine at {op.docker_url} has no image 127.0.0.1:1/tfpipe/absent:0" in message, message
+    assert "Fix: build it (`make image`)" in message and "tfpipe_image" in message, message
+
+
+def test_gpu_device_requests_on_an_engine_speaking_an_api_older_than_1_40_name_the_upgrade(trainer_image):
+    """Device requests came with API 1.40 (Docker 19.03): a client held to 1.39 stands in for an older
+    engine, since the engine answers in the version the client asks for."""
+    from tfpipe.exceptions import GpuUnavailableError
+    from tfpipe.hooks.docker import TfpipeDockerHook
+
+    old = TfpipeDockerHook(version="1.39")
+    with pytest.raises(GpuUnavailableError) as raised:
+        old.require_api("1.40", "train: GPU device requests")
+    assert str(raised.value) == (
+        f"train: GPU device requests needs Docker API >= 1.40; the engine at {old.docker_url} speaks 1.39. "
+        "Fix: upgrade Docker to 19.03 or newer.")
+    TfpipeDockerHook(version="1.40").require_api("1.40", "train: GPU device requests")
+    TfpipeDockerHook().require_api("1.40", "train: GPU device requests")  # this engine, negotiated

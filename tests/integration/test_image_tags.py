@@ -7,6 +7,7 @@ the image's inputs (``docker/`` and ``trainer/``) is planned before and after ea
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,9 +19,16 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.integration
 
 
-def _plan(repo: Path) -> dict[str, tuple[str, str]]:
-    proc = subprocess.run([str(repo / "docker" / "build-image.sh"), "--plan"], capture_output=True, text=True,
-                          timeout=300)
+def _run_plan(repo: Path, **env: str | None) -> subprocess.CompletedProcess:
+    """``--plan`` with the image variables of ``env`` set (a value of None: unset)."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("TFPIPE_IMAGE_VARIANT", "TFPIPE_ROOT_IMAGE")}
+    environ.update({k: v for k, v in env.items() if v is not None})
+    return subprocess.run([str(repo / "docker" / "build-image.sh"), "--plan"], capture_output=True, text=True,
+                          timeout=300, env=environ)
+
+
+def _plan(repo: Path, **env: str | None) -> dict[str, tuple[str, str]]:
+    proc = _run_plan(repo, **env)
     assert proc.returncode == 0, proc.stderr
     lines = [line.split() for line in proc.stdout.splitlines()]
     return {layer: (tag, state) for layer, tag, state in lines}
@@ -71,3 +79,30 @@ def test_a_changed_input_gives_a_new_tag_that_is_not_built_yet(inputs, trainer_i
     # a new tag is one no image has: the next build makes it instead of reusing a stale one
     assert all(after[layer][1] == "absent" for layer in layers), after
     assert after["root"] == before["root"]
+
+
+def test_the_gpu_variant_is_the_default_and_the_cpu_variant_is_another_deps_image(trainer_image):
+    default, gpu, cpu = _plan(REPO), _plan(REPO, TFPIPE_IMAGE_VARIANT="gpu"), _plan(REPO, TFPIPE_IMAGE_VARIANT="cpu")
+    assert default == gpu
+    # the cpu variant's lock leaves the CUDA wheels out: same root, its own deps and trainer tags
+    assert cpu["root"] == gpu["root"]
+    assert cpu["deps"][0] != gpu["deps"][0] and cpu["trainer"][0] != gpu["trainer"][0], (gpu, cpu)
+
+
+def test_an_unknown_variant_is_refused_with_the_fix(trainer_image):
+    proc = _run_plan(REPO, TFPIPE_IMAGE_VARIANT="cuda12")
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert "TFPIPE_IMAGE_VARIANT=cuda12: must be gpu or cpu. Fix: unset it (gpu) or set cpu" in proc.stderr
+
+
+def test_a_pinned_root_is_the_root_it_plans_with(trainer_image):
+    """``TFPIPE_ROOT_IMAGE=...@sha256:...`` names the root: --plan pulls nothing, so a pin this engine
+    lacks is reported by its reference instead of falling back to the offline root."""
+    pinned = "tensorflow/tensorflow@sha256:" + "0" * 64
+    proc = _run_plan(REPO, TFPIPE_ROOT_IMAGE=pinned)
+    assert proc.returncode != 0, proc.stdout
+    assert proc.stdout.split() == ["root", pinned, "absent"]
+    assert f"the root image {pinned} is not here" in proc.stderr and "make image" in proc.stderr
+    # and `offline` forces the offline root, even where the official one could be pulled
+    offline = _run_plan(REPO, TFPIPE_ROOT_IMAGE="offline").stdout.split()
+    assert offline[:1] == ["root"] and offline[1].startswith("tfpipe/rootfs-bullseye:"), offline

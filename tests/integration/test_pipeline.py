@@ -92,6 +92,7 @@ def test_digits_pipeline_end_to_end(tfpipe_home: Path, trainer_image: str, docke
     assert root["reference"] == labels["io.tfpipe.root.reference"]
     assert root["id"] == labels["io.tfpipe.root.id"] == docker_client.api.inspect_image(root["reference"])["Id"]
     assert root["repo_digest"] == (labels["io.tfpipe.root.repo-digest"] or None)
+    assert root["variant"] == labels["io.tfpipe.variant"] and root["variant"] in ("gpu", "cpu")
 
     # every stage ran in a labelled, deterministically named container, and none is left behind
     created = [a for a in created if a.get("tfpipe.run_id") == summary["run_id"]]

@@ -125,3 +125,16 @@ def test_dag_test_seams_are_what_this_airflows_dag_test_calls():
     for name in cleared_on:
         module, attr = imported[name]
         assert getattr(importlib.import_module(module), attr) in clearers, (module, attr, clearers)
+
+
+def test_a_params_rejection_is_recognised_in_both_forms_and_nothing_else_is():
+    """3.2 refuses a conf its Params reject with a plain ValueError while creating the run; the other
+    releases with ParamValidationError (raised here by this release's own Param)."""
+    from airflow.sdk import Param
+
+    with pytest.raises(Exception) as raised:
+        Param(3, type="integer", minimum=1).resolve("three")
+    assert compat.is_param_rejection(raised.value), repr(raised.value)
+    assert compat.is_param_rejection(ValueError("Invalid input for param epochs: 'three' is not of type 'integer'"))
+    assert not compat.is_param_rejection(ValueError("invalid literal for int() with base 10: 'three'"))
+    assert not compat.is_param_rejection(TypeError("Invalid input for param epochs: not a ValueError"))
