@@ -266,6 +266,9 @@ def test_trigger_form_params(dagbag):
     for name in ("epochs", "batch_size", "learning_rate", "model", "optimizer", "gpus", "warm_start", "data_uri",
                  "publish_uri"):
         assert name in params, name
+    # advanced overrides a run's conf may carry (tests/provider/test_specs.py) are kept off the form
+    for name in ("early_stopping_patience", "gradient_clip_norm", "checkpoint_every_steps"):
+        assert name not in params, name
     # gcs_tasks: the buckets are chosen per run, so both tasks are there
     assert {"stage_in", "publish"} <= set(dag.task_ids)
     assert dag.get_task("stage_in").downstream_task_ids == {"prep"}
