@@ -127,6 +127,27 @@ def test_tensorflow_build_matches_the_sonames():
     assert info["cuda_version"] == "11.2" and info["cudnn_version"] == "8", info
 
 
+def test_tensorflow_is_the_pinned_2_9_3():
+    import tensorflow as tf
+
+    assert tf.__version__ == "2.9.3"
+
+
+# Left out on purpose (README, "GPU-ready offline"): libraries TF 2.9 never opens, TensorRT, CUPTI
+# and NVRTC. None may be anywhere in the offline image's file system; the official root brings its
+# own CUDA 11.2 (with CUPTI), so there only tfpipe's own tree is checked.
+LEFT_OUT = re.compile(r"^lib(cusolverMg|cufftw|nvblas|OpenCL|nvinfer|nvinfer_plugin|cupti|nvrtc)\.so")
+
+
+def test_the_libraries_left_out_on_purpose_are_not_in_the_image():
+    found = []
+    for top in ("/opt", "/usr", "/lib") if ROOT_INFO["kind"] == "offline" else ("/opt/tfpipe",):
+        for folder, dirs, files in os.walk(top):
+            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+            found += [os.path.join(folder, f) for f in files if LEFT_OUT.match(f)]
+    assert found == []
+
+
 def test_library_versions_fit_tf_2_9():
     if not GPU_VARIANT:
         assert not load_alone("libcudnn.so.8")["ok"]
