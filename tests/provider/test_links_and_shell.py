@@ -255,6 +255,8 @@ def test_a_bad_tensorboard_setting_names_the_variable_and_the_fix(monkeypatch, n
         read()
     monkeypatch.setenv("TFPIPE_TENSORBOARD_IDLE_S", "90.5")
     assert TensorBoards.idle_seconds() == 90.5
+    monkeypatch.delenv("TFPIPE_TENSORBOARD_IDLE_S")
+    assert TensorBoards.idle_seconds() == 1800, "README: an idle TensorBoard goes after 1800 s by default"
 
 
 def test_jupyter_args_publish_on_loopback_with_a_token(dag):

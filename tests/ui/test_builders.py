@@ -54,6 +54,10 @@ def test_stage_gauges():
     assert metrics.stage_gauges("train", {"final_loss": 0.2, "epochs": 3, "steps": 90, "try_number": 2,
                                           "resumed_from": {"step": 30}, "final_dir": "/x"}) == \
         {"final_loss": 0.2, "epochs": 3.0, "steps": 90.0, "try_number": 2.0, "resumed": 1.0}
+    assert metrics.stage_gauges("train", {"final_loss": 0.2, "final_accuracy": 0.9, "final_val_loss": 0.3,
+                                          "final_val_accuracy": 0.85, "epochs": 3, "steps": 90, "try_number": 1}) == \
+        {"final_loss": 0.2, "final_accuracy": 0.9, "final_val_loss": 0.3, "final_val_accuracy": 0.85,
+         "epochs": 3.0, "steps": 90.0, "try_number": 1.0, "resumed": 0.0}
     assert metrics.stage_gauges("evaluate", {"metrics": {"accuracy": 0.9, "loss": float("nan")},
                                              "blessed": False}) == {"accuracy": 0.9, "blessed": 0.0}
     assert metrics.stage_gauges("export", {"version": 4}) == {"version": 4.0}

@@ -57,7 +57,10 @@ def test_the_report_is_served_to_users_who_may_read_the_dag_and_to_no_one_else(u
     assert status in (302, 307) and "/auth/login" in headers["location"]
     # only the report's own files, only of runs that exist
     assert server.get(_report_path(run_id, "metrics.json"), user="admin")[0] == 404
-    assert server.get(_report_path("manual__no_such_run"), user="admin")[0] == 404
+    status, _, body = server.get(_report_path("manual__no_such_run"), user="admin")
+    # the same answer as for a run of the Kubernetes backend, whose stages record no engine location
+    assert status == 404 and "no stage task of it recorded where its files are" in body.decode()
+    assert "the Kubernetes backend, whose volumes the plugin cannot read" in body.decode()
 
 
 def test_each_report_read_binds_the_work_volume_read_only_and_leaves_no_container(ui_run, docker_client):
@@ -139,7 +142,8 @@ def test_training_metrics_reach_statsd_under_tfpipe(ui_run):
     prefix = f"airflow.tfpipe.{DAG_ID}"  # Airflow puts [metrics] statsd_prefix ("airflow") before every name
     summary = ui_run["summary"]
     assert gauges[f"{prefix}.train.epochs"] == 2
-    assert gauges[f"{prefix}.train.final_loss"] > 0
+    assert gauges[f"{prefix}.train.final_loss"] > 0 and gauges[f"{prefix}.train.final_val_loss"] > 0
+    assert 0 < gauges[f"{prefix}.train.final_val_accuracy"] <= 1
     assert gauges[f"{prefix}.evaluate.accuracy"] == pytest.approx(summary["metrics"]["accuracy"], abs=1e-6)
     assert gauges[f"{prefix}.evaluate.blessed"] == 1
     assert gauges[f"{prefix}.export.version"] == 1
