@@ -183,6 +183,40 @@ def test_shell_print_and_jupyter(finished_run):
     assert "has no Jupyter" in jupyter.stderr and "docker/requirements.lock" in jupyter.stderr
 
 
+def test_shell_takes_the_image_the_run_recorded_while_the_engine_has_it_and_the_try_asked_for(
+        finished_run, docker_client):
+    ctx = finished_run
+    run_id = ctx["summary"]["run_id"]
+    alias = f"tfpipe/trainer:shell-test-{uuid.uuid4().hex[:8]}"
+    docker_client.images.get(ctx["image"]).tag(alias)
+    try:
+        # the DAG now names another image (the Variable changed since the run): the run's image wins
+        renamed = {**ctx, "env": {**ctx["env"], "TFPIPE_IMAGE": alias, "AIRFLOW_VAR_TFPIPE_IMAGE": alias}}
+        printed = _tfpipe(renamed, "shell", DAG_ID, "evaluate", "--run", run_id, "--try", "3", "--print")
+        assert printed.returncode == 0, printed.stderr[-3000:]
+        assert f"the run's evaluate ran on {ctx['image']}; the DAG now names {alias}: using {ctx['image']}" \
+            in printed.stderr, printed.stderr[-3000:]
+        assert f" {ctx['image']} " in printed.stdout and alias not in printed.stdout
+        # --try 3: that try's labels and stage config
+        assert "--label tfpipe.try_number=3 " in printed.stdout and '"try_number":3}' in printed.stdout
+    finally:
+        docker_client.images.remove(alias)
+    # an image the engine no longer has: the DAG's, said so
+    run_dir = contract.run_dir(DAG_ID, run_id)  # /work/... inside the stages; the DAG's work volume is home/work
+    recorded = Path(contract.stage_config_path(str(ctx["home"] / "work") + run_dir[len("/work"):], "evaluate"))
+    original = recorded.read_text()
+    gone = f"tfpipe/trainer:gone-{uuid.uuid4().hex[:8]}"
+    recorded.write_text(original.replace(ctx["image"], gone))
+    try:
+        printed = _tfpipe(ctx, "shell", DAG_ID, "evaluate", "--run", run_id, "--print")
+    finally:
+        recorded.write_text(original)
+    assert printed.returncode == 0, printed.stderr[-3000:]
+    assert f"the run's evaluate ran on {gone}, which the engine no longer has: using the DAG's {ctx['image']}" \
+        in printed.stderr, printed.stderr[-3000:]
+    assert f" {ctx['image']} " in printed.stdout
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
