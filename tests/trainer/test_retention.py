@@ -140,6 +140,35 @@ def test_recently_reused_data_set_is_kept(tmp_path, volume):
     assert "fp04" in _names(result, "dataset", removed=False)
 
 
+def test_the_newest_data_set_is_kept_even_when_no_run_uses_it(tmp_path, volume):
+    # a prep that published fp13 and failed before its run dir pointed at it: the next prep's cache hit
+    make_dataset(volume["work"], "fp13", 60, volume["now"])
+    result = retention.run(request(tmp_path), now=volume["now"])
+    kept = {os.path.basename(r["path"]): r["reasons"] for r in result["kept"] if r["kind"] == "dataset"}
+    assert kept["fp13"] == ["the newest data set"]
+    assert "fp12" in kept and "fp03" in _names(result, "dataset")
+
+
+def test_a_removal_renames_first_so_an_interrupted_one_leaves_nothing_half_gone_at_the_name(tmp_path):
+    from trainer import atomic
+
+    run_dir = tmp_path / "runs" / DAG / "r1"
+    _write(str(run_dir / "train" / "checkpoints" / "ckpt-1.index"))
+    _write(str(run_dir / "stuck" / "events"))
+    os.chmod(str(run_dir / "stuck"), 0o500)  # its file cannot be unlinked: the removal stops part way
+    try:
+        atomic.remove_dir(str(run_dir))
+        assert not os.path.lexists(str(run_dir))
+        hidden = [n for n in os.listdir(str(run_dir.parent)) if n.startswith(".tmp-deleted-")]
+        assert len(hidden) == 1, os.listdir(str(run_dir.parent))
+        # what could not go waits under the hidden name, for the next cleanup's stale-temp sweep
+        assert os.path.isfile(str(run_dir.parent / hidden[0] / "stuck" / "events"))
+        assert not os.path.exists(str(run_dir.parent / hidden[0] / "train"))
+    finally:
+        for folder, _dirs, _files in os.walk(str(tmp_path)):
+            os.chmod(folder, 0o700)
+
+
 def test_idempotent_and_empty_volume(tmp_path, volume):
     retention.run(request(tmp_path), now=volume["now"])
     again = retention.run(request(tmp_path), now=volume["now"])
