@@ -129,7 +129,7 @@ def tfpipe_home(tmp_path: Path) -> Path:
 
 def dag_command(dag_id: str, conf: dict | None, *, home: Path, image: str, extra_env: dict | None = None,
                 dags_folder: Path | None = None, rerun: str | None = None,
-                rerun_tasks: list[str] | None = None) -> tuple[list[str], dict]:
+                rerun_tasks: list[str] | None = None, only_failed: bool = False) -> tuple[list[str], dict]:
     """The `tfpipe run` command line and environment for one DAG run (or re-run)."""
     # DAG files that name no image read the Airflow Variable tfpipe_image; Airflow also takes a
     # Variable from AIRFLOW_VAR_<NAME>, which keeps each test independent of the DB's Variables.
@@ -144,6 +144,8 @@ def dag_command(dag_id: str, conf: dict | None, *, home: Path, image: str, extra
         cmd += ["--rerun", rerun]
     for task_id in rerun_tasks or []:
         cmd += ["--task", task_id]
+    if only_failed:
+        cmd += ["--only-failed"]
     return cmd, env
 
 

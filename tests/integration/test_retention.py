@@ -140,11 +140,18 @@ def test_a_rerun_after_its_run_dir_was_removed_prepares_again_and_trains_from_sc
     assert train_only["state"] == "failed", log[-6000:]
     assert train_only["tasks"]["train"] == {"state": "failed", "try_number": 2}, train_only["tasks"]
     assert "dataset.json does not exist: run the prep stage of this run first" in log
+    # --only-failed re-runs train (failed) and what it failed, not prep (succeeded): the same, at once
+    only_failed, log = run_dag(dag_id, {}, home=tfpipe_home, image=trainer_image, dags_folder=dags,
+                               rerun=first["run_id"], only_failed=True)
+    assert only_failed["state"] == "failed", log[-6000:]
+    assert only_failed["tasks"]["train"] == {"state": "failed", "try_number": 3}, only_failed["tasks"]
+    assert only_failed["tasks"]["prep"] == {"state": "success", "try_number": 1}, only_failed["tasks"]
+    assert "dataset.json does not exist: run the prep stage of this run first" in log
 
     again, log = run_dag(dag_id, {}, home=tfpipe_home, image=trainer_image, dags_folder=dags,
                          rerun=first["run_id"])
     assert again["state"] == "success", log[-6000:]
-    assert again["tasks"]["prep"]["try_number"] == 2 and again["tasks"]["train"]["try_number"] == 3
+    assert again["tasks"]["prep"]["try_number"] == 2 and again["tasks"]["train"]["try_number"] == 4
     assert (datasets / fingerprint / "_SUCCESS").is_file(), "prep did not recreate the data set"
     assert (run_dir / "dataset.json").is_file()
     assert "cache hit" not in log and "starting from scratch" in log and "resumed from epoch" not in log
