@@ -37,11 +37,17 @@ def _stage_operator(operator, stage, image, home, **resources):
                         cpus=cfg.resources.cpus, timezone=cfg.resources.timezone, jemalloc=cfg.resources.jemalloc)
 
 
-def _probe(image, home, docker_client, **resources):
+# How many parse workers prep starts (one per usable CPU) beside the CPUs its affinity mask allows.
+WORKERS_PROBE = ("import json, os; from trainer import prep; "
+                 "print('PROBE ' + json.dumps({'workers': prep.usable_cpus(), "
+                 "'affinity': len(os.sched_getaffinity(0))}))")
+
+
+def _probe(image, home, docker_client, probe=PROBE, **resources):
     op = _stage_operator(TrainOperator, "train", image, home, **resources)
     op.container_name = f"tfpipe-test-runtime-{uuid.uuid4().hex[:8]}"
     op.labels = {"tfpipe.test": "runtime"}
-    op.command = ["python3", "-c", PROBE]
+    op.command = ["python3", "-c", probe]
     op.entrypoint = None
     op.mounts = []  # the probe reads no volume
     try:
@@ -71,6 +77,15 @@ def test_cpus_timezone_and_jemalloc_off_reach_the_container(trainer_image, tfpip
     env = dict(e.split("=", 1) for e in inspected["Config"]["Env"])
     assert env["TZ"] == "Asia/Shanghai" and env["LD_PRELOAD"] == ""
     assert inspected["HostConfig"]["NanoCpus"] == 1_500_000_000
+
+
+def test_prep_starts_a_worker_per_cpu_of_its_affinity_capped_by_the_cpu_quota(trainer_image, tfpipe_home,
+                                                                              docker_client):
+    free, _ = _probe(trainer_image, tfpipe_home, docker_client, probe=WORKERS_PROBE)
+    assert free["workers"] == free["affinity"] >= 1
+    half, _ = _probe(trainer_image, tfpipe_home, docker_client, probe=WORKERS_PROBE, cpus=0.5)
+    # --cpus 0.5 on any number of cores: one worker (a quota rounds up to whole CPUs)
+    assert half == {"workers": 1, "affinity": free["affinity"]}
 
 
 def test_the_image_itself_preloads_jemalloc_and_has_tzdata(trainer_image, docker_client):
