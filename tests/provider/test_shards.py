@@ -234,8 +234,11 @@ def test_the_shell_finds_a_shard_instance_and_its_engine_and_refuses_a_missing_o
         assert (plan.name, dict(plan.labels), plan.config) == (executed.name, dict(executed.labels),
                                                                 executed.config)
     merge = stage_task(dag, "prep_merge")
-    assert debug.task_plan(merge, dag_id=dag.dag_id, run_id=run_id, try_number=1,
-                           params=dag.params.dump()).config["stage"] == "prep_merge"
+    plan = debug.task_plan(merge, dag_id=dag.dag_id, run_id=run_id, try_number=1, params=dag.params.dump())
+    assert plan.config["stage"] == "prep_merge"
+    ti = SimpleNamespace(dag_id=dag.dag_id, run_id=run_id, task_id="prep_merge", try_number=1, map_index=-1)
+    executed = resolve_try(merge.spec, ti, dag.params.dump())
+    assert (plan.name, dict(plan.labels), plan.config) == (executed.name, dict(executed.labels), executed.config)
     # One engine for all shards (expand over the indexes alone) unmaps as well
     plain = stage_task(training_pipeline(_cfg(2)), "prep_shard", 1)
     assert plain.shard_index == 1 and not plain.engine_from_shard_list
