@@ -257,16 +257,21 @@ def test_a_misspelt_run_parameter_fails_before_any_container_starts(stack, rest)
     """(5) A REST trigger whose conf misspells a Param fails at once with a did-you-mean; nothing ran."""
     since = time.time() - 1
     run_id = rest.trigger(DIGITS, conf={"epoch": 3})
-    run = rest.wait_for_run(DIGITS, run_id, timeout=240)
+    _refused_before_any_container(stack, rest, DIGITS, run_id, since, first_task="prep")
+
+
+def _refused_before_any_container(stack, rest, dag_id: str, run_id: str, since: float, *, first_task: str) -> None:
+    """The run of a conf with the misspelt key ``epoch`` failed with the did-you-mean, and no engine ran anything."""
+    run = rest.wait_for_run(dag_id, run_id, timeout=240)
     assert run["state"] == "failed"
-    tis = {t["task_id"]: t for t in rest.task_instances(DIGITS, run_id)}
+    tis = {t["task_id"]: t for t in rest.task_instances(dag_id, run_id)}
     states = {k: (v["state"], v["try_number"]) for k, v in tis.items()}
     # The first task and the cleanup teardown refuse the conf (once each, no retry); the rest never start.
     failed = sorted(k for k, v in tis.items() if v["state"] == "failed")
-    assert failed == ["cleanup", "prep"] and all(tis[k]["try_number"] == 1 for k in failed), states
+    assert failed == sorted(["cleanup", first_task]) and all(tis[k]["try_number"] == 1 for k in failed), states
     assert all(v["state"] == "upstream_failed" for k, v in tis.items() if k not in failed), states
     for task_id in failed:
-        text = rest.task_log(DIGITS, run_id, task_id, 1)
+        text = rest.task_log(dag_id, run_id, task_id, 1)
         assert "unknown run parameter 'epoch' (did you mean 'epochs'?)" in text, text[-3000:]
         assert "Nothing ran." in text
     on_engine = stack.engine_docker("events", "--since", str(int(since)), "--until", str(int(time.time()) + 1),
@@ -351,12 +356,10 @@ def test_a_misspelt_parameter_in_the_ui_s_configuration_json_fails_the_same_way(
         page.evaluate("text => navigator.clipboard.writeText(text)", '{"epoch": 3}')
         page.keyboard.press("Control+V")
 
+    since = time.time() - 1
     run_id = _trigger_in_ui(stack, rest, dag_id, tmp_path, misspell)
-    run = rest.wait_for_run(dag_id, run_id, timeout=240)
-    assert run["conf"] == {"epoch": 3} and run["state"] == "failed", run
-    text = rest.task_log(dag_id, run_id, "stage_in", 1)
-    assert "unknown run parameter 'epoch' (did you mean 'epochs'?)" in text and "Nothing ran." in text, text[-3000:]
-    assert rest.task_instance(dag_id, run_id, "train")["state"] == "upstream_failed"
+    assert rest.wait_for_run(dag_id, run_id, timeout=240)["conf"] == {"epoch": 3}
+    _refused_before_any_container(stack, rest, dag_id, run_id, since, first_task="stage_in")
 
 
 def test_cron_schedule_creates_a_run_that_succeeds(stack, rest, kickoff):
