@@ -186,6 +186,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(ws, capsys, cu
     ({"optimizer": "sgd"}, "not bound to checkpointed values"),
     ({"learning_rate_schedule": "constant"}, "learning_rate"),
     ({"mixed_precision": True}, "not bound to checkpointed values"),
+    ({"model": "changed_models.tiny:build", "code_path": "code"}, "incompatible tensor with shape"),
 ])
 def test_a_checkpoint_of_other_training_settings_stops_the_try_and_keeps_every_checkpoint(ws, changed, names):
     """The run's settings changed between tries (its DAG file was edited, then train cleared): the
@@ -193,6 +194,8 @@ def test_a_checkpoint_of_other_training_settings_stops_the_try_and_keeps_every_c
     after a partial restore, failed later with an unrelated error); now the try stops with the
     reason and the fix, and the old settings resume from the same checkpoint."""
     started = {"epochs": 2, "checkpoint_every_steps": 0, "learning_rate_schedule": "cosine"}
+    if "code_path" in changed:  # another model altogether: the user's own instead of the mlp
+        write_user_model(ws.data, "changed_models")
     prep.run(ws.config("prep"))
     train.run(ws.config("train", training=dict(started, epochs=1)))
     ckpt_dir = os.path.join(ws.run_dir(), "train", "checkpoints")

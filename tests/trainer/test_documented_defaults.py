@@ -1,0 +1,72 @@
+"""Defaults and bounds README states for training, checked where they act.
+
+- The built-in models' sizes (``mlp`` hidden_units [64, 32]; ``cnn`` filters [16, 32], dense_units 64).
+- The first 8 checkpoint writes are eager, the ninth traced.
+- The automatic loop length (``training.steps_per_loop`` 0): one step in each of the first two calls,
+  then as many steps as take about 0.5 s at the last call's pace, growing at most 8-fold per call
+  and never over 10000.
+"""
+
+import time
+from types import SimpleNamespace
+
+import tensorflow as tf
+
+from trainer import checkpoints, models, train
+
+
+def _dense_units(model):
+    return [layer.units for layer in model.layers if isinstance(layer, tf.keras.layers.Dense)]
+
+
+def test_the_built_in_models_default_sizes():
+    tabular = {"kind": "tabular", "shape": [3], "dtype": "float32", "feature_names": ["a", "b", "c"],
+               "class_names": ["x", "y"]}
+    stats = {"features": {name: {"mean": 0.0, "std": 1.0} for name in "abc"}}
+    assert _dense_units(models.mlp(tabular, 2, stats)) == [64, 32, 2]
+    image = {"kind": "image", "shape": [16, 16, 1], "dtype": "uint8", "feature_names": [], "class_names": ["x", "y"]}
+    cnn = models.cnn(image, 2, {})
+    assert [layer.filters for layer in cnn.layers if isinstance(layer, tf.keras.layers.Conv2D)] == [16, 32]
+    assert _dense_units(cnn) == [64, 2]
+
+
+def test_the_first_eight_checkpoint_writes_are_eager_and_the_ninth_is_traced(tmp_path):
+    weights = tf.Variable([1.0, 2.0])
+    writer = checkpoints._TracedWrite(tf.train.Checkpoint(weights=weights), lambda: [weights])
+    for number in range(1, 10):
+        weights.assign([float(number), 2.0])
+        path = writer.write(str(tmp_path / "ckpt" / ("ckpt-%d" % number)))
+        assert (writer._traced is None) == (number <= 8), number
+    # the traced write wrote the ninth state
+    reader = tf.train.load_checkpoint(path)
+    assert reader.get_tensor("weights/.ATTRIBUTES/VARIABLE_VALUE").tolist() == [9.0, 2.0]
+
+
+class _Startup(object):
+    def first(self, _name, function, *args):
+        return function(*args)
+
+    def describe(self):
+        return ""
+
+
+def _lengths(seconds_per_step, calls=8):
+    """The automatic length after each of ``calls`` calls of a loop whose steps take ``seconds_per_step``."""
+    loop = SimpleNamespace(steps_per_loop=0, _auto_loop=1, _auto_calls=0, startup=_Startup(),
+                           train_loop=lambda _iterator, steps: time.sleep(seconds_per_step * int(steps)))
+    lengths = []
+    for _ in range(calls):
+        train.Loop._run_loop(loop, None, loop._auto_loop)
+        lengths.append(loop._auto_loop)
+    return lengths
+
+
+def test_the_automatic_loop_length_grows_at_most_eight_fold_per_call_and_stops_at_10000():
+    # steps that cost (next to) nothing: only the growth bound and the cap limit the length
+    assert _lengths(0.0) == [1, 8, 64, 512, 4096, 10000, 10000, 10000]
+
+
+def test_the_automatic_loop_length_follows_the_pace_of_the_last_call():
+    # 0.1 s steps: about 0.5 s per call is 5 steps (a slow call can only make the next one shorter)
+    lengths = _lengths(0.1, calls=5)
+    assert lengths[0] == 1 and all(1 <= n <= 5 for n in lengths[1:]) and lengths[-1] >= 4, lengths
