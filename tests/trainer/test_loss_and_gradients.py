@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import common, evaluate, export, models, prep, train
+from trainer import common, data, evaluate, export, models, prep, train
 from trainer import config as config_mod
 from trainer.errors import BadInput
 
@@ -187,3 +187,23 @@ def test_a_keyword_the_built_in_model_does_not_take_is_refused_naming_it(skewed)
     config, schema, stats = prepared(skewed, "kwargs", model_kwargs={"l3": 0.1})
     with pytest.raises(BadInput, match=r"training.model_kwargs \['l3'\] do not fit model 'mlp'.*'l3'"):
         models.build_model(config, schema, stats)
+
+
+def test_with_class_weights_the_validation_loss_and_accuracy_stay_unweighted(skewed):
+    """``val_loss``/``val_accuracy`` (what early stopping watches) are the plain means over the eval
+    split, as Keras reports them with ``class_weight``: only the training loss is weighted."""
+    config, schema, stats = prepared(skewed, "val-unweighted", **BALANCED)
+    dataset_dir, _, _ = common.load_dataset(config)
+    loop = train.Loop(config, common.setup_tensorflow(config["training"]), schema, stats, dataset_dir)
+    val_loss, val_accuracy = loop.evaluate()
+    losses, hits, labels = [], [], []
+    for x, y in data.eval_dataset(loop.base_eval, 32):
+        logits = loop.model(x, training=False)
+        losses += tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True).numpy().tolist()
+        hits += (tf.argmax(logits, axis=-1).numpy() == y.numpy()).tolist()
+        labels += y.numpy().tolist()
+    weights = train.class_weights(config["training"], schema, stats)
+    weighted = sum(weights[c] * v for c, v in zip(labels, losses)) / len(losses)
+    assert val_loss == pytest.approx(float(np.mean(losses)), abs=1e-5)
+    assert val_accuracy == pytest.approx(float(np.mean(hits)), abs=1e-6)
+    assert abs(weighted - float(np.mean(losses))) > 1e-3  # the check can tell the two apart

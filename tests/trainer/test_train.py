@@ -530,3 +530,31 @@ def test_training_and_eval_iterators_run_without_the_autotune_model_thread(ws, m
     monkeypatch.setattr(data, "without_autotune_thread", spy)
     train.run(ws.config("train", training={"epochs": 1}))
     assert made == [False, False]  # the eval batches (built once), then the training batches
+
+
+def test_the_attempts_record_of_a_checkpoint_is_renamed_into_place_without_an_fsync(ws, monkeypatch):
+    """The per-checkpoint update of attempts.json skips the fsync (TensorFlow's own checkpoint is not
+    fsynced either); the try's first record and its last are fsynced."""
+    from trainer import atomic
+
+    prep.run(ws.config("prep"))
+    synced, writes = [], []
+    real_fsync, real_write = os.fsync, atomic._write_file
+
+    def fsync(fd):
+        synced.append(os.readlink("/proc/self/fd/%d" % fd))
+        return real_fsync(fd)
+
+    def write_file(path, write, binary=False, suffix="", durable=True):
+        before = len(synced)
+        real_write(path, write, binary=binary, suffix=suffix, durable=durable)
+        if os.path.basename(path) == contract.ATTEMPTS_FILE:
+            writes.append(len(synced) > before)  # whether this write reached the disk's cache flush
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(atomic, "_write_file", write_file)
+    result = train.run(ws.config("train", training={"epochs": 2, "checkpoint_every_steps": 4}))
+    assert result["steps"] == 16
+    # the try's start, then one unsynced record per checkpoint (steps 4, 8, 12, 16), then its end
+    assert writes[0] is True and writes[-1] is True, writes
+    assert len(writes) >= 2 + 4 and not any(writes[1:-1]), writes
