@@ -4,7 +4,8 @@
 - The first 8 checkpoint writes are eager, the ninth traced.
 - The automatic loop length (``training.steps_per_loop`` 0): one step in each of the first two calls,
   then as many steps as take about 0.5 s at the last call's pace, growing at most 8-fold per call
-  and never over 10000.
+  and never over 10000; in a real training loop too (the calls run the automatic length, cut at the
+  epoch end, and it grows exactly 8-fold while the steps are fast).
 """
 
 import time
@@ -12,7 +13,7 @@ from types import SimpleNamespace
 
 import tensorflow as tf
 
-from trainer import checkpoints, models, train
+from trainer import checkpoints, models, prep, train
 
 
 def _dense_units(model):
@@ -70,3 +71,25 @@ def test_the_automatic_loop_length_follows_the_pace_of_the_last_call():
     # 0.1 s steps: about 0.5 s per call is 5 steps (a slow call can only make the next one shorter)
     lengths = _lengths(0.1, calls=5)
     assert lengths[0] == 1 and all(1 <= n <= 5 for n in lengths[1:]) and lengths[-1] >= 4, lengths
+
+
+def test_in_a_training_run_the_automatic_loop_length_grows_at_most_eight_fold_per_call(ws, monkeypatch):
+    """A real run (batch 1: 245 steps in its one epoch): the automatic length before each call, and
+    the steps each call ran."""
+    prep.run(ws.config("prep"))
+    lengths, calls, run_loop = [], [], train.Loop._run_loop
+
+    def recorded(self, iterator, steps):
+        lengths.append(self._auto_loop)
+        calls.append(steps)
+        return run_loop(self, iterator, steps)
+    monkeypatch.setattr(train.Loop, "_run_loop", recorded)
+    result = train.run(ws.config("train", training={"epochs": 1, "batch_size": 1, "checkpoint_every_steps": 0}))
+    assert result["steps"] == 245 and sum(calls) == 245, calls
+    # every call runs the automatic length, the last one cut short at the epoch end
+    assert calls[:-1] == lengths[:-1] and calls[-1] == 245 - sum(calls[:-1]) <= lengths[-1], (calls, lengths)
+    assert lengths[:2] == [1, 1], lengths  # the tracing call, then the timed one
+    growth = [later / float(earlier) for earlier, later in zip(lengths[1:], lengths[2:])]
+    assert growth and all(g <= 8 for g in growth) and max(lengths) <= 10000, lengths
+    # one step of this mlp takes well under 0.5 s / 8: after the timed call, the bound decides
+    assert lengths[2] == 8, lengths

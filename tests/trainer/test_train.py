@@ -213,6 +213,32 @@ def test_a_checkpoint_of_other_training_settings_stops_the_try_and_keeps_every_c
     assert result["resumed_from"]["step"] == 8 and result["steps"] == 16
 
 
+@pytest.mark.resume
+def test_a_checkpoint_of_another_built_in_model_stops_the_try_and_keeps_every_checkpoint(ws):
+    """``training.model`` changed from one built-in to another (cnn to resnet50, on 32x32 images,
+    the smallest resnet50 takes) between tries: the try stops naming the checkpoint and the fix,
+    the checkpoint stays, and the cnn resumes from it."""
+    write_image_folder(os.path.join(ws.data, "imgs"), per_class=8)
+    images = {"format": "images", "path": "imgs", "image_size": [32, 32], "channels": 3,
+              "eval_fraction": 0.25}
+    started = {"model": "cnn", "epochs": 1, "batch_size": 8, "checkpoint_every_steps": 0}
+    prep.run(ws.config("prep", data=images))
+    first = train.run(ws.config("train", data=images, training=started))
+    spe = first["steps_per_epoch"]
+    ckpt_dir = os.path.join(ws.run_dir(), "train", "checkpoints")
+    assert saved_steps(ckpt_dir) == [spe]
+    with pytest.raises(BadInput) as info:
+        train.run(ws.config("train", try_number=2, data=images,
+                            training=dict(started, model="resnet50", epochs=2)))
+    message = str(info.value)
+    assert message.startswith("checkpoint %s does not fit the model and optimizer this try built ("
+                              % os.path.join(ckpt_dir, "ckpt-%d" % spe)), message
+    assert "Fix: put back the settings this run started with" in message
+    assert saved_steps(ckpt_dir) == [spe] and not os.path.exists(os.path.join(ckpt_dir, "corrupt"))
+    result = train.run(ws.config("train", try_number=3, data=images, training=dict(started, epochs=2)))
+    assert result["resumed_from"]["step"] == spe and result["steps"] == 2 * spe
+
+
 def saved_steps(ckpt_dir):
     """The step numbers of the checkpoints in ``ckpt_dir``, each checked against its step variable."""
     steps = sorted(int(os.path.basename(p)[len("ckpt-"):-len(".index")])

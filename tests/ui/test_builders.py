@@ -131,3 +131,13 @@ def test_a_note_a_person_wrote_is_kept():
     run = SimpleNamespace(note="ops: rerun after the disk filled", dag_id="d", run_id="r")
     write_note(run, session=None)  # returns before it reads anything
     assert run.note == "ops: rerun after the disk filled"
+
+
+def test_tensorboard_s_root_relative_fonts_are_made_relative_to_the_page():
+    from tfpipe.plugins.app import fonts_under_route
+
+    css = b"src: local('Roboto'), url(/font-roboto/abc.woff2) format('woff2'); url(/data/x)"
+    # the page itself (the route's "" path) and a page one folder down
+    assert fonts_under_route(css, "") == css.replace(b"url(/font-roboto/", b"url(font-roboto/")
+    assert fonts_under_route(css, "font-roboto/roboto.html") == css.replace(b"url(/font-roboto/",
+                                                                            b"url(../font-roboto/")

@@ -24,6 +24,15 @@ from tfpipe.plugins.paths import LOCATION_XCOM_KEY, REPORT_FILES, REPORT_HTML, p
 _MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".png": "image/png"}
 # The report is one self-contained page (inline style, data: images): nothing else may load.
 _REPORT_CSP = "default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'"
+# TensorBoard's page names its Roboto font files from the server's root (``url(/font-roboto/...)``);
+# behind this route that root is the api-server's, which has no such files.
+_ROOT_FONTS = b"url(/font-roboto/"
+
+
+def fonts_under_route(body: bytes, path: str) -> bytes:
+    """TensorBoard's HTML at ``path`` (below the run's TensorBoard route) with its root-relative font
+    URLs made relative, so the browser fetches the fonts through this route too."""
+    return body.replace(_ROOT_FONTS, b"url(" + b"../" * path.count("/") + b"font-roboto/")
 
 
 def read_location(dag_id: str, run_id: str) -> dict[str, str] | None:
@@ -107,6 +116,11 @@ def create_app() -> FastAPI:
             raise HTTPException(502, f"TensorBoard for run {run_id!r} of DAG {dag_id!r}: {err}") from err
         if answer.status == 0:
             raise HTTPException(504, f"TensorBoard for run {run_id!r} of DAG {dag_id!r} did not start in time.")
-        return Response(answer.body, status_code=answer.status, headers=answer.headers)
+        headers = {k.lower(): v for k, v in answer.headers.items()}
+        body = answer.body
+        if headers.get("content-type", "").startswith("text/html") and \
+                headers.get("content-encoding", "identity") == "identity":  # TensorBoard says identity
+            body = fonts_under_route(body, path)
+        return Response(body, status_code=answer.status, headers=answer.headers)
 
     return app
