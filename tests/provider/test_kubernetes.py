@@ -200,6 +200,7 @@ EXIT_TABLE = [
     ("evaluate", contract.ExitCode.NOT_BLESSED, "Error", DownstreamTasksSkipped, False),
     ("prep", contract.ExitCode.BAD_INPUT, "Error", StageRejectedError, False),
     ("train", contract.ExitCode.DIVERGED, "Error", StageRejectedError, False),
+    ("evaluate", contract.ExitCode.DIRS_NOT_READY, "Error", StageRejectedError, False),
     ("train", 1, "Error", StageFailedError, True),
     ("train", 137, "OOMKilled", StageFailedError, True),
     ("train", 143, "Error", StageFailedError, True),
