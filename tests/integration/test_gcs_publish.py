@@ -79,6 +79,7 @@ def test_interrupted_upload_is_completed_by_a_retry(tmp_path, trainer_image, buc
     assert sorted(f["name"] for f in marker["files"]) == sorted(FILES)
     blobs = {b.name: b for b in gcs_client.list_blobs(bucket.name, prefix=dest.prefix)}
     assert all(blobs[f"{dest.prefix}{f['name']}"].crc32c == f["crc32c"] for f in marker["files"])
+    assert {f["name"]: f["size"] for f in marker["files"]} == {rel: (version_dir / rel).stat().st_size for rel in FILES}
     assert marker["version"] == 7 and marker["model_name"] == "digits"
     assert list_published_versions(base, "digits") == [7]
     assert docker_client.containers.list(all=True, filters={"label": ["tfpipe.role=gcs-publish",
