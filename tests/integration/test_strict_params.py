@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -23,7 +24,9 @@ def test_make_run_with_a_typo_fails_before_any_container_and_echoes_the_conf(tfp
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert '[run] tfpipe_digits_manual with conf {"epoch": 3} on image' in out, "the conf is echoed as given"
-    assert "unknown run parameter 'epoch' (did you mean 'epochs'?)" in out
+    assert "unknown run parameter 'epoch' (did you mean 'epochs'?). Fix: remove it from the run's conf, or use " \
+        "one of tfpipe_digits_manual's parameters: " in out
+    assert re.search(r"parameters: [a-z_, ]*\bepochs\b[a-z_, ]*\. Nothing ran\.", out), out[-3000:]
     summary = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
     assert summary["state"] == "failed" and summary["model_dir"] is None
     tasks = summary["tasks"]

@@ -68,9 +68,10 @@ def test_the_automatic_loop_length_grows_at_most_eight_fold_per_call_and_stops_a
 
 
 def test_the_automatic_loop_length_follows_the_pace_of_the_last_call():
-    # 0.1 s steps: about 0.5 s per call is 5 steps (a slow call can only make the next one shorter)
+    # 0.1 s steps: about 0.5 s per call is at most 5 steps, where free steps reach 8, 64, ... (a busy
+    # machine's overhead can only make a call slower, so the next one shorter)
     lengths = _lengths(0.1, calls=5)
-    assert lengths[0] == 1 and all(1 <= n <= 5 for n in lengths[1:]) and lengths[-1] >= 4, lengths
+    assert lengths[0] == 1 and all(1 <= n <= 5 for n in lengths[1:]) and lengths[-1] >= 2, lengths
 
 
 def test_in_a_training_run_the_automatic_loop_length_grows_at_most_eight_fold_per_call(ws, monkeypatch):
