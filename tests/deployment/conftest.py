@@ -42,6 +42,8 @@ STACK_TEST_ENV = {
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
     "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
     "TFPIPE_RETRY_DELAY": "2",
+    # dockerd flags make up passes on to the GPU host's engine; a label is harmless and visible.
+    "TFPIPE_STACK_ENGINE_ARGS": "--label tfpipe.stack-test=engine-args",
 }
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -94,6 +96,44 @@ def test_status_lists_each_part_with_its_pid_health_and_urls(stack):
     assert {health[p] for p in ("scheduler", "dag_processor", "triggerer")} == {"healthy"}, health
     assert f"UI and REST API: {stack.api_url}" in proc.stdout
     assert f"image: {stack.image_ref()}" in proc.stdout
+
+
+
+def _cmdline(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().rstrip("\0").split("\0")
+
+
+def test_the_parts_run_as_readme_s_table_says(stack):
+    """Debian's PostgreSQL (15 on Debian 12) as the ``postgres`` user, Celery workers of the
+    configured concurrency (1 by default), and the GPU host's engine on its own bridge without
+    iptables rules, with ``TFPIPE_STACK_ENGINE_ARGS`` among its flags (the session sets a label
+    there, which ``docker info`` on that engine shows)."""
+    pg = stack.pid("postgres")
+    binary = os.path.realpath(f"/proc/{pg}/exe")
+    major = Path(binary).parents[1].name
+    assert binary == f"/usr/lib/postgresql/{major}/bin/postgres", binary
+    if Path("/etc/debian_version").read_text().startswith("12."):
+        assert major == "15", "README's table says PostgreSQL 15, Debian 12's"
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+    assert version.startswith(f"postgres (PostgreSQL) {major}."), version
+    assert os.stat(f"/proc/{pg}").st_uid == int(subprocess.check_output(["id", "-u", "postgres"]))
+    argv = _cmdline(pg)
+    assert argv[argv.index("-D") + 1] == str(stack.pg_data), argv
+
+    workers = int(stack.settings["workers"])
+    assert workers == 2 and stack.settings["concurrency"] == "1", "the session runs make up's defaults"
+    for n in range(1, workers + 1):
+        # Celery may retitle its process; the title keeps the options it was started with.
+        title = " ".join(_cmdline(stack.pid(f"worker{n}")))
+        assert re.search(rf"--concurrency[ =]{stack.settings['concurrency']}\b", title), title
+
+    argv = _cmdline(stack.pid("engine"))
+    assert argv[argv.index("--bridge") + 1] == stack.settings["bridge"] != "docker0", argv
+    assert "--iptables=false" in argv
+    extra = shlex.split(stack.settings["engine_args"])
+    assert extra and argv[-len(extra):] == extra, argv
+    labels = json.loads(stack.engine_docker("info", "--format", "{{json .Labels}}").stdout)
+    assert "tfpipe.stack-test=engine-args" in labels, labels
 
 
 #: An unprivileged user to run `make status` / `make down` as, as a user would without sudo.

@@ -123,3 +123,28 @@ def test_leftover_shims_of_the_stacks_engine_are_stopped_with_their_containers_a
                 os.kill(pid, 9)
         shim.wait()
         other.wait()
+
+
+def _readme_row(readme: str, starts: str) -> str:
+    rows = [line for line in readme.splitlines() if line.startswith(f"| {starts}")]
+    assert len(rows) == 1, f"README's `make up` table has one row starting {starts!r}: {rows}"
+    return rows[0]
+
+
+def test_make_up_s_defaults_are_the_ones_readme_s_table_lists():
+    """With no ``TFPIPE_STACK_*`` setting, each part listens where README's `make up` table says, the
+    second engine has its own bridge, and there are two workers of concurrency 1."""
+    from deploy.stack import Stack
+
+    stack = Stack({})
+    readme = (REPO / "README.md").read_text()
+    assert f"| 127.0.0.1:{stack.port('pg')} |" in _readme_row(readme, "PostgreSQL")
+    assert f"| 127.0.0.1:{stack.port('redis')} (password) |" in _readme_row(readme, "Redis |")
+    assert f"| {stack.api_url} |" in _readme_row(readme, "Airflow api-server")
+    assert f"| {stack.registry} |" in _readme_row(readme, "Debian's `docker-registry`")
+    engine = _readme_row(readme, "a second dockerd")
+    assert f"| {stack.engine_url}, TLS client certificates |" in engine
+    assert f"bridge `{stack.settings['bridge']}`" in engine and stack.settings["bridge"] != "docker0"
+    workers = {"2": "two"}[stack.settings["workers"]]
+    assert _readme_row(readme, f"{workers} Celery workers (concurrency {stack.settings['concurrency']} each) |")
+    assert stack.dir == REPO / ".stack" and "state under .stack/" in readme
