@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from tfpipe.engine import DEFAULT_DOCKER_URL, EngineSettings, engine_error_message
@@ -59,6 +64,33 @@ def test_a_task_with_its_own_engine_keeps_it(monkeypatch, tls_files):
     own_tls.tls_client_cert = "/own/cert.pem"
     EngineSettings.from_airflow_config().apply_to(own_tls)
     assert own_tls.docker_url == DEFAULT_DOCKER_URL and own_tls.tls_client_cert == "/own/cert.pem"
+
+
+
+def test_the_tfpipe_section_of_airflow_cfg_names_the_engine_and_the_environment_wins(tmp_path, tls_files):
+    """An ``airflow.cfg`` with a ``[tfpipe]`` section, read by Airflow's own configuration in a fresh
+    worker-like process: its engine and TLS files reach a default task; ``AIRFLOW__TFPIPE__*``
+    in the environment overrides one option of it."""
+    home = tmp_path / "airflow-home"
+    home.mkdir()
+    (home / "airflow.cfg").write_text(
+        f"[tfpipe]\ndocker_url = {URL}\ntls_ca_cert = {tls_files['ca']}\n"
+        f"tls_client_cert = {tls_files['cert']}\ntls_client_key = {tls_files['key']}\n")
+    code = ("import json; from tfpipe.engine import EngineSettings; "
+            "print(json.dumps(vars(EngineSettings.from_airflow_config())))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__TFPIPE__", "AIRFLOW_CONFIG"))}
+    env["AIRFLOW_HOME"] = str(home)
+
+    def settings(**extra: str) -> dict:
+        proc = subprocess.run([sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    assert settings() == {"docker_url": URL, "tls_ca_cert": tls_files["ca"], "tls_client_cert": tls_files["cert"],
+                          "tls_client_key": tls_files["key"], "tls_hostname": None}
+    assert settings(AIRFLOW__TFPIPE__DOCKER_URL="tcp://gpu-host-2.example:2376")["docker_url"] == \
+        "tcp://gpu-host-2.example:2376"
 
 
 def test_partial_tls_names_the_missing_option_and_the_fix(monkeypatch, tls_files):
