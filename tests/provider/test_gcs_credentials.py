@@ -109,6 +109,34 @@ def test_airflows_connection_api_does_not_show_the_key(field, as_text):
         assert line not in shown
 
 
+
+_SHOWN = """
+import json, sys
+from airflow.api_fastapi.core_api.datamodels.connections import ConnectionResponse
+print(ConnectionResponse(connection_id="gcs_keyed", conn_type="google_cloud_platform", extra=sys.stdin.read(),
+                         description=None, host=None, login=None, schema=None, port=None, password=None,
+                         team_name=None).extra)
+"""
+
+
+def test_key_json_as_text_is_shown_in_clear_unless_named_sensitive():
+    """README's warning, both ways: ``key_json`` given as text reaches the connection page as it is,
+    and ``[core] sensitive_var_conn_names = key_json`` hides it (a fresh api-server-like process
+    each, since Airflow reads that list once)."""
+    text = json.dumps(service_account_key())
+    extra = json.dumps({"key_json": text, "project": "acme-ml"})
+
+    def shown(**env: str) -> dict:
+        base = {k: v for k, v in os.environ.items() if k != "AIRFLOW__CORE__SENSITIVE_VAR_CONN_NAMES"}
+        proc = subprocess.run([sys.executable, "-c", _SHOWN], input=extra, env={**base, **env},
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    assert shown() == {"key_json": text, "project": "acme-ml"}, "in clear, as README warns"
+    assert shown(AIRFLOW__CORE__SENSITIVE_VAR_CONN_NAMES="key_json") == {"key_json": "***", "project": "acme-ml"}
+
+
 # -- Application Default Credentials ---------------------------------------------------------------
 
 def test_without_a_key_the_hook_uses_application_default_credentials(monkeypatch, tmp_path):
