@@ -91,4 +91,20 @@ def emit_stage_metrics(dag_id: str, stage: str, result: Mapping[str, Any] | None
             LOG.warning("could not send metric %s", stat, exc_info=True)
             continue
         sent[stat] = value
+    if sent and conf.getboolean("metrics", "otel_on", fallback=False):
+        _flush_otel()
     return sent
+
+
+def _flush_otel(timeout_millis: int = 5000) -> None:
+    """Export the gauges now. OpenTelemetry sends them every ``[metrics] otel_interval_milliseconds``
+    (60 s by default), and Airflow 3.0 registers no flush at exit: a task process that ends before
+    the next export would take its stage's gauges with it."""
+    try:
+        from opentelemetry import metrics
+
+        flush = getattr(metrics.get_meter_provider(), "force_flush", None)
+        if flush is not None:
+            flush(timeout_millis=timeout_millis)
+    except Exception:  # metrics must never fail a stage that succeeded
+        LOG.warning("could not export the stage's metrics to OpenTelemetry", exc_info=True)
