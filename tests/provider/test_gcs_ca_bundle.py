@@ -165,3 +165,32 @@ def test_a_ca_bundle_set_after_the_client_is_made_is_not_read_per_request(monkey
     with pytest.raises(requests.exceptions.SSLError, match="CERTIFICATE_VERIFY_FAILED"):
         list(client.list_blobs(BUCKET, retry=None))
     assert _StorageListing.seen == [], "no request got past the TLS handshake"
+
+
+@pytest.mark.parametrize("bundle", ["default", "another CA's"])
+def test_a_refused_certificate_fails_the_listing_at_once_naming_the_bundle_and_the_fix(
+        monkeypatch, clean_env, tmp_path, bundle):
+    """A listing (the first call of every stage-in and publish) against an endpoint whose
+    certificate the client's bundle does not hold fails without retry (the library alone would
+    retry it for two minutes), naming the endpoint, the bundle in use and the variable that fixes it."""
+    import time
+
+    from tfpipe.hooks.gcs import GcsAccessError, GcsUri, list_objects
+
+    url, _ca_path = clean_env
+    if bundle != "default":
+        other = _make_ca_and_server_cert(tmp_path)[0]  # a CA, but not the one that signed the server's
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(other))
+    hook = TfpipeGcsHook()
+    started = time.monotonic()
+    with pytest.raises(GcsAccessError) as err:
+        list_objects(hook, GcsUri.parse(f"gs://{BUCKET}/raw/"), action="stage-in listing")
+    assert time.monotonic() - started < 20, "no retry loop before the error"
+    message = str(err.value)
+    assert message.startswith(f"stage-in listing gs://{BUCKET}/raw/: the TLS certificate of Cloud Storage at {url} "
+                              "could not be verified against "), message
+    assert ("the default CA bundle" if bundle == "default" else f"the CA bundle {other}") in message
+    assert "CERTIFICATE_VERIFY_FAILED" in message
+    assert "Fix: where a proxy or a private endpoint presents a certificate of your own CA, set REQUESTS_CA_BUNDLE" \
+        in message
+    assert _StorageListing.seen == []

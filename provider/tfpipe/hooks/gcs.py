@@ -330,9 +330,62 @@ class TfpipeGcsHook(BaseHook):
         except DataCorruption as err:
             raise GcsTransferError(f"{action}: the transferred bytes did not match their checksum "
                                    f"({_short(err, 200)}); the retry transfers them again.") from err
+        except api.RetryError as err:
+            # The library's own retry gave up (two minutes of network errors by default): the last
+            # error it met says what went wrong, so it is told as if it had come alone.
+            if isinstance(err.cause, BaseException) and not isinstance(err.cause, api.RetryError):
+                with self.errors(action, uri, missing=missing):
+                    raise err.cause from err
+            raise GcsTransferError(f"{action}: {_short(err)}") from err
         except (auth.TransportError, requests.exceptions.RequestException) as err:
             where = os.environ.get(EMULATOR_ENV) or "storage.googleapis.com"
+            if certificate_refused(err):
+                verify = getattr(getattr(self._client, "_http", None), "verify", True)
+                bundle = f"the CA bundle {verify}" if isinstance(verify, str) else "the default CA bundle"
+                raise GcsAccessError(
+                    f"{action}: the TLS certificate of Cloud Storage at {where} could not be verified against "
+                    f"{bundle} ({_certificate_reason(err)}). Fix: where a proxy or a private endpoint presents a "
+                    "certificate of your own CA, set REQUESTS_CA_BUNDLE in the workers' environment to that "
+                    "CA's PEM file; where one is set (REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE), check that it "
+                    "holds the CA that signed the endpoint's certificate.") from err
             raise GcsTransferError(f"{action}: cannot reach Cloud Storage at {where}: {_short(err)}") from err
+
+
+def certificate_refused(err: BaseException) -> bool:
+    """Whether ``err`` (or what it wraps) is a TLS certificate the client would not accept: a setting
+    to fix, never a transient failure."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        text = str(err)
+        if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text or "hostname mismatch" in text:
+            return True
+        err = err.__cause__ or err.__context__ or next((a for a in err.args if isinstance(a, BaseException)), None)
+    return False
+
+
+def _certificate_reason(err: BaseException) -> str:
+    """OpenSSL's own words (``[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: ...``),
+    which requests buries at the end of a long connection-pool message."""
+    text = " ".join(str(err).split())
+    start = text.find("[SSL:")
+    if start < 0:
+        return _short(err, 200)
+    end = min((i for i in (text.find(" (_ssl.c", start), text.find("')", start), text.find('")', start)) if i > 0),
+              default=len(text))
+    return text[start:end][:200]
+
+
+def _listing_retry() -> Any:
+    """google-cloud-storage's default retry, less a refused certificate, which it would retry for
+    two minutes before any error reached the task."""
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    try:  # the library's own predicate; an older or newer one without it: api_core's transient errors
+        from google.cloud.storage.retry import _should_retry as transient
+    except ImportError:
+        from google.api_core.retry import if_transient_error as transient
+    return DEFAULT_RETRY.with_predicate(lambda err: transient(err) and not certificate_refused(err))
 
 
 def settle_environment(client: Any) -> Any:
@@ -382,7 +435,7 @@ def list_objects(hook: TfpipeGcsHook, uri: GcsUri, *, prefix: str | None = None,
     """
     client = hook.get_conn()
     with hook.errors(f"{action} {uri}", uri, missing="bucket"):
-        kwargs: dict[str, Any] = {"prefix": uri.prefix if prefix is None else prefix}
+        kwargs: dict[str, Any] = {"prefix": uri.prefix if prefix is None else prefix, "retry": _listing_retry()}
         if match_glob:
             kwargs["match_glob"] = match_glob
         return list(client.list_blobs(uri.bucket, **kwargs))
