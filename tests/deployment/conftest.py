@@ -33,6 +33,7 @@ import pytest
 
 from deploy import stack as stack_module
 from deploy.rest import TERMINAL, AirflowRest  # noqa: F401  (the tests' REST client)
+from tests.integration.conftest import gcs_emulator  # noqa: F401  (the session's emulator fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -513,6 +513,38 @@ def test_sharded_prep_runs_its_shards_on_two_engines_that_share_the_volumes(stac
     assert sum(json.loads((dataset / "schema.json").read_text())["counts"].values()) == 1797
 
 
+
+def test_a_stage_in_of_many_objects_forks_its_download_processes_in_a_celery_task(stack, rest, gcs_emulator,
+                                                                                   monkeypatch):
+    """A batch of 64 objects or more downloads in processes forked from the task process: here a
+    Celery worker's task process (the stage-in alone, from the Cloud Storage emulator), onto the GPU
+    host's data volume through the TLS engine. Every file arrives intact, owned by the stage's user."""
+    from google.cloud import storage
+
+    from tfpipe.gcs import sync
+
+    dag_id = "tfpipe_stack_stage_in"
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
+    bucket = storage.Client(project="test").create_bucket(f"tfpipe-stack-{os.urandom(6).hex()}")
+    bodies = {f"many/part-{i:03d}.bin": os.urandom(8192 + i) for i in range(sync.PROCESS_MIN_OBJECTS + 16)}
+    for name, body in bodies.items():
+        bucket.blob(name).upload_from_string(body)
+    target = stack.volumes / "data" / "stage_in_many"
+    shutil.rmtree(target, ignore_errors=True)
+
+    run_id = rest.trigger(dag_id, conf={"data_uri": f"gs://{bucket.name}/many/", "emulator": gcs_emulator})
+    run = rest.wait_for_run(dag_id, run_id, timeout=300)
+    log = rest.task_log(dag_id, run_id, "stage_in", 1)
+    assert run["state"] == "success", log[-4000:]
+    forked = re.search(r"downloading batches of \d+ objects or more in (\d+) forked processes", log)
+    assert forked and int(forked[1]) >= 2, log[-4000:]
+    assert rest.xcom(dag_id, run_id, "stage_in")["downloaded"] == len(bodies)
+    for name, body in bodies.items():
+        staged = target / name[len("many/"):]
+        assert staged.read_bytes() == body, name
+        assert (staged.stat().st_uid, staged.stat().st_gid) == (1000, 1000), name
+
+
 def test_tls_engine_without_a_valid_client_certificate_fails_clearly_once(stack, rest):
     """(8) No client certificate, or one from a foreign CA: a clear error naming the engine and the fix, no retries."""
     foreign = stack.dir / "foreign-client"

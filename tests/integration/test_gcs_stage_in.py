@@ -124,6 +124,40 @@ def test_many_batches_in_memory_and_spooled_arrive_intact(tmp_path, trainer_imag
         n[len("raw/d/"):] for n in bodies)
 
 
+
+def test_a_daemonic_task_process_still_downloads_in_processes(tmp_path, trainer_image, bucket, monkeypatch):
+    """A Celery worker's pool processes are daemonic, and so is the task process Airflow forks from
+    one; multiprocessing refuses children to a daemonic process. The stage-in runs here in a daemonic
+    process (as in a Celery deployment; `tests/deployment` runs it in a real one): its batches still
+    download in the download processes, every byte arrives, and the process is daemonic again after."""
+    import multiprocessing
+
+    _in_processes(monkeypatch)
+    bodies = {f"raw/many/part-{i}.bin": bytes([i]) * (i * 300 + 1) for i in range(6)}
+    for name, body in bodies.items():
+        bucket.blob(name).upload_from_string(body)
+    op = _operator(tmp_path, trainer_image, "many/", source_uri=f"gs://{bucket.name}/raw/many")
+    fork = multiprocessing.get_context("fork")
+    answers = fork.Queue()
+
+    def task_process() -> None:
+        try:
+            result = op.execute(fake_context("stage_in", dag_id=HELPER_DAG))
+            answers.put(("done", result["downloaded"], multiprocessing.current_process().daemon))
+        except BaseException as err:  # handed to the test, which fails naming it
+            answers.put(("failed", repr(err), None))
+
+    child = fork.Process(target=task_process, daemon=True)
+    child.start()
+    try:
+        outcome = answers.get(timeout=180)
+    finally:
+        child.join(timeout=30)
+    assert outcome == ("done", len(bodies), True), outcome
+    for name, body in bodies.items():
+        assert (tmp_path / "data" / "many" / name[len("raw/many/"):]).read_bytes() == body, name
+
+
 @pytest.mark.parametrize("where", ["threads", "processes"])
 def test_an_object_deleted_after_listing_is_named_and_no_manifest_is_written(tmp_path, trainer_image, bucket,
                                                                              monkeypatch, where):

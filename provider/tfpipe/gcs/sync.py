@@ -128,7 +128,7 @@ def stage_in(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, data_path: 
             return ended[-1]
 
         for batch in _transfer(hook, helper, engine, survey, uri, early, _Target(stream_root, prefix, lead), tmp,
-                               max_workers, ending):
+                               max_workers, ending, log):
             downloaded += len(batch)
             downloaded_bytes += sum(o.size for o in batch)
             unchanged = survey.result().plan.unchanged  # done: it ran before the tar stream
@@ -259,7 +259,7 @@ class _Aborted(Exception):
 
 def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecutor, survey: Future, uri: GcsUri,
               early: list[RemoteObject], target: _Target, tmp: str, max_workers: int,
-              ending: Callable[[], bytes | None]) -> Iterator[list[RemoteObject]]:
+              ending: Callable[[], bytes | None], log: logging.Logger = LOG) -> Iterator[list[RemoteObject]]:
     """Download batch by batch (``early`` first, then what else the survey's plan downloads) into
     one tar stream to the engine; yield each batch once the engine has been sent it. The stream
     ends with ``ending()`` (the manifest's tar, or None), asked for once every batch is in it: the
@@ -277,7 +277,7 @@ def _transfer(hook: TfpipeGcsHook, helper: VolumeHelper, engine: ThreadPoolExecu
         taken = {o.rel for o in early}
         yield from batches([o for o in survey.result().plan.download if o.rel not in taken], *limits)
 
-    downloads = _Downloads(hook, uri, tmp, max_workers)
+    downloads = _Downloads(hook, uri, tmp, max_workers, log)
     ready: queue.Queue = queue.Queue()  # downloaded batches for the stream; None ends it
     sent: queue.Queue = queue.Queue()  # batches the stream has handed to the engine
     room = threading.Semaphore(2 + downloads.ahead)  # batches held on the worker
@@ -361,18 +361,20 @@ class _Downloads:
     (:func:`_download_in_process`).
     """
 
-    def __init__(self, hook: TfpipeGcsHook, uri: GcsUri, tmp: str, max_workers: int) -> None:
-        self.hook, self.uri, self.tmp, self.max_workers = hook, uri, tmp, max_workers
+    def __init__(self, hook: TfpipeGcsHook, uri: GcsUri, tmp: str, max_workers: int,
+                 log: logging.Logger = LOG) -> None:
+        self.hook, self.uri, self.tmp, self.max_workers, self.log = hook, uri, tmp, max_workers, log
         self.processes = DOWNLOAD_PROCESSES if "fork" in multiprocessing.get_all_start_methods() else 1
         #: batches that may download while the stream has not taken the one before them
         self.ahead = self.processes if self.processes > 1 else 0
         self._pool: ProcessPoolExecutor | None = None
+        self._daemon_cleared = False
         self._client_state = b""
         self._count = 0
 
     def start(self, batch: list[RemoteObject]) -> _Download:
         """Start downloading ``batch``: its files (threads: already done) or its parts' futures."""
-        if not self.ahead or len(batch) < PROCESS_MIN_OBJECTS:
+        if not self.ahead or len(batch) < PROCESS_MIN_OBJECTS or not self._may_fork():
             return _download(self.hook, self.uri, batch, self.tmp, self.max_workers)
         if self._pool is None:
             client = self.hook.get_conn()
@@ -384,6 +386,8 @@ class _Downloads:
             # workers send them.
             self._client_state = pickle.dumps((client.project, client._credentials))
             self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("fork"))
+            self.log.info("downloading batches of %d objects or more in %d forked processes, %d threads each",
+                          PROCESS_MIN_OBJECTS, self.processes, max(1, self.max_workers // self.processes))
         parts = []
         head = [] if self._count else batches(batch, min(FIRST_PART_BYTES, PROCESS_PART_BYTES), len(batch))[0]
         for part in ([head] if head else []) + batches(batch[len(head):], PROCESS_PART_BYTES, len(batch)):
@@ -394,6 +398,30 @@ class _Downloads:
                 _download_in_process, self._client_state, self.hook.credentials_source, str(self.uri), items,
                 max(1, self.max_workers // self.processes))))
         return parts
+
+    def _may_fork(self) -> bool:
+        """Whether this process may start the download processes; clears its daemon flag if it must.
+
+        A Celery worker's pool processes are daemonic, and so is the task process Airflow forks
+        from one: multiprocessing then refuses to start children ("daemonic processes are not
+        allowed to have children"), which would fail every large stage-in on a Celery deployment.
+        The flag guards against children outliving a daemon killed with its parent; these never
+        outlive the stage-in, whose pool is shut down before it returns. So it is cleared while
+        the pool lives and set again by :meth:`close`. Where it cannot be cleared, threads download.
+        """
+        if self._pool is not None or self._daemon_cleared:
+            return True
+        me = multiprocessing.current_process()
+        if not me.daemon:
+            return True
+        try:
+            me.daemon = False
+        except AssertionError:  # a process object that would not take it: threads, as for small batches
+            self.log.info("downloading in threads: this daemonic process cannot start download processes")
+            self.ahead = 0
+            return False
+        self._daemon_cleared = True
+        return True
 
     @staticmethod
     def done(download: _Download) -> bool:
@@ -426,6 +454,9 @@ class _Downloads:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=cancel)
             self._pool = None
+        if self._daemon_cleared:
+            multiprocessing.current_process().daemon = True
+            self._daemon_cleared = False
 
 
 _PROCESS_CLIENTS: dict[bytes, Any] = {}  # in a download process: its client, made once

@@ -8,6 +8,9 @@
   URL, so it takes the deployment's TLS files) and shard 1 on the first engine (its unix socket
   spelt ``unix:///``, since the default spelling means the deployment's engine); both mount the
   same host directories, and everything after the shards runs on the deployment's engine.
+- ``tfpipe_stack_stage_in``: a stage-in alone, from the bucket the run's ``data_uri`` names on the
+  Cloud Storage emulator the run's ``emulator`` names (the workers' environment has none: the task
+  sets it before it runs), onto the GPU host's data volume.
 
 Paths and the engine come from the stack's environment, as for the repository's DAGs.
 """
@@ -16,10 +19,10 @@ from __future__ import annotations
 
 import os
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, Param
 
 from tfpipe import PipelineConfig, training_pipeline
-from tfpipe.operators import PrepOperator
+from tfpipe.operators import GcsStageInOperator, PrepOperator
 from tfpipe.specs import config_template
 
 HOME = os.environ.get("TFPIPE_HOME", "/nonexistent")
@@ -56,3 +59,16 @@ with bad_tls:
     ):
         PrepOperator(task_id=task_id, image=IMAGE, stage_config=config_template(bad_cfg, "prep"), volumes=VOLUMES,
                      docker_url=_engine, retries=3, retry_delay=2.0, **tls)
+
+
+def _use_the_runs_emulator(context) -> None:
+    # In the task process, before execute(): the hook reads STORAGE_EMULATOR_HOST when it makes its client.
+    os.environ["STORAGE_EMULATOR_HOST"] = context["params"]["emulator"]
+
+
+stage_in_only = DAG("tfpipe_stack_stage_in", schedule=None, tags=["stack-test"],
+                    params={"data_uri": Param(None, type=["null", "string"]),
+                            "emulator": Param("http://127.0.0.1:1", type="string")})
+with stage_in_only:
+    GcsStageInOperator(task_id="stage_in", data_volume=VOLUMES["data"], data_path="stage_in_many/", image=IMAGE,
+                       on_execute_callback=_use_the_runs_emulator, retries=0)
