@@ -65,6 +65,13 @@ def _backend() -> Any:
         from airflow.providers.common.compat.sdk import Stats
 
         return Stats
+    import inspect
+
+    if "stats_cls" in inspect.signature(get_stats_factory).parameters:
+        # Airflow 3.2 asks for the Stats class (its Datadog logger reads settings from it)
+        from airflow.providers.common.compat.sdk import Stats
+
+        return get_stats_factory(Stats)()
     return get_stats_factory()()
 
 
