@@ -17,11 +17,27 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+class JsonReplies(BaseHTTPRequestHandler):
+    """A handler for a test's HTTP server on loopback: answers with JSON (:meth:`reply`), logs nothing."""
+
+    def reply(self, status: int, document: dict) -> None:
+        body = json.dumps(document).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
 
 
 def _worker_airflow_home(worker: str) -> None:

@@ -8,13 +8,13 @@ import os
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from urllib.parse import parse_qs
 
 import pytest
 from airflow.providers.common.compat.sdk import AirflowFailException
 
-from tests.conftest import run_dag
+from tests.conftest import JsonReplies, run_dag
 from tests.integration.conftest import fake_context, object_names
 from tests.integration.test_gcs_stage_in import HelperInspector
 from tfpipe.hooks.gcs import GcsAccessError
@@ -62,21 +62,6 @@ def test_malformed_uri_in_a_run_parameter(tmp_path, trainer_image, emulator_env)
     assert "run parameter 'data_uri'" in str(err.value) and "not a valid bucket name" in str(err.value)
 
 
-class _JsonReplies(BaseHTTPRequestHandler):
-    """A handler that answers with JSON (:meth:`reply`) and logs nothing."""
-
-    def reply(self, status: int, document: dict) -> None:
-        body = json.dumps(document).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 def _service_account_key(token_uri: str) -> dict:
     """A fresh service-account key (its RSA key made here) whose tokens come from ``token_uri``."""
     from cryptography.hazmat.primitives import serialization
@@ -93,7 +78,7 @@ def rejecting_token_endpoint():
     """An OAuth token endpoint that rejects every key, as Google's does for a deleted key."""
     calls = []
 
-    class Handler(_JsonReplies):
+    class Handler(JsonReplies):
         def do_POST(self):  # noqa: N802 (http.server's naming)
             calls.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
             self.reply(400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature."})
@@ -125,7 +110,7 @@ def test_rejected_credentials_fail_without_retry(tmp_path, trainer_image, bucket
     assert 1 <= len(calls) <= 2, "the real client asked the token endpoint, and did not keep retrying"
 
 
-class _RecordingProxy(_JsonReplies):
+class _RecordingProxy(JsonReplies):
     """An HTTP proxy that answers every request itself (an empty object listing) and records it."""
 
     seen: list[tuple[str, str | None]] = []
@@ -180,7 +165,7 @@ def granting_token_endpoint():
     token it grants and the JWT assertions it received."""
     token, assertions = f"ya29.{uuid.uuid4().hex}", []
 
-    class Handler(_JsonReplies):
+    class Handler(JsonReplies):
         def do_POST(self):  # noqa: N802 (http.server's naming)
             form = parse_qs(self.rfile.read(int(self.headers.get("Content-Length", 0))).decode())
             assertions.extend(form.get("assertion", []))

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import json
 import ssl
 import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from pathlib import Path
 
 import pytest
 import requests
 
+from tests.conftest import JsonReplies
 from tfpipe.hooks.gcs import TfpipeGcsHook
 
 pytestmark = pytest.mark.gcs
@@ -83,7 +83,7 @@ def _make_ca_and_server_cert(folder: Path) -> tuple[Path, Path, Path]:
     return ca_path, cert_path, key_path
 
 
-class _StorageListing(BaseHTTPRequestHandler):
+class _StorageListing(JsonReplies):
     """Answers ``GET /storage/v1/b/<BUCKET>/o`` as Cloud Storage does, and 404 to anything else;
     records the path of every request that got through the TLS handshake."""
 
@@ -98,15 +98,7 @@ class _StorageListing(BaseHTTPRequestHandler):
                  "crc32c": "AAAAAA==", "updated": "2024-01-01T00:00:00.000Z"}]}
         else:
             status, body = 404, {"error": {"code": 404, "message": f"no {self.path}"}}
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.reply(status, body)
 
 
 @pytest.fixture(scope="module")
