@@ -374,9 +374,10 @@ class _Downloads:
 
     def start(self, batch: list[RemoteObject]) -> _Download:
         """Start downloading ``batch``: its files (threads: already done) or its parts' futures."""
-        if not self.ahead or len(batch) < PROCESS_MIN_OBJECTS or not self._may_fork():
+        if not self.ahead or len(batch) < PROCESS_MIN_OBJECTS:
             return _download(self.hook, self.uri, batch, self.tmp, self.max_workers)
         if self._pool is None:
+            self._allow_children()
             client = self.hook.get_conn()
             # fork: the children start at once with everything imported (a spawned interpreter
             # would cost about a second of CPU each). They only download with a client of their
@@ -399,29 +400,20 @@ class _Downloads:
                 max(1, self.max_workers // self.processes))))
         return parts
 
-    def _may_fork(self) -> bool:
-        """Whether this process may start the download processes; clears its daemon flag if it must.
+    def _allow_children(self) -> None:
+        """Let this process start the download processes: clear its daemon flag if it is set.
 
         A Celery worker's pool processes are daemonic, and so is the task process Airflow forks
         from one: multiprocessing then refuses to start children ("daemonic processes are not
         allowed to have children"), which would fail every large stage-in on a Celery deployment.
         The flag guards against children outliving a daemon killed with its parent; these never
         outlive the stage-in, whose pool is shut down before it returns. So it is cleared while
-        the pool lives and set again by :meth:`close`. Where it cannot be cleared, threads download.
+        the pool lives and set again by :meth:`close`.
         """
-        if self._pool is not None or self._daemon_cleared:
-            return True
         me = multiprocessing.current_process()
-        if not me.daemon:
-            return True
-        try:
+        if me.daemon:
             me.daemon = False
-        except AssertionError:  # a process object that would not take it: threads, as for small batches
-            self.log.info("downloading in threads: this daemonic process cannot start download processes")
-            self.ahead = 0
-            return False
-        self._daemon_cleared = True
-        return True
+            self._daemon_cleared = True
 
     @staticmethod
     def done(download: _Download) -> bool:

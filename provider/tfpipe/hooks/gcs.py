@@ -339,7 +339,7 @@ class TfpipeGcsHook(BaseHook):
             raise GcsTransferError(f"{action}: {_short(err)}") from err
         except (auth.TransportError, requests.exceptions.RequestException) as err:
             where = os.environ.get(EMULATOR_ENV) or "storage.googleapis.com"
-            if certificate_refused(err):
+            if _certificate_refused(err):
                 verify = getattr(getattr(self._client, "_http", None), "verify", True)
                 bundle = f"the CA bundle {verify}" if isinstance(verify, str) else "the default CA bundle"
                 raise GcsAccessError(
@@ -351,7 +351,7 @@ class TfpipeGcsHook(BaseHook):
             raise GcsTransferError(f"{action}: cannot reach Cloud Storage at {where}: {_short(err)}") from err
 
 
-def certificate_refused(err: BaseException) -> bool:
+def _certificate_refused(err: BaseException) -> bool:
     """Whether ``err`` (or what it wraps) is a TLS certificate the client would not accept: a setting
     to fix, never a transient failure."""
     seen: set[int] = set()
@@ -385,7 +385,7 @@ def _listing_retry() -> Any:
         from google.cloud.storage.retry import _should_retry as transient
     except ImportError:
         from google.api_core.retry import if_transient_error as transient
-    return DEFAULT_RETRY.with_predicate(lambda err: transient(err) and not certificate_refused(err))
+    return DEFAULT_RETRY.with_predicate(lambda err: transient(err) and not _certificate_refused(err))
 
 
 def settle_environment(client: Any) -> Any:
