@@ -21,6 +21,8 @@ tfpipe takes these names from here: a difference between releases lives in this 
   whose ``clear_dags`` it calls first (the scheduler's ``SerializedDAG`` from
   ``airflow.serialization.definitions.dag`` or, on 3.1, ``serialized_objects``; on 3.0
   ``airflow.models.dag.DAG``): ``tfpipe run --rerun`` hands it an existing run there.
+* :func:`xcom_query`: ``XComModel.get_many`` takes a ``session`` on 3.0 and opens and closes the
+  thread's scoped session itself when it gets none; later releases take no session.
 
 Names resolve when first used (PEP 562), so importing this module imports nothing heavy.
 """
@@ -50,7 +52,7 @@ _DAG_CLEARERS = (("airflow.serialization.definitions.dag", "SerializedDAG"),
                  ("airflow.serialization.serialized_objects", "SerializedDAG"), ("airflow.models.dag", "DAG"))
 
 __all__ = ["dag_test_seams", "doubling_backoff", "has_resumable_jobs", "task_state_store", "write_dags_for_test",
-           *_HOMES]
+           "xcom_query", *_HOMES]
 
 
 def _find(name: str) -> tuple[Any, str]:
@@ -111,6 +113,25 @@ def doubling_backoff() -> float | bool:
     """
     return 2.0 if backoff_takes_multiplier() else True
 
+
+def xcom_query(session: Any, *, run_id: str, dag_id: str, key: str | None = None) -> Any:
+    """``XComModel.get_many``'s query for one run's XComs (of ``key`` only, when given), to run in ``session``.
+
+    3.0's ``get_many`` is wrapped in ``provide_session``: called without a session it opens the
+    thread's scoped session and commits and closes it before returning, which detaches whatever the
+    caller loaded in that session (the scheduler's and ``dag.test()``'s session is that one). It is
+    handed the caller's session there; later releases build the query without one.
+    """
+    import inspect
+
+    from airflow.models.xcom import XComModel
+
+    kwargs: dict[str, Any] = {"run_id": run_id, "dag_ids": dag_id}
+    if key is not None:
+        kwargs["key"] = key
+    if "session" in inspect.signature(XComModel.get_many).parameters:
+        kwargs["session"] = session
+    return XComModel.get_many(**kwargs)
 
 
 def dag_test_seams() -> tuple[list[tuple[Any, str]], list[Any]]:

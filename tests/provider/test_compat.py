@@ -138,3 +138,23 @@ def test_a_params_rejection_is_recognised_in_both_forms_and_nothing_else_is():
     assert compat.is_param_rejection(ValueError("Invalid input for param epochs: 'three' is not of type 'integer'"))
     assert not compat.is_param_rejection(ValueError("invalid literal for int() with base 10: 'three'"))
     assert not compat.is_param_rejection(TypeError("Invalid input for param epochs: not a ValueError"))
+
+
+def test_an_xcom_query_leaves_the_callers_session_open():
+    """The scheduler and ``dag.test()`` hand the run-note listener their own (scoped) session. On 3.0,
+    ``XComModel.get_many`` without a session committed and closed that one, which detached the run
+    the listener was writing the note on: the note was lost without an error."""
+    from airflow import settings
+    from airflow.models.pool import Pool
+    from sqlalchemy import inspect as orm_inspect
+    from sqlalchemy import select
+
+    session = settings.Session()  # the thread's scoped session, as the scheduler's loop has it
+    try:
+        pool = session.scalars(select(Pool).where(Pool.pool == Pool.DEFAULT_POOL_NAME)).one()
+        rows = session.scalars(compat.xcom_query(session, run_id="no-such-run", dag_id="no_such_dag",
+                                                 key="return_value")).all()
+        assert rows == []
+        assert orm_inspect(pool).session is session, "the query closed the caller's session"
+    finally:
+        session.close()

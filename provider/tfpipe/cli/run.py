@@ -52,6 +52,8 @@ def summarize(dag: Any, dag_run: Any) -> dict[str, Any]:
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
+    from tfpipe.compat import xcom_query
+
     tasks: dict[str, Any] = {}
     results: dict[str, Any] = {}
     with create_session() as session:
@@ -60,8 +62,7 @@ def summarize(dag: Any, dag_run: Any) -> dict[str, Any]:
             key = f"{ti.task_id}[{ti.map_index}]" if mapped else ti.task_id
             tasks[key] = {"state": str(ti.state.value if hasattr(ti.state, "value") else ti.state),
                           "try_number": ti.try_number}
-        query = XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag.dag_id, key="return_value")
-        for row in session.scalars(query):
+        for row in session.scalars(xcom_query(session, run_id=dag_run.run_id, dag_id=dag.dag_id, key="return_value")):
             results[row.task_id] = XComModel.deserialize_value(row)
     # Only tfpipe's stages return a dict; any other DAG's tasks may push anything (a log line).
     results = {task: value for task, value in results.items() if isinstance(value, dict)}

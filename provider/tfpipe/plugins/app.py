@@ -40,8 +40,10 @@ def read_location(dag_id: str, run_id: str) -> dict[str, str] | None:
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
+    from tfpipe.compat import xcom_query
+
     with create_session() as session:
-        query = XComModel.get_many(run_id=run_id, dag_ids=dag_id, key=LOCATION_XCOM_KEY)
+        query = xcom_query(session, run_id=run_id, dag_id=dag_id, key=LOCATION_XCOM_KEY)
         for row in session.scalars(query.order_by(XComModel.timestamp.desc())):
             location = parse_location(XComModel.deserialize_value(row))
             if location:

@@ -40,11 +40,13 @@ def _set_note(dag_run: Any) -> None:
             write_note(dag_run, session)
             return
         # dag.test() hands over a DagRun detached from any session: write through a short one of
-        # our own (the state change it reports is already committed there).
+        # our own (the state change it reports is already committed there). Not the thread's scoped
+        # session: on Airflow 3.0 that is the one dag.test() itself goes on with, and closing it here
+        # would detach what dag.test() has loaded.
         from airflow.models.dagrun import DagRun
         from airflow.utils.session import create_session
 
-        with create_session() as own:
+        with create_session(scoped=False) as own:
             attached = own.scalars(select(DagRun).where(DagRun.dag_id == dag_run.dag_id,
                                                         DagRun.run_id == dag_run.run_id)).one_or_none()
             if attached is not None:

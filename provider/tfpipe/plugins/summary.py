@@ -81,7 +81,9 @@ def note_for_run(dag_run: Any, session: Any, state: Any = None) -> str | None:
     """
     from airflow.models.xcom import XComModel
 
-    rows = list(session.scalars(XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag_run.dag_id)))
+    from tfpipe.compat import xcom_query
+
+    rows = list(session.scalars(xcom_query(session, run_id=dag_run.run_id, dag_id=dag_run.dag_id)))
     stage_of: dict[str, str] = {}
     for row in rows:
         if row.key == LOCATION_XCOM_KEY:

@@ -1,0 +1,105 @@
+"""The plugin on every supported Airflow release: links, report, login and run note.
+
+``tests/ui/test_plugin.py`` proves the plugin in depth on the newest release, with teams (which
+older releases lack). This module runs on each release in ``make test-compat`` (the oldest in
+every ``make test``) and checks what a user of that release clicks: a real run of a small DAG
+through ``tfpipe run``, then ``airflow api-server`` of that release on its metadata DB, with the
+simple auth manager.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from tests.conftest import DIGITS_CSV, run_dag, write_dag
+from tests.ui.conftest import PASSWORDS, ApiServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.compat]
+
+DAG_ID = "tfpipe_ui_release"
+STAGES_WITH_LINKS = ("train", "evaluate", "export")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, trainer_image):
+    """A finished run of a small tfpipe DAG and the release's api-server on its metadata DB."""
+    import airflow
+
+    root = tmp_path_factory.mktemp("plugin-release")
+    airflow_home, home, dags = root / "airflow", root / "home", root / "dags"
+    airflow_home.mkdir()
+    # this worker's copy of the release's migrated DB (tests/conftest.py makes it)
+    shutil.copy(Path(os.environ["AIRFLOW_HOME"]) / "airflow.db", airflow_home / "airflow.db")
+    (home / "data" / "digits").mkdir(parents=True)
+    shutil.copy(DIGITS_CSV, home / "data" / "digits" / "digits.csv")
+    write_dag(dags, DAG_ID, training={"model": "mlp", "epochs": 3, "batch_size": 64},
+              evaluation={"threshold": 0.5, "tolerance": 1.0})
+    passwords = airflow_home / "passwords.json"
+    passwords.write_text(json.dumps(PASSWORDS))
+    settings = {
+        "AIRFLOW_HOME": str(airflow_home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home / 'airflow.db'}",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,mlviewer:viewer",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+    }
+    summary, log = run_dag(DAG_ID, {}, home=home, image=trainer_image, dags_folder=dags, extra_env=settings)
+    (root / "run.log").write_text(log)  # beside the api-server's log, for a failure's reader
+    assert summary["state"] == "success", log[-8000:]
+    env = {**os.environ, **settings}
+    server = ApiServer(env, root / "api-server.log")
+    try:
+        yield {"summary": summary, "server": server, "release": airflow.__version__}
+    finally:
+        server.stop()
+
+
+def _run_path(summary: dict) -> str:
+    return f"/tfpipe/runs/{DAG_ID}/{quote(summary['run_id'], safe='')}"
+
+
+def test_the_stage_tasks_extra_links_lead_to_the_plugin(served):
+    server, summary = served["server"], served["summary"]
+    run = quote(summary["run_id"], safe="")
+    for task in STAGES_WITH_LINKS:
+        status, _, body = server.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run}/taskInstances/{task}/links",
+                                     user="mlviewer")
+        assert status == 200, f"{served['release']}: {body[:500]!r}"
+        answer = json.loads(body)
+        links = answer.get("extra_links", answer)  # 3.0 wraps them with a count; later releases do not
+        assert {"Run report", "TensorBoard"} <= set(links), f"{served['release']}, {task}: {links}"
+        assert links["Run report"].endswith(f"{_run_path(summary)}/report/"), links
+        assert links["TensorBoard"].endswith(f"{_run_path(summary)}/tensorboard/"), links
+
+
+def test_the_report_is_served_through_the_plugin_with_airflow_s_login(served):
+    server, summary = served["server"], served["summary"]
+    report = f"{_run_path(summary)}/report/"
+    status, headers, body = server.get(report, user="mlviewer")
+    assert status == 200, f"{served['release']}: {body[:500]!r}"
+    assert headers["content-type"].startswith("text/html")
+    page = body.decode()
+    assert summary["run_id"] in page and "data:image/png;base64," in page
+    status, headers, png = server.get(report + "loss.png", user="mlviewer")
+    assert status == 200 and headers["content-type"] == "image/png" and png.startswith(b"\x89PNG\r\n\x1a\n")
+    # no credentials: 401 for an API client, the release's login page for a browser
+    assert server.get(report)[0] == 401
+    status, headers, _ = server.get(report, headers={"Accept": "text/html"})
+    assert status in (302, 307) and "/auth/login" in headers["location"], (status, headers)
+
+
+def test_the_run_note_summarises_the_run(served):
+    server, summary = served["server"], served["summary"]
+    status, _, body = server.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(summary['run_id'], safe='')}",
+                                 user="admin")
+    assert status == 200, body[:500]
+    note = json.loads(body)["note"]
+    assert note is not None, f"{served['release']}: no run note"
+    assert note.startswith(f"tfpipe: blessed, accuracy {summary['metrics']['accuracy']:.4f} >= threshold 0.5000"), note
+    assert f"model {DAG_ID} v1" in note and "train 1 try" in note
