@@ -1,0 +1,143 @@
+"""A tfpipe DAG run by the release's own scheduler, on every supported Airflow release.
+
+Everything else in ``make test-compat`` runs DAGs through ``dag.test()``, which runs tasks in one
+process without the execution API's tokens or the DAG processor. Here the release's
+``airflow api-server`` (with the execution API), ``airflow dag-processor`` and ``airflow scheduler``
+with the LocalExecutor run as separate processes on loopback, on a copy of the release's metadata
+DB, as on a one-machine deployment: the DAG is parsed by the DAG processor, unpaused and triggered
+through the REST API, and its tasks run as the executor's task processes, each with its own token.
+(``make up``'s deployment, with Celery and PostgreSQL, is tested on the newest release.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from tests.conftest import DIGITS_CSV, REPO, write_dag
+from tests.ui.conftest import PASSWORDS, ApiServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.compat]
+
+DAG_ID = "tfpipe_release_scheduler"
+STAGES = ("prep", "train", "evaluate", "export", "cleanup")
+
+
+class Component:
+    """One Airflow command in its own process group, its output in a log file."""
+
+    def __init__(self, args: list[str], env: dict, log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), *args], env=env, cwd=REPO,
+                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+        self._log.close()
+
+
+def _call(server: ApiServer, method: str, path: str, body: dict) -> dict:
+    req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(), method=method,
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": f"Bearer {server.token('admin')}"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def _logs(root: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(root.glob("*.log")))
+
+
+@pytest.fixture(scope="module")
+def scheduled_run(tmp_path_factory, trainer_image):
+    """One run of a small tfpipe DAG, triggered through the REST API and run by the scheduler."""
+    import airflow
+
+    root = tmp_path_factory.mktemp("release-scheduler")
+    airflow_home, home, dags = root / "airflow", root / "home", root / "dags"
+    airflow_home.mkdir()
+    shutil.copy(Path(os.environ["AIRFLOW_HOME"]) / "airflow.db", airflow_home / "airflow.db")
+    (home / "data" / "digits").mkdir(parents=True)
+    shutil.copy(DIGITS_CSV, home / "data" / "digits" / "digits.csv")
+    write_dag(dags, DAG_ID, training={"model": "mlp", "epochs": 3, "batch_size": 64},
+              evaluation={"threshold": 0.5, "tolerance": 1.0})
+    passwords = airflow_home / "passwords.json"
+    passwords.write_text(json.dumps(PASSWORDS))
+    env = {**os.environ,
+           "AIRFLOW_HOME": str(airflow_home),
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home / 'airflow.db'}",
+           "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+           "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+           "AIRFLOW__CORE__PARALLELISM": "2",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+           # every process signs and checks the tasks' and the users' tokens with the same key
+           "AIRFLOW__API_AUTH__JWT_SECRET": "tfpipe-release-scheduler-test-" * 3,  # 64 bytes or more for HS512
+           "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+           "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+           "TFPIPE_HOME": str(home), "TFPIPE_IMAGE": trainer_image, "AIRFLOW_VAR_TFPIPE_IMAGE": trainer_image,
+           "TFPIPE_RETRY_DELAY": "1"}
+    server = ApiServer(env, root / "api-server.log")
+    env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"{server.url}/execution/"
+    components = [Component(["dag-processor"], env, root / "dag-processor.log"),
+                  Component(["scheduler"], env, root / "scheduler.log")]
+    try:
+        deadline = time.monotonic() + 180
+        while server.get(f"/api/v2/dags/{DAG_ID}", user="admin")[0] != 200:
+            assert time.monotonic() < deadline, f"the DAG processor did not parse {DAG_ID} in 180 s\n{_logs(root)}"
+            time.sleep(2)
+        _call(server, "PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
+        run = _call(server, "POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None})
+        path = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run['dag_run_id'], safe='')}"
+        deadline = time.monotonic() + 600
+        while True:
+            status, _, body = server.get(path, user="admin")
+            state = json.loads(body)["state"] if status == 200 else None
+            if state in ("success", "failed"):
+                break
+            assert time.monotonic() < deadline, f"run still {state} after 600 s\n{_logs(root)}"
+            time.sleep(3)
+        status, _, body = server.get(path + "/taskInstances", user="admin")
+        tasks = {ti["task_id"]: ti for ti in json.loads(body)["task_instances"]}
+        yield {"run": json.loads(server.get(path, user="admin")[2]), "tasks": tasks, "server": server,
+               "path": path, "home": home, "release": airflow.__version__, "logs": lambda: _logs(root)}
+    finally:
+        for component in components:
+            component.stop()
+        server.stop()
+
+
+def test_the_scheduler_runs_every_stage_as_the_executor_s_task_processes(scheduled_run):
+    run, tasks = scheduled_run["run"], scheduled_run["tasks"]
+    states = {task: ti["state"] for task, ti in tasks.items()}
+    assert run["state"] == "success", f"{scheduled_run['release']}: {states}\n{scheduled_run['logs']()}"
+    assert states == dict.fromkeys(STAGES, "success"), states
+    assert all(ti["try_number"] == 1 for ti in tasks.values()), tasks
+    # the model the export stage wrote, on the volume, with the run's id
+    model = scheduled_run["home"] / "models" / DAG_ID / "1"
+    metadata = json.loads((model / "metadata.json").read_text())
+    assert metadata["run_id"] == run["dag_run_id"] and (model / "saved_model.pb").is_file()
+
+
+def test_the_scheduler_s_run_gets_its_note(scheduled_run):
+    note = scheduled_run["run"]["note"]
+    assert note and note.startswith("tfpipe: blessed, accuracy "), f"{scheduled_run['release']}: {note!r}"
+    assert f"model {DAG_ID} v1" in note and "train 1 try" in note
