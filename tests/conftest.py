@@ -13,9 +13,13 @@ import atexit
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 import warnings
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -23,6 +27,46 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop_group(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """Stop a server started with ``start_new_session=True``: SIGTERM to its whole process group,
+    SIGKILL if it is still there after ``timeout`` seconds."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def wait_until_answers(url: str, proc: subprocess.Popen, log_path: Path, *, seconds: float, what: str,
+                       interval: float = 0.5) -> None:
+    """Return once ``GET url`` answers 200. If ``proc`` exits first, or ``seconds`` pass (its group is
+    then stopped), the test fails with the end of ``log_path``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"{what} exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            stop_group(proc)
+            pytest.fail(f"{what} did not answer {url} within {seconds:g} s:\n{log_path.read_text()[-4000:]}")
+        time.sleep(interval)
 
 
 class JsonReplies(BaseHTTPRequestHandler):

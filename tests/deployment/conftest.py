@@ -23,7 +23,6 @@ running stack) makes them use a stack that is already up instead, and leave it u
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ import pytest
 
 from deploy import stack as stack_module
 from deploy.rest import TERMINAL, AirflowRest  # noqa: F401  (the tests' REST client)
+from tests.conftest import free_port
 from tests.integration.conftest import gcs_emulator  # noqa: F401  (the session's emulator fixture)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,11 +47,6 @@ STACK_TEST_ENV = {
     "TFPIPE_STACK_ENGINE_ARGS": "--label tfpipe.stack-test=engine-args",
 }
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stack_env() -> dict[str, str]:

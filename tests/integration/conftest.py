@@ -7,24 +7,15 @@ killed at teardown.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.conftest import free_port, stop_group, wait_until_answers
 
 
 @pytest.fixture(scope="session")
@@ -33,35 +24,18 @@ def gcs_emulator(tmp_path_factory) -> str:
     binary = Path(sys.executable).parent / "gcp-storage-emulator"
     if not binary.exists():
         pytest.fail(f"{binary} is missing: `make venv` installs gcp-storage-emulator from requirements/host.lock")
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("emulator") / "emulator.log"
     log = open(log_path, "wb")
     proc = subprocess.Popen([str(binary), "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     host = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"the emulator exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{host}/storage/v1/b?project=test", timeout=2) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"the emulator did not answer on {host} within 30 s:\n{log_path.read_text()[-3000:]}")
-        time.sleep(0.1)
     try:
+        wait_until_answers(f"{host}/storage/v1/b?project=test", proc, log_path, seconds=30, what="the emulator",
+                           interval=0.1)
         yield host
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, timeout=10)
         log.close()
 
 

@@ -13,53 +13,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 
-from tests.conftest import DIGITS_CSV, REPO, write_dag
-from tests.ui.conftest import PASSWORDS, ApiServer
+from tests.airflow_servers import QUICK_BLESSED, AirflowProcess, ApiServer, release_home
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
 DAG_ID = "tfpipe_release_scheduler"
 STAGES = ("prep", "train", "evaluate", "export", "cleanup")
-
-
-class Component:
-    """One Airflow command in its own process group, its output in a log file."""
-
-    def __init__(self, args: list[str], env: dict, log_path: Path) -> None:
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), *args], env=env, cwd=REPO,
-                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
-        self._log.close()
-
-
-def _call(server: ApiServer, method: str, path: str, body: dict) -> dict:
-    req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(), method=method,
-                                 headers={"Content-Type": "application/json",
-                                          "Authorization": f"Bearer {server.token('admin')}"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        return json.loads(resp.read())
 
 
 def _logs(root: Path) -> str:
@@ -72,23 +37,10 @@ def scheduled_run(tmp_path_factory, trainer_image):
     import airflow
 
     root = tmp_path_factory.mktemp("release-scheduler")
-    airflow_home, home, dags = root / "airflow", root / "home", root / "dags"
-    airflow_home.mkdir()
-    shutil.copy(Path(os.environ["AIRFLOW_HOME"]) / "airflow.db", airflow_home / "airflow.db")
-    (home / "data" / "digits").mkdir(parents=True)
-    shutil.copy(DIGITS_CSV, home / "data" / "digits" / "digits.csv")
-    write_dag(dags, DAG_ID, training={"model": "mlp", "epochs": 3, "batch_size": 64},
-              evaluation={"threshold": 0.5, "tolerance": 1.0})
-    passwords = airflow_home / "passwords.json"
-    passwords.write_text(json.dumps(PASSWORDS))
-    env = {**os.environ,
-           "AIRFLOW_HOME": str(airflow_home),
-           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home / 'airflow.db'}",
-           "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+    home, dags, settings = release_home(root, DAG_ID, "admin:admin", **QUICK_BLESSED)
+    env = {**os.environ, **settings,
            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
            "AIRFLOW__CORE__PARALLELISM": "2",
-           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
-           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
            # every process signs and checks the tasks' and the users' tokens with the same key
            "AIRFLOW__API_AUTH__JWT_SECRET": "tfpipe-release-scheduler-test-" * 3,  # 64 bytes or more for HS512
            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
@@ -97,15 +49,15 @@ def scheduled_run(tmp_path_factory, trainer_image):
            "TFPIPE_RETRY_DELAY": "1"}
     server = ApiServer(env, root / "api-server.log")
     env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"{server.url}/execution/"
-    components = [Component(["dag-processor"], env, root / "dag-processor.log"),
-                  Component(["scheduler"], env, root / "scheduler.log")]
+    components = [AirflowProcess(["dag-processor"], env, root / "dag-processor.log"),
+                  AirflowProcess(["scheduler"], env, root / "scheduler.log")]
     try:
         deadline = time.monotonic() + 180
         while server.get(f"/api/v2/dags/{DAG_ID}", user="admin")[0] != 200:
             assert time.monotonic() < deadline, f"the DAG processor did not parse {DAG_ID} in 180 s\n{_logs(root)}"
             time.sleep(2)
-        _call(server, "PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
-        run = _call(server, "POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None})
+        server.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
+        run = server.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None})
         path = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run['dag_run_id'], safe='')}"
         deadline = time.monotonic() + 600
         while True:

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DIGITS_CSV, REPO, chromium_path, dag_command, run_dag, write_dag
+from tests.conftest import DIGITS_CSV, REPO, chromium_path, dag_command, free_port, run_dag, write_dag
 from tfpipe import contract
 from tfpipe import links as run_links
 
@@ -217,16 +216,11 @@ def test_shell_takes_the_image_the_run_recorded_while_the_engine_has_it_and_the_
     assert f" {ctx['image']} " in printed.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_tensorboard_serves_the_run(finished_run, docker_client):
     ctx = finished_run
     run_id = ctx["summary"]["run_id"]
-    port = _free_port()
+    port = free_port()
     proc = _tfpipe(ctx, "tensorboard", DAG_ID, run_id, "--port", str(port), "--detach")
     assert proc.returncode == 0, proc.stderr[-3000:]
     cid, url = proc.stdout.strip().splitlines()[-2:]
@@ -341,7 +335,7 @@ def _chromium_page(chromium: str, url: str):
     """Headless Chromium showing ``url``; yields ``evaluate(js)`` (DevTools Runtime.evaluate)."""
     from websockets.sync.client import connect
 
-    port = _free_port()
+    port = free_port()
     profile = tempfile.mkdtemp(prefix="chromium-")
     proc = subprocess.Popen(
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

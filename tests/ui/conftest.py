@@ -21,33 +21,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
 
+from tests.airflow_servers import PASSWORDS, ApiServer
 from tests.conftest import DIGITS_CSV, REPO, run_dag, write_dag
 from tests.integration.conftest import gcs_emulator  # noqa: F401  (the session's emulator fixture)
 
 DAG_ID = "tfpipe_ui"
 TEAM = "mlteam"  # team names have 3 to 50 characters
-PASSWORDS = {"admin": "admin-pw", "mlviewer": "mlviewer-pw", "outsider": "outsider-pw"}
 OTHER_TEAM = "other"
 USERS = f"admin:admin,mlviewer:viewer:{TEAM},outsider:viewer:{OTHER_TEAM}"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class StatsdListener(threading.Thread):
@@ -74,70 +65,6 @@ class StatsdListener(threading.Thread):
         self.stopped.set()
         self.join(timeout=2)
         self.sock.close()
-
-
-class ApiServer:
-    """``airflow api-server`` on a free loopback port, in its own process group."""
-
-    def __init__(self, env: dict, log_path: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        airflow = str(Path(sys.executable).parent / "airflow")
-        self.proc = subprocess.Popen([airflow, "api-server", "--host", "127.0.0.1", "--port", str(self.port)],
-                                     env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     cwd=REPO)
-        deadline = time.monotonic() + 120
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"api-server exited with {self.proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                pytest.fail(f"api-server did not answer within 120 s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(0.5)
-
-    def token(self, user: str) -> str:
-        body = json.dumps({"username": user, "password": PASSWORDS[user]}).encode()
-        req = urllib.request.Request(f"{self.url}/auth/token", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return json.loads(resp.read())["access_token"]
-
-    def get(self, path: str, *, user: str | None = None, headers: dict | None = None,
-            timeout: int = 360) -> tuple[int, dict, bytes]:
-        """``GET path`` as ``user`` (None: no credentials); redirects are not followed."""
-        headers = dict(headers or {})
-        if user:
-            headers["Authorization"] = f"Bearer {self.token(user)}"
-
-        class NoRedirect(urllib.request.HTTPRedirectHandler):
-            def redirect_request(self, *args, **kwargs):
-                return None
-
-        opener = urllib.request.build_opener(NoRedirect)
-        try:
-            with opener.open(urllib.request.Request(self.url + path, headers=headers), timeout=timeout) as resp:
-                return resp.status, dict(resp.headers), resp.read()
-        except urllib.error.HTTPError as err:
-            return err.code, dict(err.headers), err.read()
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
-        self._log.close()
 
 
 @pytest.fixture(scope="session")

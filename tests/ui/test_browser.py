@@ -8,8 +8,9 @@ from urllib.parse import quote
 
 import pytest
 
+from tests.airflow_servers import PASSWORDS
 from tests.conftest import NETWORK_CHANGED, chromium_path
-from tests.ui.conftest import DAG_ID, PASSWORDS
+from tests.ui.conftest import DAG_ID
 
 pytestmark = pytest.mark.integration
 

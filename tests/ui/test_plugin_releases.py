@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 
-from tests.conftest import DIGITS_CSV, run_dag, write_dag
-from tests.ui.conftest import PASSWORDS, ApiServer
+from tests.airflow_servers import QUICK_BLESSED, ApiServer, release_home
+from tests.conftest import run_dag
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
@@ -32,28 +30,11 @@ def served(tmp_path_factory, trainer_image):
     import airflow
 
     root = tmp_path_factory.mktemp("plugin-release")
-    airflow_home, home, dags = root / "airflow", root / "home", root / "dags"
-    airflow_home.mkdir()
-    # this worker's copy of the release's migrated DB (tests/conftest.py makes it)
-    shutil.copy(Path(os.environ["AIRFLOW_HOME"]) / "airflow.db", airflow_home / "airflow.db")
-    (home / "data" / "digits").mkdir(parents=True)
-    shutil.copy(DIGITS_CSV, home / "data" / "digits" / "digits.csv")
-    write_dag(dags, DAG_ID, training={"model": "mlp", "epochs": 3, "batch_size": 64},
-              evaluation={"threshold": 0.5, "tolerance": 1.0})
-    passwords = airflow_home / "passwords.json"
-    passwords.write_text(json.dumps(PASSWORDS))
-    settings = {
-        "AIRFLOW_HOME": str(airflow_home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home / 'airflow.db'}",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,mlviewer:viewer",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-    }
+    home, dags, settings = release_home(root, DAG_ID, "admin:admin,mlviewer:viewer", **QUICK_BLESSED)
     summary, log = run_dag(DAG_ID, {}, home=home, image=trainer_image, dags_folder=dags, extra_env=settings)
     (root / "run.log").write_text(log)  # beside the api-server's log, for a failure's reader
     assert summary["state"] == "success", log[-8000:]
-    env = {**os.environ, **settings}
-    server = ApiServer(env, root / "api-server.log")
+    server = ApiServer({**os.environ, **settings}, root / "api-server.log")
     try:
         yield {"summary": summary, "server": server, "release": airflow.__version__}
     finally:

@@ -1,0 +1,105 @@
+"""Airflow's own servers for tests: each command in its own process group on loopback, stopped by that group.
+
+Used by the tests that need the api-server (the plugin, the REST API) or a scheduler with its DAG
+processor, each on a metadata DB of its own (:func:`release_home`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+from tests.conftest import DIGITS_CSV, REPO, free_port, stop_group, wait_until_answers, write_dag
+
+#: A test DAG's settings for a run of about a minute whose model is blessed (and so exported).
+QUICK_BLESSED = {"training": {"model": "mlp", "epochs": 3, "batch_size": 64},
+                 "evaluation": {"threshold": 0.5, "tolerance": 1.0}}
+#: The simple auth manager's users' passwords (which users exist and their roles: each test's settings).
+PASSWORDS = {"admin": "admin-pw", "mlviewer": "mlviewer-pw", "outsider": "outsider-pw"}
+
+
+def release_home(root: Path, dag_id: str, users: str, **dag_config) -> tuple[Path, Path, dict[str, str]]:
+    """``(TFPIPE_HOME, DAG folder, Airflow settings)`` under ``root``: a copy of this worker's migrated
+    metadata DB (tests/conftest.py makes it, for the Airflow release under test), the digits CSV, one
+    test DAG written with ``dag_config``, and the simple auth manager with ``users``."""
+    airflow_home, home, dags = root / "airflow", root / "home", root / "dags"
+    airflow_home.mkdir()
+    shutil.copy(Path(os.environ["AIRFLOW_HOME"]) / "airflow.db", airflow_home / "airflow.db")
+    (home / "data" / "digits").mkdir(parents=True)
+    shutil.copy(DIGITS_CSV, home / "data" / "digits" / "digits.csv")
+    write_dag(dags, dag_id, **dag_config)
+    passwords = airflow_home / "passwords.json"
+    passwords.write_text(json.dumps(PASSWORDS))
+    return home, dags, {
+        "AIRFLOW_HOME": str(airflow_home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home / 'airflow.db'}",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": users,
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+    }
+
+
+class AirflowProcess:
+    """``airflow <args>`` of this interpreter's Airflow, in its own process group, output in ``log_path``."""
+
+    def __init__(self, args: list[str], env: dict, log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), *args], env=env, cwd=REPO,
+                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop(self) -> None:
+        """Stop the whole group (the command's own children too)."""
+        stop_group(self.proc, timeout=30)
+        self._log.close()
+
+
+class ApiServer(AirflowProcess):
+    """``airflow api-server`` on a free loopback port; returns once it answers its health check."""
+
+    def __init__(self, env: dict, log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(["api-server", "--host", "127.0.0.1", "--port", str(self.port)], env, log_path)
+        wait_until_answers(f"{self.url}/api/v2/monitor/health", self.proc, log_path, seconds=120,
+                           what="the api-server")
+
+    def token(self, user: str) -> str:
+        body = json.dumps({"username": user, "password": PASSWORDS[user]}).encode()
+        req = urllib.request.Request(f"{self.url}/auth/token", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())["access_token"]
+
+    def get(self, path: str, *, user: str | None = None, headers: dict | None = None,
+            timeout: int = 360) -> tuple[int, dict, bytes]:
+        """``GET path`` as ``user`` (None: no credentials); redirects are not followed."""
+        headers = dict(headers or {})
+        if user:
+            headers["Authorization"] = f"Bearer {self.token(user)}"
+
+        class NoRedirect(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, *args, **kwargs):
+                return None
+
+        opener = urllib.request.build_opener(NoRedirect)
+        try:
+            with opener.open(urllib.request.Request(self.url + path, headers=headers), timeout=timeout) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, dict(err.headers), err.read()
+
+    def call(self, method: str, path: str, body: dict, *, user: str = "admin") -> dict:
+        """``method path`` with a JSON body as ``user``; the JSON answer (an HTTP error raises)."""
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method=method,
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {self.token(user)}"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.loads(resp.read())
