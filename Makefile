@@ -122,10 +122,11 @@ AIRFLOW_OLDEST = $(shell sed -n 's/^apache-airflow==//p' requirements/airflow-*.
 AIRFLOW_VERSION ?= $(AIRFLOW_OLDEST)
 .PHONY: test-compat test-compat-oldest compat-prepare-oldest
 
-test-compat: image data
+# venv: the compat suites run the main venv's GCS emulator (a server of its own, locked there).
+test-compat: venv image data
 	@TFPIPE_IMAGE=$(IMAGE_REF) PYTHON=$(PYTHON) XDIST_ARGS="$(XDIST_ARGS)" scripts/test-compat.sh $(AIRFLOW_VERSION) $(PYTEST_ARGS)
 
-test-compat-oldest: image data
+test-compat-oldest: venv image data
 	@TFPIPE_IMAGE=$(IMAGE_REF) PYTHON=$(PYTHON) XDIST_ARGS="$(XDIST_ARGS)" scripts/test-compat.sh $(AIRFLOW_OLDEST) $(PYTEST_ARGS)
 
 # The oldest release's venv and DB alone: `make test` builds them beside the trainer suite.

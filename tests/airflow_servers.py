@@ -25,15 +25,18 @@ QUICK_BLESSED = {"training": {"model": "mlp", "epochs": 3, "batch_size": 64},
 PASSWORDS = {"admin": "admin-pw", "mlviewer": "mlviewer-pw", "outsider": "outsider-pw"}
 
 
-def release_home(root: Path, dag_id: str, users: str, **dag_config) -> tuple[Path, Path, dict[str, str]]:
+def release_home(root: Path, dag_id: str, users: str, *, local_data: bool = True,
+                 **dag_config) -> tuple[Path, Path, dict[str, str]]:
     """``(TFPIPE_HOME, DAG folder, Airflow settings)`` under ``root``: a copy of this worker's migrated
-    metadata DB (tests/conftest.py makes it, for the Airflow release under test), the digits CSV, one
-    test DAG written with ``dag_config``, and the simple auth manager with ``users``."""
+    metadata DB (tests/conftest.py makes it, for the Airflow release under test), the digits CSV on
+    the data volume (unless ``local_data`` is false: a run then stages it in), one test DAG written
+    with ``dag_config``, and the simple auth manager with ``users``."""
     airflow_home, home, dags = root / "airflow", root / "home", root / "dags"
     airflow_home.mkdir()
     shutil.copy(Path(os.environ["AIRFLOW_HOME"]) / "airflow.db", airflow_home / "airflow.db")
     (home / "data" / "digits").mkdir(parents=True)
-    shutil.copy(DIGITS_CSV, home / "data" / "digits" / "digits.csv")
+    if local_data:
+        shutil.copy(DIGITS_CSV, home / "data" / "digits" / "digits.csv")
     write_dag(dags, dag_id, **dag_config)
     passwords = airflow_home / "passwords.json"
     passwords.write_text(json.dumps(PASSWORDS))

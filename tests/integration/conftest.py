@@ -7,6 +7,7 @@ killed at teardown.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -15,15 +16,20 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import free_port, stop_group, wait_until_answers
+from tests.conftest import REPO, free_port, stop_group, wait_until_answers
 
 
 @pytest.fixture(scope="session")
 def gcs_emulator(tmp_path_factory) -> str:
-    """``http://127.0.0.1:PORT`` of a running in-memory Cloud Storage emulator."""
-    binary = Path(sys.executable).parent / "gcp-storage-emulator"
+    """``http://127.0.0.1:PORT`` of a running in-memory Cloud Storage emulator.
+
+    The emulator is a server of its own: the compat suites' venvs (older Airflow releases) run the
+    main venv's, whose pins it is locked with."""
+    here, main = (Path(sys.executable).parent / "gcp-storage-emulator",
+                  REPO / ".venv" / "bin" / "gcp-storage-emulator")
+    binary = here if here.exists() else main
     if not binary.exists():
-        pytest.fail(f"{binary} is missing: `make venv` installs gcp-storage-emulator from requirements/host.lock")
+        pytest.fail(f"{main} is missing: `make venv` installs gcp-storage-emulator from requirements/host.lock")
     port = free_port()
     log_path = tmp_path_factory.mktemp("emulator") / "emulator.log"
     log = open(log_path, "wb")
@@ -60,6 +66,24 @@ def gcs_client(emulator_env):
 def bucket(gcs_client):
     """A fresh bucket for one test."""
     return gcs_client.create_bucket(f"tfpipe-test-{uuid.uuid4().hex[:12]}")
+
+
+def digits_bucket(emulator: str, prefix: str) -> tuple[object, dict[str, str]]:
+    """``(bucket, conf)``: a new bucket on ``emulator`` holding the digits CSV at ``raw/digits.csv``, and
+    the run conf that stages it in and publishes the model to ``models/`` there. For fixtures wider
+    than one test (``emulator_env`` is per test); this process's environment is left as it was."""
+    from google.cloud import storage
+
+    from tests.conftest import DIGITS_CSV
+
+    os.environ["STORAGE_EMULATOR_HOST"] = emulator  # the client reads it when created
+    try:
+        client = storage.Client(project="test")
+    finally:
+        del os.environ["STORAGE_EMULATOR_HOST"]
+    bucket = client.create_bucket(f"{prefix}-{uuid.uuid4().hex[:10]}")
+    bucket.blob("raw/digits.csv").upload_from_filename(str(DIGITS_CSV))
+    return bucket, {"data_uri": f"gs://{bucket.name}/raw/digits.csv", "publish_uri": f"gs://{bucket.name}/models"}
 
 
 def fake_context(task_id: str, *, params: dict | None = None, xcom: dict | None = None,

@@ -5,7 +5,8 @@ process without the execution API's tokens or the DAG processor. Here the releas
 ``airflow api-server`` (with the execution API), ``airflow dag-processor`` and ``airflow scheduler``
 with the LocalExecutor run as separate processes on loopback, on a copy of the release's metadata
 DB, as on a one-machine deployment: the DAG is parsed by the DAG processor, unpaused and triggered
-through the REST API, and its tasks run as the executor's task processes, each with its own token.
+through the REST API with a conf, and its tasks run as the executor's task processes, each with its
+own token, the Cloud Storage tasks included (stage-in from the emulator, publish to it).
 (``make up``'s deployment, with Celery and PostgreSQL, is tested on the newest release.)
 """
 
@@ -20,11 +21,12 @@ from urllib.parse import quote
 import pytest
 
 from tests.airflow_servers import QUICK_BLESSED, AirflowProcess, ApiServer, release_home
+from tests.integration.conftest import digits_bucket, gcs_emulator  # noqa: F401  (the session's emulator fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
 DAG_ID = "tfpipe_release_scheduler"
-STAGES = ("prep", "train", "evaluate", "export", "cleanup")
+STAGES = ("stage_in", "prep", "train", "evaluate", "export", "publish", "cleanup")
 
 
 def _logs(root: Path) -> str:
@@ -32,12 +34,14 @@ def _logs(root: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def scheduled_run(tmp_path_factory, trainer_image):
+def scheduled_run(tmp_path_factory, trainer_image, gcs_emulator):  # noqa: F811  (the fixture)
     """One run of a small tfpipe DAG, triggered through the REST API and run by the scheduler."""
     import airflow
 
     root = tmp_path_factory.mktemp("release-scheduler")
-    home, dags, settings = release_home(root, DAG_ID, "admin:admin", **QUICK_BLESSED)
+    home, dags, settings = release_home(root, DAG_ID, "admin:admin", **QUICK_BLESSED, gcs_tasks=True,
+                                        local_data=False)
+    bucket, conf = digits_bucket(gcs_emulator, "tfpipe-release")
     env = {**os.environ, **settings,
            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
            "AIRFLOW__CORE__PARALLELISM": "2",
@@ -46,7 +50,9 @@ def scheduled_run(tmp_path_factory, trainer_image):
            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
            "TFPIPE_HOME": str(home), "TFPIPE_IMAGE": trainer_image, "AIRFLOW_VAR_TFPIPE_IMAGE": trainer_image,
-           "TFPIPE_RETRY_DELAY": "1"}
+           "TFPIPE_RETRY_DELAY": "1", "STORAGE_EMULATOR_HOST": gcs_emulator}
+    for name in ("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", "GOOGLE_APPLICATION_CREDENTIALS"):
+        env.pop(name, None)  # the emulator, with anonymous credentials
     server = ApiServer(env, root / "api-server.log")
     env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"{server.url}/execution/"
     components = [AirflowProcess(["dag-processor"], env, root / "dag-processor.log"),
@@ -57,7 +63,7 @@ def scheduled_run(tmp_path_factory, trainer_image):
             assert time.monotonic() < deadline, f"the DAG processor did not parse {DAG_ID} in 180 s\n{_logs(root)}"
             time.sleep(2)
         server.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
-        run = server.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None})
+        run = server.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": conf})
         path = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run['dag_run_id'], safe='')}"
         deadline = time.monotonic() + 600
         while True:
@@ -70,7 +76,7 @@ def scheduled_run(tmp_path_factory, trainer_image):
         status, _, body = server.get(path + "/taskInstances", user="admin")
         tasks = {ti["task_id"]: ti for ti in json.loads(body)["task_instances"]}
         yield {"run": json.loads(server.get(path, user="admin")[2]), "tasks": tasks, "server": server,
-               "path": path, "home": home, "release": airflow.__version__, "logs": lambda: _logs(root)}
+               "path": path, "home": home, "bucket": bucket, "release": airflow.__version__, "logs": lambda: _logs(root)}
     finally:
         for component in components:
             component.stop()
@@ -87,6 +93,12 @@ def test_the_scheduler_runs_every_stage_as_the_executor_s_task_processes(schedul
     model = scheduled_run["home"] / "models" / DAG_ID / "1"
     metadata = json.loads((model / "metadata.json").read_text())
     assert metadata["run_id"] == run["dag_run_id"] and (model / "saved_model.pb").is_file()
+    # the data came from the bucket, and the model went back to it
+    staged = scheduled_run["home"] / "data" / "digits" / "digits.csv"
+    assert staged.read_bytes() == scheduled_run["bucket"].blob("raw/digits.csv").download_as_bytes()
+    published = {b.name for b in scheduled_run["bucket"].client.list_blobs(scheduled_run["bucket"].name,
+                                                                          prefix=f"models/{DAG_ID}/1/")}
+    assert f"models/{DAG_ID}/1/saved_model.pb" in published, sorted(published)
 
 
 def test_the_scheduler_s_run_gets_its_note(scheduled_run):

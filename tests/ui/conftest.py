@@ -26,14 +26,13 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.airflow_servers import PASSWORDS, ApiServer
 from tests.conftest import DIGITS_CSV, REPO, run_dag, write_dag
-from tests.integration.conftest import gcs_emulator  # noqa: F401  (the session's emulator fixture)
+from tests.integration.conftest import digits_bucket, gcs_emulator  # noqa: F401  (the session's emulator fixture)
 
 DAG_ID = "tfpipe_ui"
 TEAM = "mlteam"  # team names have 3 to 50 characters
@@ -119,16 +118,7 @@ def ui_run(tmp_path_factory, trainer_image, request):
         out, _ = proc.communicate(timeout=180)
         assert proc.returncode == 0, f"airflow teams create failed:\n{out[-3000:]}"
 
-    from google.cloud import storage
-
-    os.environ["STORAGE_EMULATOR_HOST"] = emulator  # the client reads it when created
-    try:
-        client = storage.Client(project="test")
-    finally:
-        del os.environ["STORAGE_EMULATOR_HOST"]
-    bucket = client.create_bucket(f"tfpipe-ui-{uuid.uuid4().hex[:10]}")
-    bucket.blob("raw/digits.csv").upload_from_filename(str(DIGITS_CSV))
-    conf = {"data_uri": f"gs://{bucket.name}/raw/digits.csv", "publish_uri": f"gs://{bucket.name}/models"}
+    bucket, conf = digits_bucket(emulator, "tfpipe-ui")
     started = time.monotonic()
     try:
         summary, log = run_dag(DAG_ID, conf, home=home, image=trainer_image, dags_folder=dags, extra_env=settings)
