@@ -105,3 +105,19 @@ def test_the_scheduler_s_run_gets_its_note(scheduled_run):
     note = scheduled_run["run"]["note"]
     assert note and note.startswith("tfpipe: blessed, accuracy "), f"{scheduled_run['release']}: {note!r}"
     assert f"model {DAG_ID} v1" in note and "train 1 try" in note
+
+
+def test_a_trigger_with_a_bad_param_is_refused_naming_it_and_starts_nothing(scheduled_run):
+    """What a user gets from the REST API (and the UI's trigger form) of each release for a conf
+    the DAG's Params reject: a 4xx naming the parameter, and no new run."""
+    import urllib.error
+
+    server = scheduled_run["server"]
+    before = json.loads(server.get(f"/api/v2/dags/{DAG_ID}/dagRuns", user="admin")[2])["total_entries"]
+    with pytest.raises(urllib.error.HTTPError) as err:
+        server.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": {"epochs": "many"}})
+    body = err.value.read().decode()
+    assert 400 <= err.value.code < 500, f"{scheduled_run['release']}: {err.value.code} {body[:800]}"
+    assert "epochs" in body, body[:800]
+    after = json.loads(server.get(f"/api/v2/dags/{DAG_ID}/dagRuns", user="admin")[2])["total_entries"]
+    assert after == before
