@@ -6,7 +6,8 @@ process without the execution API's tokens or the DAG processor. Here the releas
 with the LocalExecutor run as separate processes on loopback, on a copy of the release's metadata
 DB, as on a one-machine deployment: the DAG is parsed by the DAG processor, unpaused and triggered
 through the REST API with a conf, and its tasks run as the executor's task processes, each with its
-own token, the Cloud Storage tasks included (stage-in from the emulator, publish to it).
+own token, the Cloud Storage tasks included (stage-in from the emulator, publish to it); then a
+training container is killed and the scheduler's retry resumes it from its checkpoint.
 (``make up``'s deployment, with Celery and PostgreSQL, is tested on the newest release.)
 """
 
@@ -21,16 +22,43 @@ from urllib.parse import quote
 import pytest
 
 from tests.airflow_servers import QUICK_BLESSED, AirflowProcess, ApiServer, release_home
+from tests.conftest import write_dag
 from tests.integration.conftest import digits_bucket, gcs_emulator  # noqa: F401  (the session's emulator fixture)
+from tests.integration.test_resume import TRAINING, _checkpointed_mid_training, _training_container, _wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
 DAG_ID = "tfpipe_release_scheduler"
+RESUME_DAG = "tfpipe_release_resume"
 STAGES = ("stage_in", "prep", "train", "evaluate", "export", "publish", "cleanup")
 
 
 def _logs(root: Path) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(root.glob("*.log")))
+
+
+def _trigger(server: ApiServer, root: Path, dag_id: str, conf: dict) -> str:
+    """Wait until the DAG processor has parsed ``dag_id``, unpause it and trigger a run with ``conf``;
+    the run's REST path."""
+    deadline = time.monotonic() + 180
+    while server.get(f"/api/v2/dags/{dag_id}", user="admin")[0] != 200:
+        assert time.monotonic() < deadline, f"the DAG processor did not parse {dag_id} in 180 s\n{_logs(root)}"
+        time.sleep(2)
+    server.call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+    run = server.call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})
+    return f"/api/v2/dags/{dag_id}/dagRuns/{quote(run['dag_run_id'], safe='')}"
+
+
+def _wait_for_run(server: ApiServer, root: Path, path: str, *, seconds: float) -> str:
+    """The run's state once it is ``success`` or ``failed`` (the test fails after ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        status, _, body = server.get(path, user="admin")
+        state = json.loads(body)["state"] if status == 200 else None
+        if state in ("success", "failed"):
+            return state
+        assert time.monotonic() < deadline, f"run still {state} after {seconds:g} s\n{_logs(root)}"
+        time.sleep(3)
 
 
 @pytest.fixture(scope="module")
@@ -58,25 +86,14 @@ def scheduled_run(tmp_path_factory, trainer_image, gcs_emulator):  # noqa: F811 
     components = [AirflowProcess(["dag-processor"], env, root / "dag-processor.log"),
                   AirflowProcess(["scheduler"], env, root / "scheduler.log")]
     try:
-        deadline = time.monotonic() + 180
-        while server.get(f"/api/v2/dags/{DAG_ID}", user="admin")[0] != 200:
-            assert time.monotonic() < deadline, f"the DAG processor did not parse {DAG_ID} in 180 s\n{_logs(root)}"
-            time.sleep(2)
-        server.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
-        run = server.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": conf})
-        path = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run['dag_run_id'], safe='')}"
-        deadline = time.monotonic() + 600
-        while True:
-            status, _, body = server.get(path, user="admin")
-            state = json.loads(body)["state"] if status == 200 else None
-            if state in ("success", "failed"):
-                break
-            assert time.monotonic() < deadline, f"run still {state} after 600 s\n{_logs(root)}"
-            time.sleep(3)
+        path = _trigger(server, root, DAG_ID, conf)
+        state = _wait_for_run(server, root, path, seconds=600)
+        assert state in ("success", "failed")
         status, _, body = server.get(path + "/taskInstances", user="admin")
         tasks = {ti["task_id"]: ti for ti in json.loads(body)["task_instances"]}
         yield {"run": json.loads(server.get(path, user="admin")[2]), "tasks": tasks, "server": server,
-               "path": path, "home": home, "bucket": bucket, "release": airflow.__version__, "logs": lambda: _logs(root)}
+               "path": path, "home": home, "dags": dags, "root": root, "bucket": bucket,
+               "release": airflow.__version__, "logs": lambda: _logs(root)}
     finally:
         for component in components:
             component.stop()
@@ -121,3 +138,25 @@ def test_a_trigger_with_a_bad_param_is_refused_naming_it_and_starts_nothing(sche
     assert "epochs" in body, body[:800]
     after = json.loads(server.get(f"/api/v2/dags/{DAG_ID}/dagRuns", user="admin")[2])["total_entries"]
     assert after == before
+
+
+def test_a_killed_training_container_is_retried_by_the_scheduler_and_resumes(scheduled_run, docker_client):
+    """The promise of the product on each release's own scheduler: the training container dies
+    (SIGKILL), Airflow's scheduler retries ``train``, and the retry resumes from the newest
+    checkpoint instead of starting over; prep is not run again."""
+    server, home, root = scheduled_run["server"], scheduled_run["home"], scheduled_run["root"]
+    # the first run staged the digits CSV in where this DAG reads it
+    write_dag(scheduled_run["dags"], RESUME_DAG, training=TRAINING, retries=2)
+    path = _trigger(server, root, RESUME_DAG, {})
+    container = _wait_for(lambda: _training_container(docker_client, RESUME_DAG), 240, "the training container")
+    _wait_for(lambda: _checkpointed_mid_training(home, RESUME_DAG), 240, "a checkpoint mid-training")
+    container.kill()
+    assert _wait_for_run(server, root, path, seconds=600) == "success", scheduled_run["logs"]()
+    status, _, body = server.get(path + "/taskInstances", user="admin")
+    tries = {ti["task_id"]: ti["try_number"] for ti in json.loads(body)["task_instances"]}
+    assert tries["train"] == 2 and tries["prep"] == 1, tries
+    (run_dir,) = (home / "work" / "runs" / RESUME_DAG).iterdir()
+    first, second = json.loads((run_dir / "attempts.json").read_text())
+    assert (first["status"], second["status"]) == ("interrupted", "completed"), (first, second)
+    assert second["resumed_from"]["step"] > 0 and second["start_step"] == second["resumed_from"]["step"]
+    assert second["end_step"] == second["target_steps"]
