@@ -26,7 +26,7 @@ from tests.conftest import write_dag
 from tests.integration.conftest import digits_bucket, gcs_emulator  # noqa: F401  (the session's emulator fixture)
 from tests.integration.test_resume import TRAINING, _checkpointed_mid_training, _training_container, _wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.compat]
+pytestmark = [pytest.mark.integration, pytest.mark.compat, pytest.mark.gcs]
 
 DAG_ID = "tfpipe_release_scheduler"
 RESUME_DAG = "tfpipe_release_resume"
@@ -140,6 +140,7 @@ def test_a_trigger_with_a_bad_param_is_refused_naming_it_and_starts_nothing(sche
     assert after == before
 
 
+@pytest.mark.resume
 def test_a_killed_training_container_is_retried_by_the_scheduler_and_resumes(scheduled_run, docker_client):
     """The promise of the product on each release's own scheduler: the training container dies
     (SIGKILL), Airflow's scheduler retries ``train``, and the retry resumes from the newest
