@@ -53,7 +53,6 @@ class AirflowProcess:
     """``airflow <args>`` of this interpreter's Airflow, in its own process group, output in ``log_path``."""
 
     def __init__(self, args: list[str], env: dict, log_path: Path) -> None:
-        self.log_path = log_path
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), *args], env=env, cwd=REPO,
                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -87,12 +87,11 @@ def scheduled_run(tmp_path_factory, trainer_image, gcs_emulator):  # noqa: F811 
                   AirflowProcess(["scheduler"], env, root / "scheduler.log")]
     try:
         path = _trigger(server, root, DAG_ID, conf)
-        state = _wait_for_run(server, root, path, seconds=600)
-        assert state in ("success", "failed")
+        _wait_for_run(server, root, path, seconds=600)  # the tests judge the state it ended in
         status, _, body = server.get(path + "/taskInstances", user="admin")
         tasks = {ti["task_id"]: ti for ti in json.loads(body)["task_instances"]}
         yield {"run": json.loads(server.get(path, user="admin")[2]), "tasks": tasks, "server": server,
-               "path": path, "home": home, "dags": dags, "root": root, "bucket": bucket,
+               "home": home, "dags": dags, "root": root, "bucket": bucket,
                "release": airflow.__version__, "logs": lambda: _logs(root)}
     finally:
         for component in components:
