@@ -1,4 +1,4 @@
-"""The plugin on every supported Airflow release: links, report, login and run note.
+"""The plugin on every supported Airflow release: links, report, login, TensorBoard and run note.
 
 ``tests/ui/test_plugin.py`` proves the plugin in depth on the newest release, with teams (which
 older releases lack). This module runs on each release in ``make test-compat`` (the oldest in
@@ -39,6 +39,13 @@ def served(tmp_path_factory, trainer_image):
         yield {"summary": summary, "server": server, "release": airflow.__version__}
     finally:
         server.stop()
+        from tfpipe.plugins.engine import TENSORBOARD_ROLE, api_client
+
+        cli = api_client("unix://var/run/docker.sock")
+        for c in cli.containers(all=True, filters={"label": [f"tfpipe.role={TENSORBOARD_ROLE}",
+                                                             f"tfpipe.tensorboard={DAG_ID}/{summary['run_id']}"]}):
+            cli.remove_container(c["Id"], force=True)
+        cli.close()
 
 
 def _run_path(summary: dict) -> str:
@@ -73,6 +80,22 @@ def test_the_report_is_served_through_the_plugin_with_airflow_s_login(served):
     assert server.get(report)[0] == 401
     status, headers, _ = server.get(report, headers={"Accept": "text/html"})
     assert status in (302, 307) and "/auth/login" in headers["location"], (status, headers)
+
+
+def test_tensorboard_is_started_on_demand_behind_the_login(served, docker_client):
+    from tfpipe.plugins.engine import TENSORBOARD_ROLE
+
+    server, summary = served["server"], served["summary"]
+    base = f"{_run_path(summary)}/tensorboard/"
+    assert server.get(base)[0] == 401
+    status, headers, body = server.get(base, user="mlviewer")
+    assert status == 200, f"{served['release']}: {body[:1000]!r}"
+    assert headers["content-type"].startswith("text/html") and b"TensorBoard" in body
+    status, _, body = server.get(base + "data/runs", user="mlviewer")
+    assert status == 200 and json.loads(body), f"{served['release']}: TensorBoard found no event files: {body[:500]!r}"
+    found = docker_client.api.containers(filters={"label": [f"tfpipe.role={TENSORBOARD_ROLE}",
+                                                            f"tfpipe.tensorboard={DAG_ID}/{summary['run_id']}"]})
+    assert len(found) == 1, found
 
 
 def test_the_run_note_summarises_the_run(served):
