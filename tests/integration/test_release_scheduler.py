@@ -8,7 +8,8 @@ DB, as on a one-machine deployment: the DAG is parsed by the DAG processor, unpa
 through the REST API with a conf, and its tasks run as the executor's task processes, each with its
 own token, the Cloud Storage tasks included (stage-in from the emulator, publish to it); then a
 training container is killed and the scheduler's retry resumes it from its checkpoint.
-(``make up``'s deployment, with Celery and PostgreSQL, is tested on the newest release.)
+(The same with a Celery worker: ``test_release_celery.py``. ``make up``'s deployment, with
+PostgreSQL, a TLS engine and several workers, is tested on the newest release.)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote
 
@@ -49,14 +51,18 @@ def _trigger(server: ApiServer, root: Path, dag_id: str, conf: dict) -> str:
     return f"/api/v2/dags/{dag_id}/dagRuns/{quote(run['dag_run_id'], safe='')}"
 
 
-def _wait_for_run(server: ApiServer, root: Path, path: str, *, seconds: float) -> str:
-    """The run's state once it is ``success`` or ``failed`` (the test fails after ``seconds``)."""
+def _wait_for_run(server: ApiServer, root: Path, path: str, *, seconds: float,
+                  components: Sequence[AirflowProcess] = ()) -> str:
+    """The run's state once it is ``success`` or ``failed`` (the test fails after ``seconds``, or as
+    soon as one of ``components`` has exited: a crashed scheduler would leave the run waiting)."""
     deadline = time.monotonic() + seconds
     while True:
         status, _, body = server.get(path, user="admin")
         state = json.loads(body)["state"] if status == 200 else None
         if state in ("success", "failed"):
             return state
+        exited = [" ".join(c.proc.args[1:2]) for c in components if c.proc.poll() is not None]
+        assert not exited, f"run still {state}: {exited} exited\n{_logs(root)}"
         assert time.monotonic() < deadline, f"run still {state} after {seconds:g} s\n{_logs(root)}"
         time.sleep(3)
 
@@ -87,7 +93,7 @@ def scheduled_run(tmp_path_factory, trainer_image, gcs_emulator):  # noqa: F811 
                   AirflowProcess(["scheduler"], env, root / "scheduler.log")]
     try:
         path = _trigger(server, root, DAG_ID, conf)
-        _wait_for_run(server, root, path, seconds=600)  # the tests judge the state it ended in
+        _wait_for_run(server, root, path, seconds=600, components=components)  # the tests judge its end state
         status, _, body = server.get(path + "/taskInstances", user="admin")
         tasks = {ti["task_id"]: ti for ti in json.loads(body)["task_instances"]}
         yield {"run": json.loads(server.get(path, user="admin")[2]), "tasks": tasks, "server": server,

@@ -1,0 +1,150 @@
+"""A tfpipe DAG run by Celery workers, on every supported Airflow release.
+
+``tests/integration/test_release_scheduler.py`` runs each release's scheduler with the
+LocalExecutor; ``make up``'s deployment (PostgreSQL, TLS engine, several workers) runs on the
+newest release. Here each release's scheduler hands the tasks to an ``airflow celery worker`` of the
+same release through a Redis broker of this test's own (started here on loopback, stopped by its
+pid), as on a Celery deployment: every stage runs in a task process that Airflow forks from a
+Celery pool process, so it is daemonic. The data is the digits CSV split into 80 objects, so the
+stage-in downloads them in processes forked from that daemonic process, which multiprocessing
+refuses unless tfpipe allows it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.airflow_servers import QUICK_BLESSED, AirflowProcess, ApiServer, release_home
+from tests.conftest import DIGITS_CSV, free_port, stop_group
+from tests.integration.conftest import gcs_emulator  # noqa: F401  (the session's emulator fixture)
+from tests.integration.test_release_scheduler import _logs, _trigger, _wait_for_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.compat, pytest.mark.gcs]
+
+DAG_ID = "tfpipe_release_celery"
+STAGES = ("stage_in", "prep", "train", "evaluate", "export", "publish", "cleanup")
+SHARDS = 80  # more than tfpipe.gcs.sync.PROCESS_MIN_OBJECTS: the stage-in forks its download processes
+
+
+def _redis(root: Path) -> tuple[subprocess.Popen, int]:
+    """``redis-server`` on a free loopback port, answering PING; the process and the port."""
+    exe = shutil.which("redis-server") or "/usr/bin/redis-server"
+    if not os.path.exists(exe):
+        pytest.fail("redis-server is missing. Fix: sudo apt-get install -y redis-server "
+                    "(or run `make up` as root on Debian, which installs it)")
+    port = free_port()
+    log = open(root / "redis.log", "wb")
+    proc = subprocess.Popen([exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+                             "--dir", str(root)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    deadline = time.monotonic() + 30
+    while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip() != "PONG":
+        assert proc.poll() is None and time.monotonic() < deadline, (root / "redis.log").read_text()[-2000:]
+        time.sleep(0.2)
+    return proc, port
+
+
+def _sharded_digits_bucket(emulator: str) -> tuple[object, dict[str, bytes]]:
+    """A new bucket on ``emulator`` with the digits CSV split into :data:`SHARDS` CSV objects under
+    ``raw/``, each with the header; the bucket and each object's bytes by name."""
+    from google.cloud import storage
+
+    os.environ["STORAGE_EMULATOR_HOST"] = emulator  # the client reads it when created
+    try:
+        client = storage.Client(project="test")
+    finally:
+        del os.environ["STORAGE_EMULATOR_HOST"]
+    bucket = client.create_bucket(f"tfpipe-celery-{uuid.uuid4().hex[:10]}")
+    header, *rows = DIGITS_CSV.read_text().splitlines(keepends=True)
+    bodies = {f"raw/part-{i:03d}.csv": (header + "".join(rows[i::SHARDS])).encode() for i in range(SHARDS)}
+    for name, body in bodies.items():
+        bucket.blob(name).upload_from_string(body)
+    return bucket, bodies
+
+
+@pytest.fixture(scope="module")
+def celery_run(tmp_path_factory, trainer_image, gcs_emulator):  # noqa: F811  (the fixture)
+    """One run of a small tfpipe DAG, triggered through the REST API and run by a Celery worker."""
+    import airflow
+
+    root = tmp_path_factory.mktemp("release-celery")
+    home, dags, settings = release_home(root, DAG_ID, "admin:admin", **QUICK_BLESSED, gcs_tasks=True,
+                                        local_data=False, data={"path": "digits"})
+    bucket, bodies = _sharded_digits_bucket(gcs_emulator)
+    redis, port = _redis(root)
+    env = {**os.environ, **settings,
+           "AIRFLOW__CORE__EXECUTOR": "airflow.providers.celery.executors.celery_executor.CeleryExecutor",
+           "AIRFLOW__CELERY__BROKER_URL": f"redis://127.0.0.1:{port}/0",
+           "AIRFLOW__CELERY__RESULT_BACKEND": f"redis://127.0.0.1:{port}/1",
+           "AIRFLOW__CELERY__WORKER_CONCURRENCY": "2",
+           "AIRFLOW__CORE__PARALLELISM": "2",
+           # every process signs and checks the tasks' and the users' tokens with the same key
+           "AIRFLOW__API_AUTH__JWT_SECRET": "tfpipe-release-celery-test-" * 3,  # 64 bytes or more for HS512
+           "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+           "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+           "TFPIPE_HOME": str(home), "TFPIPE_IMAGE": trainer_image, "AIRFLOW_VAR_TFPIPE_IMAGE": trainer_image,
+           "TFPIPE_RETRY_DELAY": "1", "STORAGE_EMULATOR_HOST": gcs_emulator}
+    for name in ("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", "GOOGLE_APPLICATION_CREDENTIALS"):
+        env.pop(name, None)  # the emulator, with anonymous credentials
+    components = []
+    try:
+        server = ApiServer(env, root / "api-server.log")
+        components.append(server)
+        env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"{server.url}/execution/"
+        worker_log = root / "celery-worker.log"
+        components += [AirflowProcess(["celery", "worker", "--skip-serve-logs", "--concurrency", "2",
+                                       "--celery-hostname", f"tfpipe-compat-{port}@%h"], env, worker_log),
+                       AirflowProcess(["dag-processor"], env, root / "dag-processor.log"),
+                       AirflowProcess(["scheduler"], env, root / "scheduler.log")]
+        path = _trigger(server, root, DAG_ID, {"data_uri": f"gs://{bucket.name}/raw/",
+                                               "publish_uri": f"gs://{bucket.name}/models"})
+        _wait_for_run(server, root, path, seconds=600, components=components)  # the tests judge its end state
+        status, _, body = server.get(path + "/taskInstances", user="admin")
+        tasks = {ti["task_id"]: ti for ti in json.loads(body)["task_instances"]}
+        yield {"run": json.loads(server.get(path, user="admin")[2]), "tasks": tasks, "home": home,
+               "airflow_home": Path(settings["AIRFLOW_HOME"]), "bucket": bucket, "bodies": bodies,
+               "worker_log": worker_log, "release": airflow.__version__, "logs": lambda: _logs(root)}
+    finally:
+        for component in reversed(components):
+            component.stop()
+        stop_group(redis, timeout=10)
+
+
+def test_a_celery_worker_runs_every_stage(celery_run):
+    run, tasks = celery_run["run"], celery_run["tasks"]
+    states = {task: ti["state"] for task, ti in tasks.items()}
+    assert run["state"] == "success", f"{celery_run['release']}: {states}\n{celery_run['logs']()}"
+    assert states == dict.fromkeys(STAGES, "success"), states
+    # each task went through the broker to the worker (its "succeeded" line may come after the run ends)
+    worker_log = celery_run["worker_log"].read_text(errors="replace")
+    executed = re.findall(r"Executing workload in Celery: .*?task_id='(\w+)'", worker_log)
+    assert sorted(executed) == sorted(STAGES), worker_log[-4000:]
+    model = celery_run["home"] / "models" / DAG_ID / "1"
+    assert json.loads((model / "metadata.json").read_text())["run_id"] == run["dag_run_id"]
+    published = {b.name for b in celery_run["bucket"].client.list_blobs(celery_run["bucket"].name,
+                                                                       prefix=f"models/{DAG_ID}/1/")}
+    assert f"models/{DAG_ID}/1/saved_model.pb" in published, sorted(published)
+    note = run["note"]
+    assert note and note.startswith("tfpipe: blessed, accuracy "), f"{celery_run['release']}: {note!r}"
+
+
+def test_the_stage_in_forks_its_downloads_in_the_celery_task_process(celery_run):
+    """The task process Airflow forks from a Celery pool process is daemonic; the stage-in still
+    downloads its 80 objects in processes of its own, and every file arrives intact."""
+    logs = sorted((celery_run["airflow_home"] / "logs").rglob("*.log"))
+    stage_in = "".join(p.read_text(errors="replace") for p in logs if "task_id=stage_in" in str(p))
+    assert stage_in, f"no stage_in task log under {celery_run['airflow_home'] / 'logs'}: {logs}"
+    assert re.search(r"downloading batches of \d+ objects or more in \d+ forked processes", stage_in), stage_in[-4000:]
+    assert "daemonic processes are not allowed" not in stage_in
+    target = celery_run["home"] / "data" / "digits"
+    staged = {p.name: p.read_bytes() for p in target.glob("*.csv")}
+    assert staged == {name[len("raw/"):]: body for name, body in celery_run["bodies"].items()}
