@@ -68,20 +68,24 @@ def bucket(gcs_client):
     return gcs_client.create_bucket(f"tfpipe-test-{uuid.uuid4().hex[:12]}")
 
 
-def digits_bucket(emulator: str, prefix: str) -> tuple[object, dict[str, str]]:
-    """``(bucket, conf)``: a new bucket on ``emulator`` holding the digits CSV at ``raw/digits.csv``, and
-    the run conf that stages it in and publishes the model to ``models/`` there. For fixtures wider
-    than one test (``emulator_env`` is per test); this process's environment is left as it was."""
+def emulator_client(emulator: str):
+    """A Cloud Storage client of ``emulator`` (anonymous). For fixtures wider than one test
+    (``emulator_env`` is per test); this process's environment is left as it was."""
     from google.cloud import storage
-
-    from tests.conftest import DIGITS_CSV
 
     os.environ["STORAGE_EMULATOR_HOST"] = emulator  # the client reads it when created
     try:
-        client = storage.Client(project="test")
+        return storage.Client(project="test")
     finally:
         del os.environ["STORAGE_EMULATOR_HOST"]
-    bucket = client.create_bucket(f"{prefix}-{uuid.uuid4().hex[:10]}")
+
+
+def digits_bucket(emulator: str, prefix: str) -> tuple[object, dict[str, str]]:
+    """``(bucket, conf)``: a new bucket on ``emulator`` holding the digits CSV at ``raw/digits.csv``, and
+    the run conf that stages it in and publishes the model to ``models/`` there."""
+    from tests.conftest import DIGITS_CSV
+
+    bucket = emulator_client(emulator).create_bucket(f"{prefix}-{uuid.uuid4().hex[:10]}")
     bucket.blob("raw/digits.csv").upload_from_filename(str(DIGITS_CSV))
     return bucket, {"data_uri": f"gs://{bucket.name}/raw/digits.csv", "publish_uri": f"gs://{bucket.name}/models"}
 

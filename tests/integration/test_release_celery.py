@@ -25,8 +25,8 @@ import pytest
 
 from tests.airflow_servers import QUICK_BLESSED, AirflowProcess, ApiServer, release_home
 from tests.conftest import DIGITS_CSV, free_port, stop_group
-from tests.integration.conftest import gcs_emulator  # noqa: F401  (the session's emulator fixture)
-from tests.integration.test_release_scheduler import _logs, _trigger, _wait_for_run
+from tests.integration.conftest import emulator_client, gcs_emulator  # noqa: F401  (the session's emulator fixture)
+from tests.integration.test_release_scheduler import _logs, _trigger, _wait_for_run, scheduler_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat, pytest.mark.gcs]
 
@@ -56,14 +56,7 @@ def _redis(root: Path) -> tuple[subprocess.Popen, int]:
 def _sharded_digits_bucket(emulator: str) -> tuple[object, dict[str, bytes]]:
     """A new bucket on ``emulator`` with the digits CSV split into :data:`SHARDS` CSV objects under
     ``raw/``, each with the header; the bucket and each object's bytes by name."""
-    from google.cloud import storage
-
-    os.environ["STORAGE_EMULATOR_HOST"] = emulator  # the client reads it when created
-    try:
-        client = storage.Client(project="test")
-    finally:
-        del os.environ["STORAGE_EMULATOR_HOST"]
-    bucket = client.create_bucket(f"tfpipe-celery-{uuid.uuid4().hex[:10]}")
+    bucket = emulator_client(emulator).create_bucket(f"tfpipe-celery-{uuid.uuid4().hex[:10]}")
     header, *rows = DIGITS_CSV.read_text().splitlines(keepends=True)
     bodies = {f"raw/part-{i:03d}.csv": (header + "".join(rows[i::SHARDS])).encode() for i in range(SHARDS)}
     for name, body in bodies.items():
@@ -81,20 +74,11 @@ def celery_run(tmp_path_factory, trainer_image, gcs_emulator):  # noqa: F811  (t
                                         local_data=False, data={"path": "digits"})
     bucket, bodies = _sharded_digits_bucket(gcs_emulator)
     redis, port = _redis(root)
-    env = {**os.environ, **settings,
-           "AIRFLOW__CORE__EXECUTOR": "airflow.providers.celery.executors.celery_executor.CeleryExecutor",
-           "AIRFLOW__CELERY__BROKER_URL": f"redis://127.0.0.1:{port}/0",
-           "AIRFLOW__CELERY__RESULT_BACKEND": f"redis://127.0.0.1:{port}/1",
-           "AIRFLOW__CELERY__WORKER_CONCURRENCY": "2",
-           "AIRFLOW__CORE__PARALLELISM": "2",
-           # every process signs and checks the tasks' and the users' tokens with the same key
-           "AIRFLOW__API_AUTH__JWT_SECRET": "tfpipe-release-celery-test-" * 3,  # 64 bytes or more for HS512
-           "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-           "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
-           "TFPIPE_HOME": str(home), "TFPIPE_IMAGE": trainer_image, "AIRFLOW_VAR_TFPIPE_IMAGE": trainer_image,
-           "TFPIPE_RETRY_DELAY": "1", "STORAGE_EMULATOR_HOST": gcs_emulator}
-    for name in ("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", "GOOGLE_APPLICATION_CREDENTIALS"):
-        env.pop(name, None)  # the emulator, with anonymous credentials
+    env = scheduler_env(settings, home, trainer_image, gcs_emulator,
+                        AIRFLOW__CORE__EXECUTOR="airflow.providers.celery.executors.celery_executor.CeleryExecutor",
+                        AIRFLOW__CELERY__BROKER_URL=f"redis://127.0.0.1:{port}/0",
+                        AIRFLOW__CELERY__RESULT_BACKEND=f"redis://127.0.0.1:{port}/1",
+                        AIRFLOW__CELERY__WORKER_CONCURRENCY="2")
     components = []
     try:
         server = ApiServer(env, root / "api-server.log")

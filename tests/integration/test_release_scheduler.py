@@ -67,6 +67,22 @@ def _wait_for_run(server: ApiServer, root: Path, path: str, *, seconds: float,
         time.sleep(3)
 
 
+def scheduler_env(settings: dict[str, str], home: Path, image: str, emulator: str, **executor: str) -> dict[str, str]:
+    """The environment of a test's scheduler, DAG processor, api-server and workers: this process's,
+    the release home's ``settings``, the ``executor`` settings, and the run's image and emulator."""
+    env = {**os.environ, **settings, **executor,
+           "AIRFLOW__CORE__PARALLELISM": "2",
+           # every process signs and checks the tasks' and the users' tokens with the same key
+           "AIRFLOW__API_AUTH__JWT_SECRET": "tfpipe-release-scheduler-test-" * 3,  # 64 bytes or more for HS512
+           "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+           "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+           "TFPIPE_HOME": str(home), "TFPIPE_IMAGE": image, "AIRFLOW_VAR_TFPIPE_IMAGE": image,
+           "TFPIPE_RETRY_DELAY": "1", "STORAGE_EMULATOR_HOST": emulator}
+    for name in ("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", "GOOGLE_APPLICATION_CREDENTIALS"):
+        env.pop(name, None)  # the emulator, with anonymous credentials
+    return env
+
+
 @pytest.fixture(scope="module")
 def scheduled_run(tmp_path_factory, trainer_image, gcs_emulator):  # noqa: F811  (the fixture)
     """One run of a small tfpipe DAG, triggered through the REST API and run by the scheduler."""
@@ -76,17 +92,7 @@ def scheduled_run(tmp_path_factory, trainer_image, gcs_emulator):  # noqa: F811 
     home, dags, settings = release_home(root, DAG_ID, "admin:admin", **QUICK_BLESSED, gcs_tasks=True,
                                         local_data=False)
     bucket, conf = digits_bucket(gcs_emulator, "tfpipe-release")
-    env = {**os.environ, **settings,
-           "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-           "AIRFLOW__CORE__PARALLELISM": "2",
-           # every process signs and checks the tasks' and the users' tokens with the same key
-           "AIRFLOW__API_AUTH__JWT_SECRET": "tfpipe-release-scheduler-test-" * 3,  # 64 bytes or more for HS512
-           "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-           "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
-           "TFPIPE_HOME": str(home), "TFPIPE_IMAGE": trainer_image, "AIRFLOW_VAR_TFPIPE_IMAGE": trainer_image,
-           "TFPIPE_RETRY_DELAY": "1", "STORAGE_EMULATOR_HOST": gcs_emulator}
-    for name in ("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", "GOOGLE_APPLICATION_CREDENTIALS"):
-        env.pop(name, None)  # the emulator, with anonymous credentials
+    env = scheduler_env(settings, home, trainer_image, gcs_emulator, AIRFLOW__CORE__EXECUTOR="LocalExecutor")
     server = ApiServer(env, root / "api-server.log")
     env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"{server.url}/execution/"
     components = [AirflowProcess(["dag-processor"], env, root / "dag-processor.log"),
