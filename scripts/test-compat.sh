@@ -54,6 +54,9 @@ if [[ ! -f $venv/.installed || $lock -nt $venv/.installed || pyproject.toml -nt 
 fi
 
 export AIRFLOW_HOME=$PWD/.cache/airflow-home-$version
+# A DB named by the caller's environment (a pytest worker's copy, a user's own Airflow) would
+# otherwise win over AIRFLOW_HOME, and this release's migration would run against it.
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=sqlite:///$AIRFLOW_HOME/airflow.db
 export PATH=$venv/bin:$PATH  # Airflow starts its parts as `airflow ...` subprocesses
 if [[ ! -f $AIRFLOW_HOME/.migrated || $venv/.installed -nt $AIRFLOW_HOME/.migrated ]]; then
   mkdir -p "$AIRFLOW_HOME"

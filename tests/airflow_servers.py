@@ -105,3 +105,16 @@ class ApiServer(AirflowProcess):
                                               "Authorization": f"Bearer {self.token(user)}"})
         with urllib.request.urlopen(req, timeout=60) as resp:
             return json.loads(resp.read())
+
+
+def remove_tensorboards(dag_id: str, run_id: str) -> None:
+    """Remove the TensorBoard containers the plugin started on the local engine for one run."""
+    from tfpipe.plugins.engine import TENSORBOARD_ROLE, api_client
+
+    cli = api_client("unix://var/run/docker.sock")
+    try:
+        for c in cli.containers(all=True, filters={"label": [f"tfpipe.role={TENSORBOARD_ROLE}",
+                                                             f"tfpipe.tensorboard={dag_id}/{run_id}"]}):
+            cli.remove_container(c["Id"], force=True)
+    finally:
+        cli.close()

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.airflow_servers import PASSWORDS, ApiServer
+from tests.airflow_servers import PASSWORDS, ApiServer, remove_tensorboards
 from tests.conftest import DIGITS_CSV, REPO, run_dag, write_dag
 from tests.integration.conftest import digits_bucket, gcs_emulator  # noqa: F401  (the session's emulator fixture)
 
@@ -135,10 +135,4 @@ def ui_run(tmp_path_factory, trainer_image, request):
                "run_seconds": run_seconds, "conf": conf}
     finally:
         server.stop()
-        from tfpipe.plugins.engine import TENSORBOARD_ROLE, api_client
-
-        cli = api_client("unix://var/run/docker.sock")
-        for c in cli.containers(all=True, filters={"label": [f"tfpipe.role={TENSORBOARD_ROLE}",
-                                                             f"tfpipe.tensorboard={DAG_ID}/{summary['run_id']}"]}):
-            cli.remove_container(c["Id"], force=True)
-        cli.close()
+        remove_tensorboards(DAG_ID, summary["run_id"])

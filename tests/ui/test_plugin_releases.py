@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.airflow_servers import QUICK_BLESSED, ApiServer, release_home
+from tests.airflow_servers import QUICK_BLESSED, ApiServer, release_home, remove_tensorboards
 from tests.conftest import run_dag
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
@@ -39,13 +39,7 @@ def served(tmp_path_factory, trainer_image):
         yield {"summary": summary, "server": server, "release": airflow.__version__}
     finally:
         server.stop()
-        from tfpipe.plugins.engine import TENSORBOARD_ROLE, api_client
-
-        cli = api_client("unix://var/run/docker.sock")
-        for c in cli.containers(all=True, filters={"label": [f"tfpipe.role={TENSORBOARD_ROLE}",
-                                                             f"tfpipe.tensorboard={DAG_ID}/{summary['run_id']}"]}):
-            cli.remove_container(c["Id"], force=True)
-        cli.close()
+        remove_tensorboards(DAG_ID, summary["run_id"])
 
 
 def _run_path(summary: dict) -> str:
