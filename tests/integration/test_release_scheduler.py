@@ -103,7 +103,7 @@ def scheduled_run(tmp_path_factory, trainer_image, gcs_emulator):  # noqa: F811 
         status, _, body = server.get(path + "/taskInstances", user="admin")
         tasks = {ti["task_id"]: ti for ti in json.loads(body)["task_instances"]}
         yield {"run": json.loads(server.get(path, user="admin")[2]), "tasks": tasks, "server": server,
-               "home": home, "dags": dags, "root": root, "bucket": bucket,
+               "home": home, "dags": dags, "root": root, "bucket": bucket, "components": components,
                "release": airflow.__version__, "logs": lambda: _logs(root)}
     finally:
         for component in components:
@@ -163,7 +163,8 @@ def test_a_killed_training_container_is_retried_by_the_scheduler_and_resumes(sch
     container = _wait_for(lambda: _training_container(docker_client, RESUME_DAG), 240, "the training container")
     _wait_for(lambda: _checkpointed_mid_training(home, RESUME_DAG), 240, "a checkpoint mid-training")
     container.kill()
-    assert _wait_for_run(server, root, path, seconds=600) == "success", scheduled_run["logs"]()
+    assert _wait_for_run(server, root, path, seconds=600,
+                         components=scheduled_run["components"]) == "success", scheduled_run["logs"]()
     status, _, body = server.get(path + "/taskInstances", user="admin")
     tries = {ti["task_id"]: ti["try_number"] for ti in json.loads(body)["task_instances"]}
     assert tries["train"] == 2 and tries["prep"] == 1, tries
