@@ -23,6 +23,39 @@ QUICK_BLESSED = {"training": {"model": "mlp", "epochs": 3, "batch_size": 64},
                  "evaluation": {"threshold": 0.5, "tolerance": 1.0}}
 #: The simple auth manager's users' passwords (which users exist and their roles: each test's settings).
 PASSWORDS = {"admin": "admin-pw", "mlviewer": "mlviewer-pw", "outsider": "outsider-pw"}
+#: The team that owns the test DAG folder's bundle in multi-team mode, and another one (team names
+#: have 3 to 50 characters). ``mlviewer`` is a viewer in the first, ``outsider`` in the second.
+TEAM, OTHER_TEAM = "mlteam", "other"
+#: The users of a multi-team home: the simple auth manager limits per DAG only through teams (its
+#: roles alone apply to every DAG).
+TEAM_USERS = f"admin:admin,mlviewer:viewer:{TEAM},outsider:viewer:{OTHER_TEAM}"
+
+
+def has_multi_team() -> bool:
+    """Whether this Airflow has multi-team mode (``[core] multi_team`` and ``airflow teams``: 3.2 on)."""
+    from airflow.configuration import conf
+
+    return conf.has_option("core", "multi_team")
+
+
+def multi_team_settings(dags: Path) -> dict[str, str]:
+    """Airflow settings for multi-team mode, the DAG folder ``dags`` a bundle owned by :data:`TEAM`."""
+    bundles = [{"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+                "kwargs": {"path": str(dags)}, "team_name": TEAM}]
+    return {"AIRFLOW__CORE__MULTI_TEAM": "True",
+            "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": TEAM_USERS}
+
+
+def create_teams(env: dict) -> None:
+    """``airflow teams create`` of both teams, at once, in the metadata DB that ``env`` names: the
+    auth manager refuses to start while a user's team is not there."""
+    airflow = str(Path(sys.executable).parent / "airflow")
+    creating = [subprocess.Popen([airflow, "teams", "create", team], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, cwd=REPO) for team in (TEAM, OTHER_TEAM)]
+    for proc in creating:
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0, f"airflow teams create failed:\n{out[-3000:]}"
 
 
 def release_home(root: Path, dag_id: str, users: str, *, local_data: bool = True,

@@ -22,22 +22,16 @@ import json
 import os
 import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.airflow_servers import PASSWORDS, ApiServer, remove_tensorboards
+from tests.airflow_servers import PASSWORDS, ApiServer, create_teams, multi_team_settings, remove_tensorboards
 from tests.conftest import DIGITS_CSV, REPO, run_dag, write_dag
 from tests.integration.conftest import digits_bucket, gcs_emulator  # noqa: F401  (the session's emulator fixture)
 
 DAG_ID = "tfpipe_ui"
-TEAM = "mlteam"  # team names have 3 to 50 characters
-OTHER_TEAM = "other"
-USERS = f"admin:admin,mlviewer:viewer:{TEAM},outsider:viewer:{OTHER_TEAM}"
 
 
 class StatsdListener(threading.Thread):
@@ -87,15 +81,11 @@ def ui_run(tmp_path_factory, trainer_image, request):
     lineage = root / "openlineage.jsonl"
     statsd = StatsdListener()
     statsd.start()
-    bundles = [{"name": "dags-folder", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-                "kwargs": {"path": str(dags)}, "team_name": TEAM}]
     settings = {
         "AIRFLOW_HOME": str(airflow_home),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home / 'airflow.db'}",
         "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__CORE__MULTI_TEAM": "True",
-        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": USERS,
+        **multi_team_settings(dags),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
         "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(lineage),
                                                         "append": True}),
@@ -110,13 +100,7 @@ def ui_run(tmp_path_factory, trainer_image, request):
     env = {k: v for k, v in os.environ.items() if k not in ("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT",
                                                            "GOOGLE_APPLICATION_CREDENTIALS")}
     env.update(settings)
-    # the auth manager refuses to start while a user's team is not in the DB
-    airflow = str(Path(sys.executable).parent / "airflow")
-    creating = [subprocess.Popen([airflow, "teams", "create", team], env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, cwd=REPO) for team in (TEAM, OTHER_TEAM)]
-    for proc in creating:
-        out, _ = proc.communicate(timeout=180)
-        assert proc.returncode == 0, f"airflow teams create failed:\n{out[-3000:]}"
+    create_teams(env)
 
     bucket, conf = digits_bucket(emulator, "tfpipe-ui")
     started = time.monotonic()

@@ -1,10 +1,12 @@
 """The plugin on every supported Airflow release: links, report, login, TensorBoard and run note.
 
-``tests/ui/test_plugin.py`` proves the plugin in depth on the newest release, with teams (which
-older releases lack). This module runs on each release in ``make test-compat`` (the oldest in
-every ``make test``) and checks what a user of that release clicks: a real run of a small DAG
-through ``tfpipe run``, then ``airflow api-server`` of that release on its metadata DB, with the
-simple auth manager.
+``tests/ui/test_plugin.py`` proves the plugin in depth on the newest release. This module runs on
+each release in ``make test-compat`` (the oldest in every ``make test``) and checks what a user of
+that release clicks: a real run of a small DAG through ``tfpipe run``, then ``airflow api-server``
+of that release on its metadata DB, with the simple auth manager. Where the release has multi-team
+mode (3.2 on), the DAG folder's bundle belongs to a team, as in ``tests/ui``, so that a viewer of
+another team is refused; 3.0 and 3.1 have no teams, and there the simple auth manager's roles
+grant every DAG to every user.
 """
 
 from __future__ import annotations
@@ -15,7 +17,15 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.airflow_servers import QUICK_BLESSED, ApiServer, release_home, remove_tensorboards
+from tests.airflow_servers import (
+    QUICK_BLESSED,
+    ApiServer,
+    create_teams,
+    has_multi_team,
+    multi_team_settings,
+    release_home,
+    remove_tensorboards,
+)
 from tests.conftest import run_dag
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
@@ -30,13 +40,18 @@ def served(tmp_path_factory, trainer_image):
     import airflow
 
     root = tmp_path_factory.mktemp("plugin-release")
-    home, dags, settings = release_home(root, DAG_ID, "admin:admin,mlviewer:viewer", **QUICK_BLESSED)
+    home, dags, settings = release_home(root, DAG_ID, "admin:admin,mlviewer:viewer,outsider:viewer",
+                                        **QUICK_BLESSED)
+    teams = has_multi_team()
+    if teams:
+        settings.update(multi_team_settings(dags))
+        create_teams({**os.environ, **settings})
     summary, log = run_dag(DAG_ID, {}, home=home, image=trainer_image, dags_folder=dags, extra_env=settings)
     (root / "run.log").write_text(log)  # beside the api-server's log, for a failure's reader
     assert summary["state"] == "success", log[-8000:]
     server = ApiServer({**os.environ, **settings}, root / "api-server.log")
     try:
-        yield {"summary": summary, "server": server, "release": airflow.__version__}
+        yield {"summary": summary, "server": server, "release": airflow.__version__, "teams": teams}
     finally:
         server.stop()
         remove_tensorboards(DAG_ID, summary["run_id"])
@@ -74,6 +89,22 @@ def test_the_report_is_served_through_the_plugin_with_airflow_s_login(served):
     assert server.get(report)[0] == 401
     status, headers, _ = server.get(report, headers={"Accept": "text/html"})
     assert status in (302, 307) and "/auth/login" in headers["location"], (status, headers)
+
+
+def test_the_plugin_lets_in_exactly_whom_airflow_s_own_api_lets_read_the_run(served):
+    """Where the release has teams, ``outsider`` (a viewer of another team) is refused by Airflow's
+    run endpoint and by every plugin route; on 3.0 and 3.1 every role reads every DAG, and the
+    plugin lets every user in as Airflow does."""
+    server, summary = served["server"], served["summary"]
+    run = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(summary['run_id'], safe='')}"
+    for user in ("admin", "mlviewer", "outsider"):
+        expected = 403 if user == "outsider" and served["teams"] else 200
+        assert server.get(run, user=user)[0] == expected, f"{served['release']}: Airflow's answer to {user}"
+        for path in ("report/", "report/loss.png"):
+            status, _, body = server.get(f"{_run_path(summary)}/{path}", user=user)
+            assert status == expected, f"{served['release']}, {user}, {path}: {status} {body[:300]!r}"
+    if served["teams"]:  # refused before any TensorBoard starts (the next test starts one)
+        assert server.get(f"{_run_path(summary)}/tensorboard/", user="outsider")[0] == 403
 
 
 def test_tensorboard_is_started_on_demand_behind_the_login(served, docker_client):
