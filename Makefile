@@ -112,6 +112,7 @@ XDIST_ARGS = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist lo
 
 test-host: venv image airflow-db image-variable data
 	@scripts/ensure-chromium.sh
+	@$(PY) deploy/stack.py tools
 	@echo "[test] host tests: provider, DAGs, Airflow runs with real containers ($(TEST_WORKERS) workers)"
 	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m pytest -q --durations=25 $(XDIST_ARGS) $(PYTEST_ARGS)
 
@@ -124,9 +125,11 @@ AIRFLOW_VERSION ?= $(AIRFLOW_OLDEST)
 
 # venv: the compat suites run the main venv's GCS emulator (a server of its own, locked there).
 test-compat: venv image data
+	@$(PY) deploy/stack.py tools
 	@TFPIPE_IMAGE=$(IMAGE_REF) PYTHON=$(PYTHON) XDIST_ARGS="$(XDIST_ARGS)" scripts/test-compat.sh $(AIRFLOW_VERSION) $(PYTEST_ARGS)
 
 test-compat-oldest: venv image data
+	@$(PY) deploy/stack.py tools
 	@TFPIPE_IMAGE=$(IMAGE_REF) PYTHON=$(PYTHON) XDIST_ARGS="$(XDIST_ARGS)" scripts/test-compat.sh $(AIRFLOW_OLDEST) $(PYTEST_ARGS)
 
 # The oldest release's venv and DB alone: `make test` builds them beside the trainer suite.

@@ -125,9 +125,13 @@ class Stack:
             path.chmod(0o600)
         return path.read_text().strip()
 
+    @property
+    def pg_url(self) -> str:
+        """The metadata DB's SQLAlchemy URL (psycopg2, the ``airflow`` role over loopback TCP)."""
+        return f"postgresql+psycopg2://airflow:{self.secret('pg-password')}@127.0.0.1:{self.port('pg')}/airflow"
+
     def airflow_env(self) -> dict[str, str]:
         """The environment every Airflow process of the stack runs with."""
-        pg = f"airflow:{self.secret('pg-password')}@127.0.0.1:{self.port('pg')}/airflow"
         redis_pw = self.secret("redis-password")
         client = self.certs / "client"
         env = {
@@ -145,9 +149,9 @@ class Stack:
             "AIRFLOW__API__BASE_URL": self.api_url,
             "AIRFLOW__API__SECRET_KEY": self.secret("api-secret-key"),
             "AIRFLOW__API_AUTH__JWT_SECRET": self.secret("jwt-secret"),
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"postgresql+psycopg2://{pg}",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.pg_url,
             "AIRFLOW__CELERY__BROKER_URL": f"redis://:{redis_pw}@127.0.0.1:{self.port('redis')}/0",
-            "AIRFLOW__CELERY__RESULT_BACKEND": f"db+postgresql+psycopg2://{pg}",
+            "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{self.pg_url}",
             "AIRFLOW__CELERY__WORKER_CONCURRENCY": self.settings["concurrency"],
             # The engine and the TLS files a worker presents (read by tfpipe in execute()).
             "AIRFLOW__TFPIPE__DOCKER_URL": self.engine_url,
@@ -843,9 +847,18 @@ def _tail(path: Path, n: int = 25) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument("command", choices=["up", "down", "status", "tools"],
+                        help="tools: only install (as root on Debian) or name the Debian packages the stack "
+                             "needs; the tests that start PostgreSQL or Redis need them too")
     parser.add_argument("--fresh", action="store_true", help="up: empty metadata DB and work/models volumes")
     args = parser.parse_args(argv)
+    if args.command == "tools":
+        try:
+            _check_tools(os.geteuid() == 0)
+        except StackError as err:
+            print(f"[stack] error: {err}", file=sys.stderr)
+            return 1
+        return 0
     stack = Stack()
     try:
         stack.check_owner(args.command)

@@ -69,7 +69,7 @@ if ((prepare)); then
 fi
 
 tests_started=$SECONDS
-echo "[compat $version] tests: unit, DagBag, two tfpipe_digits runs (the second a prep cache hit), one resume after a killed container, one re-run after a killed worker, the plugin through the api-server, one run by the scheduler, one by a Celery worker"
+echo "[compat $version] tests: unit, DagBag, two tfpipe_digits runs (the second a prep cache hit), one resume after a killed container, one re-run after a killed worker, the plugin through the api-server, one run by the scheduler, one by a Celery worker on PostgreSQL"
 # The same pytest-xdist flags as make test-host: make passes its XDIST_ARGS (from TEST_WORKERS);
 # run directly without them, the tests run in this one process.
 read -r -a xdist <<<"${XDIST_ARGS:-}"

@@ -106,3 +106,14 @@ def test_ensure_chromium_with_chromium_on_path_installs_nothing(tmp_path):
     folder = _path(tmp_path, {"chromium": "exit 0", "apt-get": f"echo \"$*\" >> {shlex.quote(str(record))}"})
     assert _run("ensure-chromium.sh", folder).returncode == 0
     assert not record.exists()
+
+
+@pytest.mark.parametrize("target", ["test-host", "test-compat", "test-compat-oldest"])
+def test_the_test_targets_install_or_name_the_stack_s_packages_before_pytest(target):
+    """The Celery and deployment tests start PostgreSQL and Redis: each suite that runs them first
+    has ``deploy/stack.py tools`` install them (as root on Debian) or name them and stop."""
+    recipe = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=REPO, capture_output=True,
+                            text=True, check=True).stdout.splitlines()
+    tools = next(i for i, line in enumerate(recipe) if line.endswith("deploy/stack.py tools"))
+    tests = next(i for i, line in enumerate(recipe) if "-m pytest" in line or "test-compat.sh" in line)
+    assert tools < tests, recipe

@@ -1,24 +1,31 @@
-"""A tfpipe DAG run by Celery workers, on every supported Airflow release.
+"""A tfpipe DAG run by Celery workers on PostgreSQL, on every supported Airflow release.
 
 ``tests/integration/test_release_scheduler.py`` runs each release's scheduler with the
-LocalExecutor; ``make up``'s deployment (PostgreSQL, TLS engine, several workers) runs on the
-newest release. Here each release's scheduler hands the tasks to an ``airflow celery worker`` of the
-same release through a Redis broker of this test's own (started here on loopback, stopped by its
-pid), as on a Celery deployment: every stage runs in a task process that Airflow forks from a
-Celery pool process, so it is daemonic. The data is the digits CSV split into 80 objects, so the
-stage-in downloads them in processes forked from that daemonic process, which multiprocessing
-refuses unless tfpipe allows it.
+LocalExecutor on SQLite; ``make up``'s deployment (TLS engine, several workers) runs on the newest
+release. Here each release's scheduler hands the tasks to an ``airflow celery worker`` of the same
+release through a Redis broker of this test's own (started here on loopback, stopped by its pid),
+with the metadata DB and Celery's results in PostgreSQL (started by ``make up``'s own code,
+:class:`deploy.stack.Stack`, in a directory of its own on a free loopback port, the release's
+schema made by its ``airflow db migrate``), as on a Celery deployment: every stage runs in a task
+process that Airflow forks from a Celery pool process, so it is daemonic. The data is the digits
+CSV split into 80 objects, so the stage-in downloads them in processes forked from that daemonic
+process, which multiprocessing refuses unless tfpipe allows it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,6 +60,24 @@ def _redis(root: Path) -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
+@contextlib.contextmanager
+def _postgres() -> Iterator[str]:
+    """PostgreSQL as ``make up`` starts it, in a directory of its own on a free loopback port, stopped
+    by its pid at the end; yields the metadata DB's SQLAlchemy URL."""
+    from deploy.stack import Stack
+
+    # not under pytest's tmp_path (0700): as root the server runs as the postgres user
+    root = Path(tempfile.mkdtemp(prefix="tfpipe-celery-pg-"))
+    root.chmod(0o755)
+    stack = Stack({"TFPIPE_STACK_DIR": str(root), "TFPIPE_STACK_PG_PORT": str(free_port())})
+    try:
+        stack.start_postgres()  # names the package to install when PostgreSQL is missing
+        yield stack.pg_url
+    finally:
+        stack.stop("postgres", signal.SIGINT)  # PostgreSQL's fast shutdown, as `make down` stops it
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def _sharded_digits_bucket(emulator: str) -> tuple[object, dict[str, bytes]]:
     """A new bucket on ``emulator`` with the digits CSV split into :data:`SHARDS` CSV objects under
     ``raw/``, each with the header; the bucket and each object's bytes by name."""
@@ -73,34 +98,40 @@ def celery_run(tmp_path_factory, trainer_image, gcs_emulator):  # noqa: F811  (t
     home, dags, settings = release_home(root, DAG_ID, "admin:admin", **QUICK_BLESSED, gcs_tasks=True,
                                         local_data=False, data={"path": "digits"})
     bucket, bodies = _sharded_digits_bucket(gcs_emulator)
-    redis, port = _redis(root)
-    env = scheduler_env(settings, home, trainer_image, gcs_emulator,
-                        AIRFLOW__CORE__EXECUTOR="airflow.providers.celery.executors.celery_executor.CeleryExecutor",
-                        AIRFLOW__CELERY__BROKER_URL=f"redis://127.0.0.1:{port}/0",
-                        AIRFLOW__CELERY__RESULT_BACKEND=f"redis://127.0.0.1:{port}/1",
-                        AIRFLOW__CELERY__WORKER_CONCURRENCY="2")
-    components = []
-    try:
-        server = ApiServer(env, root / "api-server.log")
-        components.append(server)
-        env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"{server.url}/execution/"
-        worker_log = root / "celery-worker.log"
-        components += [AirflowProcess(["celery", "worker", "--skip-serve-logs", "--concurrency", "2",
-                                       "--celery-hostname", f"tfpipe-compat-{port}@%h"], env, worker_log),
-                       AirflowProcess(["dag-processor"], env, root / "dag-processor.log"),
-                       AirflowProcess(["scheduler"], env, root / "scheduler.log")]
-        path = _trigger(server, root, DAG_ID, {"data_uri": f"gs://{bucket.name}/raw/",
-                                               "publish_uri": f"gs://{bucket.name}/models"})
-        _wait_for_run(server, root, path, seconds=600, components=components)  # the tests judge its end state
-        status, _, body = server.get(path + "/taskInstances", user="admin")
-        tasks = {ti["task_id"]: ti for ti in json.loads(body)["task_instances"]}
-        yield {"run": json.loads(server.get(path, user="admin")[2]), "tasks": tasks, "home": home,
-               "airflow_home": Path(settings["AIRFLOW_HOME"]), "bucket": bucket, "bodies": bodies,
-               "worker_log": worker_log, "release": airflow.__version__, "logs": lambda: _logs(root)}
-    finally:
-        for component in reversed(components):
-            component.stop()
-        stop_group(redis, timeout=10)
+    with _postgres() as pg_url:
+        redis, port = _redis(root)
+        env = scheduler_env(settings, home, trainer_image, gcs_emulator,
+                            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=pg_url,
+                            AIRFLOW__CORE__EXECUTOR="airflow.providers.celery.executors.celery_executor.CeleryExecutor",
+                            AIRFLOW__CELERY__BROKER_URL=f"redis://127.0.0.1:{port}/0",
+                            AIRFLOW__CELERY__RESULT_BACKEND=f"db+{pg_url}",
+                            AIRFLOW__CELERY__WORKER_CONCURRENCY="2")
+        components = []
+        try:
+            migrate = subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env,
+                                     capture_output=True, text=True, timeout=600)
+            assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
+            server = ApiServer(env, root / "api-server.log")
+            components.append(server)
+            env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"{server.url}/execution/"
+            worker_log = root / "celery-worker.log"
+            components += [AirflowProcess(["celery", "worker", "--skip-serve-logs", "--concurrency", "2",
+                                           "--celery-hostname", f"tfpipe-compat-{port}@%h"], env, worker_log),
+                           AirflowProcess(["dag-processor"], env, root / "dag-processor.log"),
+                           AirflowProcess(["scheduler"], env, root / "scheduler.log")]
+            path = _trigger(server, root, DAG_ID, {"data_uri": f"gs://{bucket.name}/raw/",
+                                                   "publish_uri": f"gs://{bucket.name}/models"})
+            _wait_for_run(server, root, path, seconds=600, components=components)  # the tests judge its end state
+            status, _, body = server.get(path + "/taskInstances", user="admin")
+            tasks = {ti["task_id"]: ti for ti in json.loads(body)["task_instances"]}
+            yield {"run": json.loads(server.get(path, user="admin")[2]), "tasks": tasks, "home": home,
+                   "airflow_home": Path(settings["AIRFLOW_HOME"]), "bucket": bucket, "bodies": bodies,
+                   "worker_log": worker_log, "release": airflow.__version__, "logs": lambda: _logs(root),
+                   "pg_url": pg_url}
+        finally:
+            for component in reversed(components):
+                component.stop()
+            stop_group(redis, timeout=10)
 
 
 def test_a_celery_worker_runs_every_stage(celery_run):
@@ -119,6 +150,32 @@ def test_a_celery_worker_runs_every_stage(celery_run):
     assert f"models/{DAG_ID}/1/saved_model.pb" in published, sorted(published)
     note = run["note"]
     assert note and note.startswith("tfpipe: blessed, accuracy "), f"{celery_run['release']}: {note!r}"
+
+
+def test_the_run_and_its_results_are_in_postgresql(celery_run):
+    """The metadata DB is PostgreSQL: the run, its tasks and its XComs are rows there, and so are
+    Celery's task results."""
+    import psycopg2
+
+    dsn = celery_run["pg_url"].replace("postgresql+psycopg2://", "postgresql://")
+    with contextlib.closing(psycopg2.connect(dsn)) as db, db.cursor() as cur:
+        cur.execute("SELECT r.state, n.content FROM dag_run r LEFT JOIN dag_run_note n ON n.dag_run_id = r.id "
+                    "WHERE r.dag_id = %s", (DAG_ID,))
+        assert cur.fetchall() == [("success", celery_run["run"]["note"])]
+        cur.execute("SELECT task_id, state FROM task_instance WHERE dag_id = %s", (DAG_ID,))
+        assert dict(cur.fetchall()) == dict.fromkeys(STAGES, "success")
+        cur.execute("SELECT DISTINCT task_id FROM xcom WHERE dag_id = %s AND key = 'return_value'", (DAG_ID,))
+        assert {"prep", "train", "evaluate", "export"} <= {task for (task,) in cur.fetchall()}
+        # one result per task; the last one's may be stored a moment after the run ended
+        deadline = time.monotonic() + 60
+        while True:
+            cur.execute("SELECT count(*) FROM celery_taskmeta WHERE status = 'SUCCESS'")
+            stored = cur.fetchone()[0]
+            db.commit()  # a new snapshot for the next count
+            if stored >= len(STAGES) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert stored == len(STAGES), f"{celery_run['release']}: {stored} Celery results in PostgreSQL"
 
 
 def test_the_stage_in_forks_its_downloads_in_the_celery_task_process(celery_run):
