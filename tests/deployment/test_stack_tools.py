@@ -81,26 +81,14 @@ def test_root_without_apt_get_says_what_to_install(tmp_path, monkeypatch):
     assert str(err.value) == _install_hint(["redis-server", "docker-registry", "pigz"])
 
 
-def test_the_tools_command_as_a_user_with_tools_missing_says_what_to_install_and_makes_nothing():
-    """``deploy/stack.py tools`` (what ``make test`` runs before the suites that start PostgreSQL and
-    Redis) by a user, not root: exit 1, the packages and the apt-get command, no traceback, no state dir."""
+@pytest.mark.parametrize("command", ["up", "tools"])
+def test_up_and_tools_as_a_user_with_tools_missing_say_what_to_install_without_a_traceback(command):
+    """`make up` (deploy/stack.py up), and ``tools`` (what ``make test`` runs before the suites that
+    start PostgreSQL and Redis), run by a user, not root, with the packages missing: exit 1, one line
+    naming the packages and the apt-get command, no traceback, and nothing made."""
+    # No tool on PATH; a state dir that does not exist: both stop at the tools, before they make anything.
     env = {"PATH": "/nonexistent", "TFPIPE_STACK_DIR": f"/tmp/tfpipe-stack-absent-{uuid.uuid4().hex}"}
-    argv = [sys.executable, str(REPO / "deploy" / "stack.py"), "tools"]
-    if os.geteuid() == 0:
-        argv = [shutil.which("setpriv"), "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "[stack] error: missing: redis-server, docker-registry" in proc.stderr, proc.stderr
-    assert f"{INSTALL} redis-server docker-registry" in proc.stderr and "Traceback" not in proc.stderr
-    assert not Path(env["TFPIPE_STACK_DIR"]).exists()
-
-
-def test_make_up_as_a_user_with_tools_missing_says_what_to_install_without_a_traceback():
-    """`make up` (deploy/stack.py up) run by a user, not root, with the packages missing: exit 1, one
-    line naming the packages and the apt-get command, and no traceback."""
-    # No tool on PATH; a state dir that does not exist: make up stops at the tools, before it makes anything.
-    env = {"PATH": "/nonexistent", "TFPIPE_STACK_DIR": f"/tmp/tfpipe-stack-absent-{uuid.uuid4().hex}"}
-    argv = [sys.executable, str(REPO / "deploy" / "stack.py"), "up"]
+    argv = [sys.executable, str(REPO / "deploy" / "stack.py"), command]
     if os.geteuid() == 0:
         argv = [shutil.which("setpriv"), "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
