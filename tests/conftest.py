@@ -10,11 +10,13 @@ split into units that keep shared fixtures on one worker (``pytest_xdist_make_sc
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -109,6 +111,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".airflow"))
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+#: This process's metadata DB (a worker's copy, or the one make configured), checked after each test.
+METADATA_DB = (Path(os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///"))
+               if os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "").startswith("sqlite:///")
+               else Path(os.environ["AIRFLOW_HOME"]) / "airflow.db")
+_damaged: list[str] = []
 
 DIGITS_CSV = REPO / ".demo" / "data" / "digits" / "digits.csv"
 
@@ -154,6 +161,33 @@ def goto(page, url: str, **kwargs):
                 raise
             # a warning, not a print: the run's summary shows every retry, passing tests' included
             warnings.warn(f"Chromium: {NETWORK_CHANGED} loading {url} on try {attempt}; loading it again", stacklevel=2)
+
+
+@pytest.fixture(autouse=True)
+def metadata_db_intact(request):
+    """After each test, this process's metadata DB still passes SQLite's ``quick_check``.
+
+    A worker's tests share that DB. A test that damaged it would otherwise show only as failures of
+    later, unrelated tests ("database disk image is malformed", once, several tests on); this names
+    the test during which it happened, once.
+    """
+    yield
+    if _damaged or not METADATA_DB.exists():
+        return
+    try:
+        # read-write, as Airflow opens it: a killed run's hot journal is rolled back first, not a fault
+        with contextlib.closing(sqlite3.connect(METADATA_DB, timeout=30)) as db:
+            verdict = [row[0] for row in db.execute("PRAGMA quick_check(5)")]
+    except sqlite3.OperationalError as err:
+        if "locked" in str(err):  # a run's process still writing after 30 s: no verdict, not damage
+            return
+        verdict = [str(err)]
+    except sqlite3.DatabaseError as err:
+        verdict = [str(err)]
+    if verdict != ["ok"]:
+        _damaged.append(request.node.nodeid)
+        pytest.fail(f"the metadata DB {METADATA_DB} was damaged during {request.node.nodeid}: {verdict}",
+                    pytrace=False)
 
 
 @pytest.fixture(scope="session")

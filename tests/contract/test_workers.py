@@ -166,3 +166,45 @@ def test_a_two_worker_run_keeps_each_unit_on_one_worker_long_units_first():
     assert is_deployment == sorted(is_deployment, reverse=True), on_it
     assert {path for _, path in ran} == {"tests/contract/test_schema_parity.py", "tests/deployment/test_stack_tools.py",
                                          "tests/contract/test_import_wall.py"}
+
+
+DAMAGING_TESTS = '''
+import os
+from pathlib import Path
+
+
+def test_leaves_the_db_alone():
+    pass
+
+
+def test_damages_the_db():
+    db = Path(os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///"))
+    with open(db, "r+b") as f:  # the schema's pages: garbage where SQLite keeps its b-trees
+        f.seek(4096)
+        f.write(b"\\xff" * 4096 * 8)
+
+
+def test_runs_after_the_damage():
+    pass
+'''
+
+
+def test_the_test_that_damages_the_metadata_db_is_named_once(tmp_path):
+    """A test run in which one test overwrites pages of the metadata DB: that test, and only that
+    one, fails after it runs, naming itself; the tests before and after it pass."""
+    db = tmp_path / "airflow.db"
+    db.write_bytes((REPO / ".airflow" / "airflow.db").read_bytes())
+    (tmp_path / "test_damage.py").write_text(DAMAGING_TESTS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env.pop("PYTEST_ADDOPTS", None)
+    env.update(AIRFLOW_HOME=str(tmp_path), AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{db}")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "tests.conftest",
+                           "--rootdir", str(tmp_path), str(tmp_path / "test_damage.py")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout
+    assert proc.returncode == 1, out[-4000:] + proc.stderr[-2000:]
+    assert re.search(r"test_leaves_the_db_alone PASSED", out), out[-4000:]
+    assert re.search(r"test_damages_the_db PASSED", out) and re.search(r"test_damages_the_db ERROR", out), out[-4000:]
+    assert f"the metadata DB {db} was damaged during test_damage.py::test_damages_the_db" in out, out[-4000:]
+    assert re.search(r"test_runs_after_the_damage PASSED", out), out[-4000:]
+    assert "3 passed, 1 error" in out and out.count("was damaged during") == 1, out[-4000:]
