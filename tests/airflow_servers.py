@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 
-from tests.conftest import DIGITS_CSV, REPO, free_port, stop_group, wait_until_answers, write_dag
+from tests.conftest import DIGITS_CSV, REPO, copy_sqlite_db, free_port, stop_group, wait_until_answers, write_dag
 
 #: A test DAG's settings for a run of about a minute whose model is blessed (and so exported).
 QUICK_BLESSED = {"training": {"model": "mlp", "epochs": 3, "batch_size": 64},
@@ -66,7 +66,7 @@ def release_home(root: Path, dag_id: str, users: str, *, local_data: bool = True
     with ``dag_config``, and the simple auth manager with ``users``."""
     airflow_home, home, dags = root / "airflow", root / "home", root / "dags"
     airflow_home.mkdir()
-    shutil.copy(Path(os.environ["AIRFLOW_HOME"]) / "airflow.db", airflow_home / "airflow.db")
+    copy_sqlite_db(Path(os.environ["AIRFLOW_HOME"]) / "airflow.db", airflow_home / "airflow.db")
     (home / "data" / "digits").mkdir(parents=True)
     if local_data:
         shutil.copy(DIGITS_CSV, home / "data" / "digits" / "digits.csv")

@@ -86,6 +86,20 @@ class JsonReplies(BaseHTTPRequestHandler):
         pass
 
 
+def copy_sqlite_db(source: Path, target: Path) -> None:
+    """Copy the SQLite DB ``source`` to ``target`` through SQLite's own backup API, never as a file.
+
+    Airflow keeps its SQLite metadata DB in WAL mode: commits not yet checkpointed live in
+    ``airflow.db-wal`` (a run's process that ends without closing its connections leaves them
+    there), so a copy of ``airflow.db`` alone can miss them or catch a checkpoint half-written. And
+    a process that opens and closes the DB file outside SQLite drops every POSIX lock it holds on
+    it, SQLite's own included: another process may then checkpoint and remove the WAL under this
+    one's open connections, whose next write damages the DB.
+    """
+    with contextlib.closing(sqlite3.connect(source)) as src, contextlib.closing(sqlite3.connect(target)) as dst:
+        src.backup(dst)
+
+
 def _worker_airflow_home(worker: str) -> None:
     """Give this xdist worker a copy of the project's Airflow home (metadata DB included).
 
@@ -97,7 +111,8 @@ def _worker_airflow_home(worker: str) -> None:
         raise SystemExit(f"{source / 'airflow.db'} is missing: run `make airflow-db` (make test does)")
     home = Path(tempfile.mkdtemp(prefix=f"tfpipe-{worker}-airflow-"))
     atexit.register(shutil.rmtree, home, True)
-    for name in ("airflow.db", ".migrated", ".tfpipe_image"):
+    copy_sqlite_db(source / "airflow.db", home / "airflow.db")
+    for name in (".migrated", ".tfpipe_image"):
         if (source / name).exists():
             shutil.copy2(source / name, home / name)
     if (source / "airflow.cfg").exists():

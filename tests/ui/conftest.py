@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import threading
 import time
@@ -28,7 +27,7 @@ import time
 import pytest
 
 from tests.airflow_servers import PASSWORDS, ApiServer, create_teams, multi_team_settings, remove_tensorboards
-from tests.conftest import DIGITS_CSV, REPO, run_dag, write_dag
+from tests.conftest import DIGITS_CSV, REPO, copy_sqlite_db, run_dag, write_dag
 from tests.integration.conftest import digits_bucket, gcs_emulator  # noqa: F401  (the session's emulator fixture)
 
 DAG_ID = "tfpipe_ui"
@@ -72,7 +71,7 @@ def ui_run(tmp_path_factory, trainer_image, request):
     root = tmp_path_factory.mktemp("ui")
     airflow_home, home, dags = root / "airflow", root / "home", root / "dags"
     airflow_home.mkdir()
-    shutil.copy(source_db, airflow_home / "airflow.db")
+    copy_sqlite_db(source_db, airflow_home / "airflow.db")
     (home / "data").mkdir(parents=True)
     write_dag(dags, DAG_ID, training={"model": "mlp", "epochs": 2, "batch_size": 64},
               evaluation={"threshold": 0.5, "tolerance": 1.0}, gcs_tasks=True)
