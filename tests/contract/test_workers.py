@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sqlite3
@@ -208,3 +209,32 @@ def test_the_test_that_damages_the_metadata_db_is_named_once(tmp_path):
     assert f"the metadata DB {db} was damaged during test_damage.py::test_damages_the_db" in out, out[-4000:]
     assert re.search(r"test_runs_after_the_damage PASSED", out), out[-4000:]
     assert "3 passed, 1 error" in out and out.count("ERROR at teardown") == 1, out[-4000:]
+
+
+def test_a_db_copy_carries_the_commits_still_in_the_wal_which_a_file_copy_misses(tmp_path):
+    """A metadata DB in WAL mode (as Airflow keeps SQLite) with a commit not yet checkpointed, its
+    connection still open: :func:`copy_sqlite_db` carries that commit; a copy of the file does not."""
+    import shutil
+
+    live = tmp_path / "live.db"
+    with contextlib.closing(sqlite3.connect(live)) as writer:
+        assert writer.execute("PRAGMA journal_mode=WAL").fetchone() == ("wal",)
+        writer.execute("PRAGMA wal_autocheckpoint=0")  # the commit stays in live.db-wal
+        writer.execute("CREATE TABLE variable (key TEXT)")
+        writer.execute("INSERT INTO variable VALUES ('tfpipe_image')")
+        writer.commit()
+        copy_sqlite_db(live, tmp_path / "backup.db")
+        shutil.copy(live, tmp_path / "file.db")  # a file copy, on purpose
+    with contextlib.closing(sqlite3.connect(tmp_path / "backup.db")) as db:
+        assert db.execute("SELECT key FROM variable").fetchall() == [("tfpipe_image",)]
+    with contextlib.closing(sqlite3.connect(tmp_path / "file.db")) as db:
+        with pytest.raises(sqlite3.OperationalError, match="no such table"):
+            db.execute("SELECT key FROM variable")
+
+
+def test_no_test_copies_a_metadata_db_as_a_file():
+    """Every copy of an ``airflow.db`` in the tests goes through :func:`copy_sqlite_db`."""
+    found = [f"{path.relative_to(REPO)}:{n}" for path in sorted((REPO / "tests").rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"shutil\.copy\w*\(", line) and ".db" in line and "on purpose" not in line]
+    assert found == [], found
