@@ -124,16 +124,23 @@ if [ "$root_choice" = offline ]; then
     fetch_wheels "$pyver" & prefetch=$!
     mirror=$(debian_mirror)
     rootfs="$cache/rootfs-$suite"
+    "$here/unmount-under.sh" "$rootfs"  # what an interrupted build's debootstrap left mounted
     rm -rf "$rootfs"
     mkdir -p "$rootfs"
     say "debootstrap $suite (about a minute)"
     # shellcheck disable=SC2086
     debootstrap --variant=minbase --include="$packages" \
       "$suite" "$rootfs" "$mirror" >"$cache/debootstrap.log" 2>&1 \
-      || die "debootstrap failed: see $cache/debootstrap.log"
+      || { "$here/unmount-under.sh" "$rootfs"; die "debootstrap failed: see $cache/debootstrap.log"; }
+    # debootstrap ignores an unmount that fails at its exit: a /proc left mounted would be archived
+    "$here/unmount-under.sh" "$rootfs"
     rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
     say "docker import -> $root_image"
-    tar -C "$rootfs" -c . | docker import - "$root_image" >/dev/null
+    # docker import takes whatever tar streamed before it failed: no image is left from a failed archive
+    if ! tar -C "$rootfs" --one-file-system -c . | docker import - "$root_image" >/dev/null; then
+      docker image rm -f "$root_image" >/dev/null 2>&1 || true
+      die "archiving $rootfs into $root_image failed (tar's errors above); the image was removed"
+    fi
     rm -rf "$rootfs"
   fi
 else

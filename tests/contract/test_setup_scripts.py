@@ -117,3 +117,64 @@ def test_the_test_targets_install_or_name_the_stack_s_packages_before_pytest(tar
     tools = next(i for i, line in enumerate(recipe) if line.endswith("deploy/stack.py tools"))
     tests = next(i for i, line in enumerate(recipe) if "-m pytest" in line or "test-compat.sh" in line)
     assert tools < tests, recipe
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="ensure-docker starts dockerd only as root")
+def test_ensure_docker_as_root_starts_an_installed_engine_in_the_background(tmp_path):
+    """dockerd installed, no engine answering: the script starts it detached and waits for it."""
+    started = tmp_path / "dockerd.started"
+    folder = tmp_path / "bin"
+    # the stand-in engine answers `docker info` once the stand-in dockerd has run
+    folder = _path(tmp_path, {"dockerd": f'echo "$$" > {shlex.quote(str(started))}; echo "dockerd up"',
+                              "docker": f'[ -s {shlex.quote(str(started))} ]'})
+    proc = _run("ensure-docker.sh", folder)
+    assert proc.returncode == 0, proc.stderr
+    assert f"ensure-docker: starting dockerd in the background (log: {folder / 'dockerd.log'})" in proc.stderr
+    assert started.read_text().strip().isdigit()
+    assert (folder / "dockerd.log").read_text() == "dockerd up\n"
+
+
+def test_ensure_docker_as_a_user_with_dockerd_not_running_says_how_to_start_it(tmp_path):
+    started = tmp_path / "dockerd.started"
+    folder = _path(tmp_path, {"dockerd": f"touch {shlex.quote(str(started))}", "docker": "exit 1"})
+    proc = _run("ensure-docker.sh", folder, as_user=True)
+    assert proc.returncode == 1
+    assert "dockerd is installed but not running; start it: sudo systemctl start docker" in proc.stderr
+    assert not started.exists()  # a user's script starts no engine of its own
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux's unshare")
+def test_unmount_under_clears_what_debootstrap_left_mounted_in_its_target(tmp_path):
+    """``docker/unmount-under.sh`` before the root image's ``tar``: a /proc left mounted in the
+    target (debootstrap ignores a failed unmount at its exit) would be archived into the image.
+    In a mount namespace of the test's own, so nothing is left mounted on the host."""
+    target = tmp_path / "rootfs"
+    for sub in ("proc", "sys", "dev/pts", "etc"):
+        (target / sub).mkdir(parents=True)
+    (tmp_path / "rootfs-other").mkdir()  # a sibling whose name starts with the target's stays
+    script = f"""
+set -e
+t={shlex.quote(str(target))}
+mount -t proc proc "$t/proc"
+mount -t tmpfs tmpfs "$t/sys" && mount -t tmpfs tmpfs "$t/sys"  # mounted over twice
+mount -t tmpfs tmpfs "$t/dev/pts"
+mount -t tmpfs tmpfs "$t-other"
+{shlex.quote(str(REPO / "docker" / "unmount-under.sh"))} "$t"
+echo "rc=$?"
+awk '{{print $2}}' /proc/self/mounts | grep -F "$t" || true
+"""
+    argv = ["unshare", "--mount", "--propagation", "private"]
+    if os.geteuid() != 0:
+        argv.insert(1, "--map-root-user")
+    proc = subprocess.run([*argv, "bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.split()
+    assert lines == ["rc=0", f"{target}-other"], proc.stdout
+    # without it, tar would have read the host's processes under the target's proc/
+    assert list((target / "proc").iterdir()) == []
+
+
+def test_unmount_under_a_missing_directory_is_nothing_to_do(tmp_path):
+    proc = subprocess.run([str(REPO / "docker" / "unmount-under.sh"), str(tmp_path / "absent")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr == ""
