@@ -98,6 +98,27 @@ def test_lower_bound_readme_and_locks_agree():
         assert f"| {version} | `" in readme and lock.split("-")[1].removesuffix(".lock") in version, lock
 
 
+def test_the_main_venv_s_lock_is_the_newest_release_s_lock_as_readme_says():
+    """README's table: the main venv's ``host.lock`` (= ``airflow-X.Y.lock``) pins the newest release.
+    The twin is a symlink today; were it a copy, bumping one of the two alone would fail here."""
+    import re
+
+    from packaging.version import Version
+
+    from tests.conftest import REPO
+
+    def pins(path):
+        return sorted(line for line in path.read_text().splitlines() if line and not line.startswith("#"))
+
+    readme = (REPO / "README.md").read_text()
+    row = re.search(r"^\| (\S+) \| `host\.lock` \(= `(airflow-[\d.]+\.lock)`\) \|", readme, re.M)
+    assert row, "README's table has no host.lock row"
+    version, twin = row.groups()
+    newest = max(_lock_pins().items(), key=lambda item: Version(item[1]))
+    assert (twin, version) == newest
+    assert pins(REPO / "requirements" / "host.lock") == pins(REPO / "requirements" / twin)
+
+
 def test_dag_test_seams_are_what_this_airflows_dag_test_calls():
     """``tfpipe run --rerun`` replaces, for one ``dag.test()``, the function it finds or creates its
     run with and the ``clear_dags`` it calls first. Read from ``dag.test()``'s own source on the

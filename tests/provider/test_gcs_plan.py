@@ -139,6 +139,35 @@ def test_sync_plan_downloads_only_what_changed():
     assert len(changed_since(objects, None)) == len(objects)
 
 
+def test_objects_without_crc32c_are_compared_by_generation():
+    """An object without a CRC32C (a composite upload has none) cannot be compared by content, so
+    the generation the manifest recorded decides: the same generation is the same object, another
+    one (or none recorded) may hold other bytes and is downloaded."""
+    objects = plan_layout(GcsUri.parse("gs://b-1/raw/"), [
+        blob("raw/same-generation.csv", generation=7, crc32c=None),
+        blob("raw/new-generation.csv", generation=8, crc32c=None),
+        blob("raw/no-generation-recorded.csv", generation=3, crc32c=None),
+        blob("raw/never-synced.csv", generation=1, crc32c=None),
+    ], "d").objects
+    assert all(o.crc32c is None for o in objects.values())
+    manifest = {"objects": {
+        "same-generation.csv": {"generation": 7, "crc32c": None, "size": 10},
+        "new-generation.csv": {"generation": 5, "crc32c": None, "size": 10},
+        # a CRC32C recorded without a generation does not stand in for the object's missing one
+        "no-generation-recorded.csv": {"crc32c": "AAAAAA==", "size": 10},
+    }}
+    local = {"same-generation.csv": 10, "new-generation.csv": 10, "no-generation-recorded.csv": 10,
+             "never-synced.csv": 10}
+    plan = plan_sync(objects, manifest, local)
+    assert [o.rel for o in plan.unchanged] == ["same-generation.csv"]
+    assert sorted(o.rel for o in plan.download) == ["never-synced.csv", "new-generation.csv",
+                                                   "no-generation-recorded.csv"]
+    assert plan.delete == [] and plan.untracked == []
+    # before the directory is listed, the generation alone already shows what changed
+    assert [o.rel for o in changed_since(objects, manifest)] == ["never-synced.csv", "new-generation.csv",
+                                                                 "no-generation-recorded.csv"]
+
+
 def test_batches_bound_bytes_and_count():
     objs = plan_layout(GcsUri.parse("gs://b-1/r/"), [blob(f"r/{i}", size=s) for i, s in
                                                     enumerate([5, 5, 20, 1, 1, 1])], "d").objects
@@ -293,6 +322,19 @@ def test_a_connection_of_another_type_is_refused(monkeypatch):
     _conn(monkeypatch, {}, conn_type="aws")
     with pytest.raises(GcsAccessError, match="conn type 'aws'"):
         TfpipeGcsHook("gcs_bad").get_conn()
+
+
+@pytest.mark.parametrize("conn_type", ["google_cloud_platform", "gcp", "generic", ""])
+def test_google_and_generic_connections_are_accepted(monkeypatch, conn_type):
+    """A key kept in a generic connection (or one whose type is just 'gcp', or left empty) is used
+    exactly as from a google_cloud_platform one: its key and project make the client."""
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    _conn(monkeypatch, {"keyfile_dict": {"type": "authorized_user", "client_id": "c", "client_secret": "s3cr3t",
+                                         "refresh_token": "r3fresh"}, "project": "p-1"}, conn_type=conn_type)
+    hook = TfpipeGcsHook("gcs_bad")
+    client = hook.get_conn()
+    assert client.project == "p-1"
+    assert hook.credentials_source == "connection 'gcs_bad' (key in extra keyfile_dict)"
 
 
 def test_key_file_is_read_on_the_worker(tmp_path, monkeypatch):
