@@ -150,3 +150,20 @@ def test_make_up_s_defaults_are_the_ones_readme_s_table_lists():
     workers = {"2": "two"}[stack.settings["workers"]]
     assert _readme_row(readme, f"{workers} Celery workers (concurrency {stack.settings['concurrency']} each) |")
     assert stack.dir == REPO / ".stack" and "state under .stack/" in readme
+
+
+def test_the_stack_s_state_and_certificates_are_ignored_by_git():
+    """README: ``make up`` keeps its state under ``.stack/`` (not in git), the CA and the client key
+    and the admin password included. A default outside the ignored tree would put them one
+    ``git add -A`` away from a commit."""
+    from deploy.stack import Stack
+
+    stack = Stack({})
+    assert stack.dir == REPO / ".stack"
+    secrets = [stack.certs / "client" / "key.pem", stack.gpuhost / "tls" / "key.pem", stack.dir / "secrets" / "x",
+               stack.airflow_home / "airflow.cfg", stack.pg_data / "PG_VERSION"]
+    for path in secrets:
+        assert path.is_relative_to(stack.dir), path
+    rel = [str(path.relative_to(REPO)) for path in secrets]
+    proc = subprocess.run(["git", "check-ignore", "--no-index", *rel], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.split() == rel, (proc.stdout, proc.stderr)

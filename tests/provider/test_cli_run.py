@@ -209,6 +209,11 @@ with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz=
 
         sys._tfpipe_exit_pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
         sys._tfpipe_exit_pool.submit(os.getpid).result()
+        # and a thread that is not a daemon, still working when the run ends: it must be joined
+        import threading
+        import time
+
+        threading.Thread(target=lambda: (time.sleep(1), _mark("thread")), daemon=False).start()
         _mark("task")
 
     one()
@@ -216,10 +221,10 @@ with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz=
 
 
 def test_the_command_ends_its_process_after_atexit_without_tearing_the_interpreter_down(tmp_path):
-    """``tfpipe run`` (``python -m tfpipe.cli``) stops the process pools a task left running, runs the
-    process's ``atexit`` handlers and delivers its summary line through a pipe (stdout not unbuffered),
-    then ends the process without the interpreter's teardown, which freed its objects one by one for
-    2-3 s after a DAG run."""
+    """``tfpipe run`` (``python -m tfpipe.cli``) joins the threads and stops the process pools a task
+    left running, runs the process's ``atexit`` handlers and delivers its summary line through a pipe
+    (stdout not unbuffered), then ends the process without the interpreter's teardown, which freed its
+    objects one by one for 2-3 s after a DAG run."""
     dag_id = f"exit_{uuid.uuid4().hex[:8]}"
     dags, marks = tmp_path / "dags", tmp_path / "marks"
     dags.mkdir()
@@ -240,11 +245,12 @@ def test_the_command_ends_its_process_after_atexit_without_tearing_the_interpret
     assert proc.returncode == 0 and summary["state"] == "success", stderr[-4000:]
     assert (marks / f"task-{proc.pid}").exists(), "dag.test runs the task (and its process pool) in this process"
     assert (marks / f"atexit-{proc.pid}").exists(), "the atexit handlers must run"
+    assert (marks / f"thread-{proc.pid}").exists(), "threads that are not daemons must be joined"
     assert not (marks / f"teardown-{proc.pid}").exists(), "the interpreter's teardown must be skipped"
     # the same DAG file in a plain interpreter is torn down and writes the mark: the probe works
     subprocess.run([sys.executable, "-c", f"import runpy; runpy.run_path({str(dags / (dag_id + '.py'))!r})"],
                    env=env, check=True, timeout=120, cwd=REPO, capture_output=True)
-    assert {p.name.split("-")[0] for p in marks.iterdir()} == {"task", "atexit", "teardown"}
+    assert {p.name.split("-")[0] for p in marks.iterdir()} == {"task", "thread", "atexit", "teardown"}
 
 
 def test_only_failed_needs_rerun():
