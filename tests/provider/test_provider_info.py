@@ -123,3 +123,41 @@ def test_example_dag_discovery_finds_a_module_for_the_distribution_and_no_exampl
     discover(bundles)
     assert not [m for m in log.problems if "tfpipe" in m], log.problems
     assert not [b for b in bundles if "tfpipe" in b.name], bundles
+
+
+LAZY_APP_PROBE = r'''
+import asyncio, json, sys
+import tfpipe.plugins.tfpipe as plugin
+
+loaded = {name: name in sys.modules for name in ("tfpipe.plugins.app", "tfpipe.plugins.engine")}
+lazy = plugin.TfpipePlugin.fastapi_apps[0]["app"]
+statuses = []
+
+async def request():
+    scope = {"type": "http", "http_version": "1.1", "method": "GET", "scheme": "http", "path": "/no-such-route",
+             "raw_path": b"/no-such-route", "root_path": "", "query_string": b"", "headers": [],
+             "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1)}
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+    async def send(message):
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+    await lazy(scope, receive, send)
+
+asyncio.run(request())
+first = lazy._app
+asyncio.run(request())
+print(json.dumps({"before": loaded, "after": "tfpipe.plugins.app" in sys.modules, "statuses": statuses,
+                  "same_app": lazy._app is first and first is not None}))
+'''
+
+
+def test_the_plugin_s_web_app_is_built_on_its_first_request_only():
+    """Every Airflow process loads plugins (workers, the DAG processor, the scheduler); only the
+    api-server serves requests. Loading the plugin imports none of the web app's modules; the first
+    request builds the app, and later requests reuse it."""
+    proc = subprocess.run([sys.executable, "-c", LAZY_APP_PROBE], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen == {"before": {"tfpipe.plugins.app": False, "tfpipe.plugins.engine": False}, "after": True,
+                    "statuses": [404, 404], "same_app": True}, seen

@@ -100,3 +100,27 @@ def test_the_image_variable_is_read_when_the_task_runs_not_when_the_dag_is_parse
     monkeypatch.delenv("AIRFLOW_VAR_TFPIPE_IMAGE")
     with pytest.raises(_runners_no_retry_exception(), match=r"^train: no trainer image"):
         _execute(dag, "train", {}, [])
+
+
+def test_the_engine_setting_is_read_when_the_task_runs_not_when_the_dag_is_parsed(monkeypatch):
+    """``[tfpipe] docker_url`` (here ``AIRFLOW__TFPIPE__DOCKER_URL``) is read in ``execute()`` on the
+    worker, as README says: the DAG processor, which holds no client keys and may be configured
+    without the section, parses with another value (here an unusable one) without an error, and
+    the task goes to the engine its worker names when it runs."""
+    from tfpipe.engine import DEFAULT_DOCKER_URL
+
+    monkeypatch.setenv("AIRFLOW_VAR_TFPIPE_IMAGE", "reg.example/tfpipe/trainer:aaaaaaaaaaaa")
+    monkeypatch.setenv("AIRFLOW__TFPIPE__DOCKER_URL", "not a url")  # refused by the task, were it read
+    dag = training_pipeline(PipelineConfig.from_dict(copy.deepcopy(GOOD)))
+    assert dag.get_task("train").docker_url == DEFAULT_DOCKER_URL
+    monkeypatch.setenv("AIRFLOW__TFPIPE__DOCKER_URL", NOWHERE)  # the worker's setting
+    pushed: list[tuple[str, object]] = []
+    with pytest.raises(DockerEngineUnreachableError) as err:
+        _execute(dag, "train", {}, pushed)
+    assert dag.get_task("train").docker_url == NOWHERE
+    assert "nowhere.invalid" in str(err.value), err.value
+    # and an unusable setting on the worker fails the task there, naming the option and the fix
+    monkeypatch.setenv("AIRFLOW__TFPIPE__DOCKER_URL", "not a url")
+    fresh = training_pipeline(PipelineConfig.from_dict(copy.deepcopy(GOOD)))
+    with pytest.raises(_runners_no_retry_exception(), match=r"^train: \[tfpipe\] docker_url: must be a URL"):
+        _execute(fresh, "train", {}, [])
