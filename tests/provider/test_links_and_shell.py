@@ -347,3 +347,33 @@ def test_a_port_published_on_a_remote_engine_says_how_to_reach_it():
     for local in ("unix:///var/run/docker.sock", None, "tcp://127.0.0.1:22376", "tcp://localhost:2376",
                   "tcp://[::1]:2376"):
         assert debug.remote_port_note(local, 6007) is None, local
+
+
+def test_make_tensorboard_and_make_shell_pass_readme_s_defaults_and_settings():
+    """README: ``make tensorboard`` serves ``RUN=latest`` of ``DAG=tfpipe_digits`` on ``PORT=6006``;
+    ``make shell`` opens ``TASK=train`` of the latest run; both take those settings. Read from the
+    recipes make would run (``make -n`` runs none), then parsed as the CLI parses them."""
+    import argparse
+    import shlex
+    import subprocess
+
+    from tests.conftest import REPO
+    from tfpipe import cli
+
+    def command(*settings: str) -> argparse.Namespace:
+        recipe = subprocess.run(["make", "-n", "--no-print-directory", *settings], cwd=REPO, capture_output=True,
+                                text=True, check=True, timeout=60).stdout.splitlines()
+        argv = shlex.split(next(line for line in recipe if " -m tfpipe.cli " in line))
+        parser = argparse.ArgumentParser()
+        cli._add_debug_parsers(parser.add_subparsers(dest="command"))
+        return parser.parse_args(argv[argv.index("tfpipe.cli") + 1:])
+
+    board = command("tensorboard")
+    assert (board.command, board.dag_id, board.run_id, board.port) == ("tensorboard", "tfpipe_digits", "latest", 6006)
+    board = command("tensorboard", "DAG=d", "RUN=manual__1", "PORT=6007")
+    assert (board.dag_id, board.run_id, board.port) == ("d", "manual__1", 6007)
+    shell = command("shell")
+    assert (shell.command, shell.dag_id, shell.task_id, shell.run, shell.no_gpus) == (
+        "shell", "tfpipe_digits", "train", "latest", False)
+    shell = command("shell", "DAG=d", "TASK=evaluate", "RUN=manual__1", "ARGS=--no-gpus")
+    assert (shell.dag_id, shell.task_id, shell.run, shell.no_gpus) == ("d", "evaluate", "manual__1", True)
