@@ -9,6 +9,7 @@ mapping on pod statuses made of the client's own models.
 from __future__ import annotations
 
 import copy
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -122,6 +123,14 @@ def test_the_train_pod():
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]}
     assert init["securityContext"]["allowPrivilegeEscalation"] is False
     assert {m["mountPath"] for m in init["volumeMounts"]} == {"/work", "/models"}
+    # root, because chown needs it, but not privileged; and its script only makes directories and
+    # hands each listed one (never a tree) to the stage's user
+    assert init["securityContext"]["runAsUser"] == 0 and init["securityContext"]["runAsNonRoot"] is False
+    assert init["securityContext"]["privileged"] is False
+    script, dirs = init["command"][2], init["command"][4:]
+    assert re.sub(r'mkdir -p "\$d"|chown 1000:2000 "\$d"|stat -c %u:%g "\$d"', "", script) == (
+        'set -e; for d in "$@"; do ; if [ "$()" != "1000:2000" ]; then ; fi; done'), script
+    assert "-R" not in script and config["paths"]["run_dir"] in dirs
 
 
 
@@ -302,3 +311,20 @@ def test_the_pod_environment_carries_the_time_zone_and_the_jemalloc_switch(timez
             assert "LD_PRELOAD" not in env
         else:
             assert env["LD_PRELOAD"] == ""
+
+
+def test_a_pod_task_records_no_run_location_so_the_report_route_says_it_cannot_serve_it(monkeypatch):
+    """README: the plugin cannot read a Kubernetes run's volumes, so its report route answers 404
+    for such runs. It finds a run's files through the location a Docker stage task records as an
+    XCom; a pod task records none (the pod itself is not created here)."""
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    from tfpipe.plugins.paths import LOCATION_XCOM_KEY
+
+    monkeypatch.setattr(KubernetesPodOperator, "execute", lambda self, context: None)
+    dag = _dag()
+    for task_id in ("prep", "train", "evaluate", "export"):
+        task = dag.get_task(task_id)
+        context = _context(dag, task)
+        task.execute(context)
+        assert LOCATION_XCOM_KEY not in context["pushed"], (task_id, context["pushed"])
