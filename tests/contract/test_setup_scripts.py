@@ -211,3 +211,24 @@ def test_a_root_image_imported_from_a_failed_archive_is_removed(tmp_path):
     assert "the image was removed" in proc.stderr
     # the tar never crossed into another file system mounted under the target
     assert any(line.startswith("tar ") and "--one-file-system" in line for line in calls.read_text().splitlines())
+
+
+@pytest.mark.parametrize("target", ["demo", "test"])
+def test_demo_and_test_build_the_venv_and_the_image_at_once_then_set_up_the_rest(target):
+    """README: ``make demo`` and ``make test`` do all set-up themselves, the venv and the image built
+    at once (one ``make -j2``: the venv is mostly downloads, the image a CPU-bound build), then the
+    metadata DB; ``make demo`` then runs ``tfpipe_digits``. Read from the recipes (``make -n``)."""
+    def recipe(*args: str) -> list[str]:
+        return subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=REPO, capture_output=True,
+                              text=True, check=True, timeout=60).stdout.splitlines()
+
+    makefile = (REPO / "Makefile").read_text()
+    body = makefile[makefile.index(f"\n{target}:") + 1:].split("\n\n")[0].splitlines()[1:]
+    assert body[0].strip().endswith("-j2 venv image"), body
+    if target == "demo":
+        assert body[1].strip().endswith("run DAG=tfpipe_digits"), body
+        steps = recipe("run", "DAG=tfpipe_digits")
+        assert any("-m tfpipe.cli run tfpipe_digits" in line for line in steps), steps
+    else:
+        assert "airflow-db" in body[1] and "data" in body[1], body
+    assert any("airflow db migrate" in line for line in recipe("airflow-db", "-B"))
