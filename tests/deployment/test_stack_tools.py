@@ -167,3 +167,27 @@ def test_the_stack_s_state_and_certificates_are_ignored_by_git():
     rel = [str(path.relative_to(REPO)) for path in secrets]
     proc = subprocess.run(["git", "check-ignore", "--no-index", *rel], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.split() == rel, (proc.stdout, proc.stderr)
+
+
+def test_the_worker_settings_set_how_many_workers_start_and_their_concurrency(tmp_path, monkeypatch):
+    """README's table: ``TFPIPE_STACK_WORKERS`` Celery workers start, each with
+    ``TFPIPE_STACK_WORKER_CONCURRENCY`` task slots. What ``start_airflow`` would start, recorded
+    instead of started (the deployment tests run the stack itself, at the defaults)."""
+    from deploy.stack import Stack
+
+    stack = Stack({"TFPIPE_STACK_DIR": str(tmp_path), "TFPIPE_STACK_WORKERS": "3",
+                   "TFPIPE_STACK_WORKER_CONCURRENCY": "2"})
+    spawned: dict[str, list[str]] = {}
+    waited: list[int] = []
+    monkeypatch.setattr(stack, "spawn", lambda name, argv, **kw: spawned.setdefault(name, argv) and 1)
+    monkeypatch.setattr(stack, "wait_for", lambda *args, **kwargs: None)
+    monkeypatch.setattr(stack, "wait_for_worker", waited.append)
+    stack.start_airflow()
+    workers = sorted(name for name in spawned if name.startswith("worker"))
+    assert workers == ["worker1", "worker2", "worker3"] and waited == [1, 2, 3]
+    for name in workers:
+        argv = spawned[name]
+        assert argv[argv.index("celery"):] == ["celery", "worker", "--celery-hostname", f"{name}@%h",
+                                              "--skip-serve-logs", "--concurrency", "2"], argv
+        assert argv[0] == "unshare", "each worker runs where the GPU host's files are hidden"
+    assert stack.airflow_env()["AIRFLOW__CELERY__WORKER_CONCURRENCY"] == "2"
