@@ -247,6 +247,10 @@ class _WorkerLost(BaseException):
     """The worker process dying: nothing after it runs, the container it started keeps running."""
 
 
+#: the key README says the container id is kept under (operators find it there across tries)
+README_KEY = "tfpipe_container_id"
+
+
 class _TaskStateStore:
     """The try's ``task_state_store`` as the mixin uses it (``get``/``set`` of the container id; Airflow
     keeps it in its metadata DB across tries), recording each id it is given and checking, as it is
@@ -258,9 +262,11 @@ class _TaskStateStore:
         self.history: list[str] = []
 
     def get(self, key: str):
+        assert key == README_KEY, key
         return self.values.get(key)
 
     def set(self, key: str, value: str) -> None:
+        assert key == README_KEY, key
         labels = self.client.api.inspect_container(value)["Config"]["Labels"]
         assert (labels["tfpipe.run_id"], labels["tfpipe.task_id"]) == (self.run_id, "prep"), labels
         self.values[key] = value

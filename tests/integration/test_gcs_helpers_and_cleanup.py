@@ -32,7 +32,9 @@ def test_64_objects_download_in_forked_processes_and_a_small_resync_in_threads(t
     most 4, each with threads ...); smaller batches download in the worker's threads (no fork for an
     incremental sync of a few files)", and the task log says `downloading batches of 64 objects or
     more in 2 forked processes, 4 threads each`. Nothing is patched: the operator's own sizes."""
-    bodies = {f"raw/many/part-{i:03d}.csv": f"x,label\n{i},{i % 10}\n".encode() for i in range(64)}
+    # about 50 kB each, so the progress line's size is not 0.0 MB
+    bodies = {f"raw/many/part-{i:03d}.csv": f"x,label\n{i},{i % 10}\n".encode() + b"\n" * (50_000 + i)
+              for i in range(64)}
     for name, body in bodies.items():
         bucket.blob(name).upload_from_string(body)
     op = GcsStageInOperator(task_id="stage_in", data_volume=str(tmp_path / "data"), data_path="many/",
@@ -49,7 +51,8 @@ def test_64_objects_download_in_forked_processes_and_a_small_resync_in_threads(t
     target = tmp_path / "data" / "many"
     for name, body in bodies.items():
         assert (target / name[len("raw/many/"):]).read_bytes() == body, name
-    assert "staged 64/64 objects" in out
+    total = sum(len(body) for body in bodies.values())
+    assert f"staged 64/64 objects, {total / 1e6:.1f} MB" in out, out[-3000:]
 
     # an incremental sync of a few changed objects: downloaded in threads, no process forked
     for i in (3, 40):

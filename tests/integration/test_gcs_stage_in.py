@@ -43,7 +43,7 @@ def test_second_sync_downloads_only_the_changed_object(tmp_path, trainer_image, 
         MANIFEST_NAME, "2024/c.csv", "a.csv", "b.csv"]
     assert (target / "b.csv").read_bytes() == b"x,label\n2,1\n"
     assert (target / "a.csv").stat().st_uid == 1000, "staged files belong to the stage user"
-    assert "staged 3/3 objects" in capsys.readouterr().out  # the task log (Airflow logs to stdout)
+    assert "staged 3/3 objects, 0.0 MB" in capsys.readouterr().out  # the task log (Airflow logs to stdout)
     manifest = json.loads((target / MANIFEST_NAME).read_text())
     assert manifest["source"] == uri and sorted(manifest["objects"]) == ["2024/c.csv", "a.csv", "b.csv"]
     a_inode = (target / "a.csv").stat().st_ino

@@ -8,6 +8,7 @@ the image's inputs (``docker/`` and ``trainer/``) is planned before and after ea
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -106,3 +107,42 @@ def test_a_pinned_root_is_the_root_it_plans_with(trainer_image):
     # and `offline` forces the offline root, even where the official one could be pulled
     offline = _run_plan(REPO, TFPIPE_ROOT_IMAGE="offline").stdout.split()
     assert offline[:1] == ["root"] and offline[1].startswith("tfpipe/rootfs-bullseye:"), offline
+
+
+@pytest.mark.parametrize("change", ["the package list", "the suite"])
+def test_a_changed_offline_recipe_gives_a_new_root_and_the_script_says_which_root(inputs, trainer_image, change):
+    """The offline root is tagged by its recipe (suite and package list): a changed recipe plans a
+    root no image has, so the next build bootstraps it instead of reusing the old one. Either way
+    the script names the root it uses on stderr."""
+    before = _run_plan(inputs, TFPIPE_ROOT_IMAGE="offline")
+    layer, old_tag, _ = before.stdout.splitlines()[0].split()
+    assert layer == "root" and old_tag.startswith("tfpipe/rootfs-bullseye:"), before.stdout
+    # one line per step, with the seconds since the build started
+    assert re.search(r"^\[image +\d+s\] root: offline bullseye rootfs \(tensorflow/tensorflow:2\.9\.3-gpu could not "
+                     rf"be pulled\) -> {re.escape(old_tag)}$", before.stderr, re.M), before.stderr
+    script = inputs / "docker" / "build-image.sh"
+    text = script.read_text()
+    changed = (text.replace("packages=python3,", "packages=python3,curl,", 1) if change == "the package list"
+               else text.replace("suite=bullseye", "suite=bookworm", 1))
+    assert changed != text
+    script.write_text(changed)
+    after = _run_plan(inputs, TFPIPE_ROOT_IMAGE="offline")
+    assert after.returncode != 0  # --plan builds nothing, and the deps tag needs the root's id
+    assert after.stdout.split()[0] == "root"
+    new_tag = after.stdout.split()[1]
+    assert new_tag != old_tag and after.stdout.split()[2] == "absent", after.stdout
+    assert f"-> {new_tag}" in after.stderr and "is not built" in after.stderr and "make image" in after.stderr
+
+
+def test_the_make_targets_set_the_image_variable_in_this_project_s_airflow(trainer_image):
+    """README: ``make image`` (and so ``make demo`` and ``make test``, through ``image-variable``) sets
+    the Airflow Variable ``tfpipe_image`` to the image it built, so the example DAGs, which name no
+    image, run without any environment variable. Read through Airflow's own CLI, with the tests'
+    ``AIRFLOW_VAR_TFPIPE_IMAGE`` (which would shadow the Variable) taken away."""
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "AIRFLOW_VAR_TFPIPE_IMAGE"}
+    proc = subprocess.run([sys.executable, "-m", "airflow", "variables", "get", "tfpipe_image"], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == trainer_image

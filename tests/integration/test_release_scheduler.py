@@ -26,7 +26,13 @@ import pytest
 from tests.airflow_servers import QUICK_BLESSED, AirflowProcess, ApiServer, release_home
 from tests.conftest import write_dag
 from tests.integration.conftest import digits_bucket, gcs_emulator  # noqa: F401  (the session's emulator fixture)
-from tests.integration.test_resume import TRAINING, _checkpointed_mid_training, _training_container, _wait_for
+from tests.integration.test_resume import (
+    TRAINING,
+    _checkpointed_mid_training,
+    _checkpoints_on_disk,
+    _training_container,
+    _wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat, pytest.mark.gcs]
 
@@ -163,6 +169,10 @@ def test_a_killed_training_container_is_retried_by_the_scheduler_and_resumes(sch
     container = _wait_for(lambda: _training_container(docker_client, RESUME_DAG), 240, "the training container")
     _wait_for(lambda: _checkpointed_mid_training(home, RESUME_DAG), 240, "a checkpoint mid-training")
     container.kill()
+    container.wait(timeout=60)
+    # what a retry can resume from: read before the retry's own saves prune older ones
+    on_disk = _checkpoints_on_disk(home, RESUME_DAG)
+    assert on_disk, "no checkpoint on disk once the container died"
     assert _wait_for_run(server, root, path, seconds=600,
                          components=scheduled_run["components"]) == "success", scheduled_run["logs"]()
     status, _, body = server.get(path + "/taskInstances", user="admin")
@@ -172,4 +182,9 @@ def test_a_killed_training_container_is_retried_by_the_scheduler_and_resumes(sch
     first, second = json.loads((run_dir / "attempts.json").read_text())
     assert (first["status"], second["status"]) == ("interrupted", "completed"), (first, second)
     assert second["resumed_from"]["step"] > 0 and second["start_step"] == second["resumed_from"]["step"]
+    # the newest checkpoint, or (when the kill landed inside its index write, which the retry sets
+    # aside in corrupt/) the one before it; never an older one
+    set_aside = _checkpoints_on_disk(home, RESUME_DAG, under="corrupt")
+    assert set_aside in ([], on_disk[-1:]), (set_aside, on_disk)
+    assert second["resumed_from"]["step"] == max(set(on_disk) - set(set_aside)), (second["resumed_from"], on_disk)
     assert second["end_step"] == second["target_steps"]

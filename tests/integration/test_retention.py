@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 
 import pytest
 
-from tests.conftest import run_dag, write_dag
+from tests.conftest import REPO, dag_command, run_dag, write_dag
 from tests.engine_watch import InspectOnCreate
 
 pytestmark = pytest.mark.integration
@@ -127,9 +129,11 @@ def test_a_rerun_after_its_run_dir_was_removed_prepares_again_and_trains_from_sc
     dags = tmp_path / "dags"
     write_dag(dags, dag_id, training={"model": "mlp", "epochs": 1, "checkpoint_every_steps": 1000},
               evaluation={"threshold": 0.0, "tolerance": 1.0})
-    first, log = run_dag(dag_id, {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    # the run's conf (2 epochs against the DAG's 1) is kept by every re-run below, as the UI's Clear keeps it
+    first, log = run_dag(dag_id, {"epochs": 2}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
     assert first["state"] == "success", log[-6000:]
     run_dir = tfpipe_home / "work" / "runs" / dag_id / contract.safe_name(first["run_id"], 120)
+    assert [h["epoch"] for h in json.loads((run_dir / "metrics.json").read_text())] == [1, 2]
     datasets = tfpipe_home / "work" / "datasets"
     (fingerprint,) = [p.name for p in datasets.iterdir() if not p.name.startswith(".")]
     shutil.rmtree(run_dir)  # as retention removes them (this test runs as root, the stages as uid 1000)
@@ -139,6 +143,11 @@ def test_a_rerun_after_its_run_dir_was_removed_prepares_again_and_trains_from_sc
                               rerun=first["run_id"], rerun_tasks=["train"])
     assert train_only["state"] == "failed", log[-6000:]
     assert train_only["tasks"]["train"] == {"state": "failed", "try_number": 2}, train_only["tasks"]
+    # the named task's downstream tasks were cleared with it (left alone they would still read
+    # success), and its upstream prep was not
+    assert train_only["tasks"]["evaluate"]["state"] == "upstream_failed", train_only["tasks"]
+    assert train_only["tasks"]["export"]["state"] == "upstream_failed", train_only["tasks"]
+    assert train_only["tasks"]["prep"] == {"state": "success", "try_number": 1}, train_only["tasks"]
     assert "dataset.json does not exist: run the prep stage of this run first" in log
     # --only-failed re-runs train (failed) and what it failed, not prep (succeeded): the same, at once
     only_failed, log = run_dag(dag_id, {}, home=tfpipe_home, image=trainer_image, dags_folder=dags,
@@ -155,3 +164,10 @@ def test_a_rerun_after_its_run_dir_was_removed_prepares_again_and_trains_from_sc
     assert (datasets / fingerprint / "_SUCCESS").is_file(), "prep did not recreate the data set"
     assert (run_dir / "dataset.json").is_file()
     assert "cache hit" not in log and "starting from scratch" in log and "resumed from epoch" not in log
+    assert [h["epoch"] for h in json.loads((run_dir / "metrics.json").read_text())] == [1, 2], "the conf was lost"
+    # a task the DAG does not have is refused, naming the tasks it does have
+    cmd, env = dag_command(dag_id, {}, home=tfpipe_home, image=trainer_image, dags_folder=dags,
+                           rerun=first["run_id"], rerun_tasks=["trian"])
+    unknown = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert unknown.returncode != 0
+    assert f"tfpipe: {dag_id} has no task trian (tasks: " in unknown.stderr and "train" in unknown.stderr

@@ -273,13 +273,15 @@ def test_names_as_labels_after_numbers_in_early_batches(ws, batched, capsys):
     assert labels == {"0": 0, "1": 1, "2": 2, "other": 3}
 
 
-def test_quoted_csv_is_read_with_the_csv_module(ws, batched):
+def test_quoted_csv_is_read_with_the_csv_module(ws, batched, capsys):
     path = os.path.join(ws.data, "quoted.csv")
     with open(path, "w") as handle:
         handle.write('id,x,label\n')
         for i in range(400):
             handle.write('"row\n%d",%d.5,"%s"\n' % (i, i, "yes" if i % 2 else "no"))
     result = prep.run(ws.config("prep", data={"path": "quoted.csv", "key": "id"}))
+    # read row by row, and still parsed on the worker processes, not in the stage's own
+    assert "batch(es) on 2 worker process(es)" in capsys.readouterr().out
     schema = json.load(open(os.path.join(result["dataset_dir"], "schema.json")))
     assert schema["class_names"] == ["no", "yes"]
     got = {k: (v[0], label) for s in ("train", "eval")
@@ -366,3 +368,74 @@ def test_file_caches_of_dead_processes_are_removed(tmp_path):
     assert os.listdir(cache) == [os.path.basename(os.path.dirname(prefix))]
     data.cache_file(root, "eval")  # our own live cache is kept
     assert len(os.listdir(cache)) == 2
+
+
+def test_auto_is_the_default_cache_and_takes_memory_only_within_half_of_what_the_limit_leaves(monkeypatch):
+    """README's rule for ``training.cache`` (the default ``auto``): the parsed size (values, an
+    8-byte label and 256 bytes per example) against half of what the memory limit leaves to the
+    process; the limit from cgroup v2, else v1, else the machine's memory."""
+    import builtins
+    import io
+
+    from trainer import common, contract
+
+    assert contract.SECTIONS["training"]["cache"]["default"] == "auto"
+    schema = {"format": "csv", "class_names": ["a", "b"], "features": [{"name": "f%d" % i} for i in range(10)],
+              "counts": {"train": 800, "eval": 200}}
+    need = 1000 * (10 * 4 + 8 + 256)
+    assert data.cached_bytes(schema) == need
+    rss = 50 << 20
+    monkeypatch.setattr(common, "rss_bytes", lambda: rss)
+    monkeypatch.setattr(common, "memory_limit", lambda: rss + 2 * need)  # leaves 2x: half is exactly it
+    assert data.cache_mode("auto", schema)[0] == "memory"
+    monkeypatch.setattr(common, "memory_limit", lambda: rss + 2 * need - 2)  # one byte of budget short
+    mode, reason = data.cache_mode("auto", schema)
+    assert mode == "file" and "above the budget of" in reason and "half of what the" in reason
+    monkeypatch.undo()
+
+    # where the limit comes from: the smallest of cgroup v2's, v1's (a huge number means none) and
+    # the machine's memory
+    def reading(files):
+        real_open = builtins.open
+
+        def fake_open(path, *args, **kwargs):
+            if path in files:
+                if files[path] is None:
+                    raise FileNotFoundError(path)
+                return io.StringIO(files[path])
+            return real_open(path, *args, **kwargs)
+        monkeypatch.setattr(builtins, "open", fake_open)
+        try:
+            return common.memory_limit()
+        finally:
+            monkeypatch.setattr(builtins, "open", real_open)
+
+    v2, v1, meminfo = "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes", "/proc/meminfo"
+    machine = "MemTotal:       16384 kB\n"
+    assert reading({v2: "1048576\n", v1: None, meminfo: machine}) == 1048576
+    assert reading({v2: None, v1: "2097152\n", meminfo: machine}) == 2097152
+    assert reading({v2: "max\n", v1: None, meminfo: machine}) == 16384 * 1024
+    assert reading({v2: None, v1: "9223372036854771712\n", meminfo: machine}) == 16384 * 1024
+
+
+def test_batches_are_about_4_mib_and_at_most_two_per_worker_are_in_flight():
+    """README: prep cuts a CSV into batches of about 4 MiB, and at most two batches per worker are in
+    flight, so memory does not grow with the input: the pool takes the next batch from the reader
+    only once the oldest result is handed on."""
+    assert prep.BATCH_BYTES == 4 << 20
+    taken, handed = [], []
+
+    def batches():
+        for i in range(40):
+            taken.append(i)
+            yield i
+
+    taken_at_each_result = []
+    with prep.Workers(3) as workers:
+        for result in workers.map(abs, batches()):
+            handed.append(result)
+            taken_at_each_result.append(len(taken))
+    assert handed == list(range(40))
+    # the window fills to two per worker, then each result handed on lets one more batch in
+    in_flight = [taken - (i + 1) for i, taken in enumerate(taken_at_each_result)]
+    assert taken_at_each_result[0] == 2 * 3 and max(in_flight) <= 2 * 3 - 1, taken_at_each_result

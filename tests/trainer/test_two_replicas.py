@@ -50,13 +50,21 @@ print("RESULT " + json.dumps({"replicas": strategy.num_replicas_in_sync, "result
 """
 
 
-def run_two_replicas(tmp_path, name, *tries, replicas=2):
+def run_two_replicas(tmp_path, name, *tries, replicas=2, imbalanced=False):
     """Prep, then each try of ``tries`` (training settings) under two replicas (or ``replicas``
     1: one device), in a fresh interpreter; return its result line (the tries' results and the
-    final weights)."""
+    final weights). ``imbalanced``: only every fourth row of classes 0 and 1 is kept (25 each
+    against 100), so balanced class weights are far from 1."""
     base = tmp_path / name
     os.makedirs(str(base / "data"))
-    write_blobs_csv(str(base / "data" / "blobs.csv"))
+    csv = str(base / "data" / "blobs.csv")
+    write_blobs_csv(csv)
+    if imbalanced:
+        with open(csv) as handle:
+            header, *rows = handle.read().splitlines()
+        rows = [row for i, row in enumerate(rows) if row.endswith(",2") or i % 12 < 3]
+        with open(csv, "w") as handle:
+            handle.write("\n".join([header, *rows]) + "\n")
     here = os.path.dirname(os.path.abspath(__file__))
     proc = subprocess.run([sys.executable, "-c", PROBE, here, str(base), json.dumps(list(tries)), str(replicas)],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
@@ -97,12 +105,24 @@ def test_early_stopping_and_a_resume_under_two_replicas(tmp_path):
 def test_class_weights_and_the_gradient_clip_see_the_global_batch_under_two_replicas(tmp_path):
     """Each replica gets half of every batch; the class-weighted loss is still the global batch's
     mean, and the gradient is clipped after the replicas' gradients are summed: the norm of the
-    global batch's gradient, as on one device. A clip inside each replica's step (of its half)
-    would train other weights. An epoch with the clip at work in every step gives the same final
-    weights on two replicas as on one device (1e-5)."""
-    settings = {"epochs": 1, "class_weight": "balanced", "gradient_clip_norm": 0.01}
-    one = run_two_replicas(tmp_path, "one", settings, replicas=1)
-    two = run_two_replicas(tmp_path, "two", settings)
-    assert (one["replicas"], two["replicas"]) == (1, 2)
-    assert one["results"][0]["steps"] == two["results"][0]["steps"] == 8
-    same_weights(two["weights"], one["weights"])
+    global batch's gradient, as on one device. On imbalanced classes (balanced weights about 2, 2
+    and 0.5), an epoch without a clip and one with the clip at work in every step each give the
+    same final weights on two replicas as on one device (1e-5). Without the clip, a loss divided
+    by each replica's half instead of the global batch would train other weights; with it, a clip
+    of each replica's share would (the clip normalises the gradient's length, not its direction)."""
+    import numpy as np
+
+    unclipped = {"epochs": 1, "class_weight": "balanced"}
+    clipped = dict(unclipped, gradient_clip_norm=0.01)
+    runs = {(setting, replicas): run_two_replicas(tmp_path, f"{setting}-{replicas}", training, replicas=replicas,
+                                                  imbalanced=True)
+            for setting, training in (("unclipped", unclipped), ("clipped", clipped)) for replicas in (1, 2)}
+    for setting in ("unclipped", "clipped"):
+        one, two = runs[setting, 1], runs[setting, 2]
+        assert (one["replicas"], two["replicas"]) == (1, 2)
+        assert one["results"][0]["steps"] == two["results"][0]["steps"] == 4, setting
+        same_weights(two["weights"], one["weights"])
+    # the clip was at work: it changed what one device trained
+    differences = [np.abs(np.array(runs["clipped", 1]["weights"][name]) -
+                          np.array(runs["unclipped", 1]["weights"][name])).max() for name in runs["clipped", 1]["weights"]]
+    assert max(differences) > 1e-3, differences

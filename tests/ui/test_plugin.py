@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import pytest
 
@@ -55,6 +55,9 @@ def test_the_report_is_served_to_users_who_may_read_the_dag_and_to_no_one_else(u
     assert server.get(_report_path(run_id))[0] == 401
     status, headers, _ = server.get(_report_path(run_id), headers={"Accept": "text/html"})
     assert status in (302, 307) and "/auth/login" in headers["location"]
+    # ... which sends the browser back to the report once logged in
+    back = parse_qs(urlsplit(headers["location"]).query).get("next", [])
+    assert [unquote(urlsplit(url).path) for url in back] == [unquote(_report_path(run_id))], headers["location"]
     # only the report's own files, only of runs that exist
     assert server.get(_report_path(run_id, "metrics.json"), user="admin")[0] == 404
     status, _, body = server.get(_report_path("manual__no_such_run"), user="admin")

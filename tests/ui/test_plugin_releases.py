@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import pytest
 
@@ -89,6 +89,8 @@ def test_the_report_is_served_through_the_plugin_with_airflow_s_login(served):
     assert server.get(report)[0] == 401
     status, headers, _ = server.get(report, headers={"Accept": "text/html"})
     assert status in (302, 307) and "/auth/login" in headers["location"], (status, headers)
+    back = parse_qs(urlsplit(headers["location"]).query).get("next", [])  # and back to the report
+    assert [unquote(urlsplit(url).path) for url in back] == [unquote(report)], (served["release"], headers["location"])
 
 
 def test_the_plugin_lets_in_exactly_whom_airflow_s_own_api_lets_read_the_run(served):

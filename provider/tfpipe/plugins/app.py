@@ -9,10 +9,13 @@ api-server's JWT: the UI's ``_token`` cookie or an ``Authorization: Bearer`` hea
 * ``GET|POST /runs/{dag_id}/{run_id}/tensorboard/{path}``: the run's TensorBoard, started on demand.
 
 Where a run's files are comes from the location record its stage tasks pushed to XCom (metadata
-DB), never from the request. A browser without a session is sent to the login page.
+DB), never from the request. A browser without a session is sent to the login page and back.
 """
 
 from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -20,6 +23,20 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tfpipe.plugins.paths import LOCATION_XCOM_KEY, REPORT_FILES, REPORT_HTML, parse_location
+
+
+def login_url(auth_manager: Any, back_to: str) -> str:
+    """The auth manager's login page, sending the browser back to ``back_to`` once logged in.
+
+    Airflow 3.0's simple auth manager drops ``next_url`` from its login URL, though its login page
+    follows a ``next`` parameter; where the URL carries none, it is added.
+    """
+    url = auth_manager.get_url_login(next_url=back_to)
+    query = urlsplit(url).query
+    if "next" in parse_qs(query):
+        return url
+    return f"{url}{'&' if query else '?'}{urlencode({'next': back_to})}"
+
 
 _MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".png": "image/png"}
 # The report is one self-contained page (inline style, data: images): nothing else may load.
@@ -67,7 +84,7 @@ def create_app() -> FastAPI:
     async def login_for_browsers(request: Request, exc: StarletteHTTPException) -> Response:
         # A link clicked without a session lands on the login page and comes back, as Airflow's own pages do.
         if exc.status_code == 401 and "text/html" in request.headers.get("accept", ""):
-            return RedirectResponse(get_auth_manager().get_url_login(next_url=str(request.url)))
+            return RedirectResponse(login_url(get_auth_manager(), str(request.url)))
         return await http_exception_handler(request, exc)
 
     def location_or_404(dag_id: str, run_id: str) -> dict[str, str]:

@@ -159,6 +159,11 @@ class TensorBoards:
         found = cli.containers(all=True, filters={"name": f"^/{name}$"})
         if found and found[0].get("State") == "running":
             return found[0]["Id"]
+        if found and found[0].get("State") == "created":
+            # Another api-server process (or server) created it and is about to start it: removing
+            # it here would make that start fail. Starting a started container is a no-op.
+            cli.start(found[0]["Id"])
+            return found[0]["Id"]
         for container in found:  # exited or dead: start afresh
             cli.remove_container(container["Id"], force=True)
         self.evict(cli, keep=self.max_running() - 1)
