@@ -584,3 +584,16 @@ def test_the_attempts_record_of_a_checkpoint_is_renamed_into_place_without_an_fs
     # the try's start, then one unsynced record per checkpoint (steps 4, 8, 12, 16), then its end
     assert writes[0] is True and writes[-1] is True, writes
     assert len(writes) >= 2 + 4 and not any(writes[1:-1]), writes
+
+
+def test_only_the_newest_keep_checkpoints_stay_on_disk(ws):
+    """README: a run's checkpoints are bounded by ``training.keep_checkpoints``: older ones are
+    removed as newer ones are written, so months of runs do not fill the work volume."""
+    prep.run(ws.config("prep"))
+    # saves at steps 3, 6, 8 (epoch end), 9, 12, 15 and 16 (epoch end)
+    train.run(ws.config("train", training={"epochs": 2, "checkpoint_every_steps": 3, "keep_checkpoints": 2}))
+    ckpt_dir = os.path.join(ws.run_dir(), "train", "checkpoints")
+    steps = sorted(int(os.path.basename(p)[len("ckpt-"):-len(".index")])
+                   for p in glob.glob(os.path.join(ckpt_dir, "ckpt-*.index")))
+    assert steps == [15, 16], steps
+    assert not glob.glob(os.path.join(ckpt_dir, "ckpt-12.*")), "a removed checkpoint's data files go too"
