@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -139,10 +140,47 @@ def test_the_make_targets_set_the_image_variable_in_this_project_s_airflow(train
     the Airflow Variable ``tfpipe_image`` to the image it built, so the example DAGs, which name no
     image, run without any environment variable. Read through Airflow's own CLI, with the tests'
     ``AIRFLOW_VAR_TFPIPE_IMAGE`` (which would shadow the Variable) taken away."""
-    import sys
-
     env = {k: v for k, v in os.environ.items() if k != "AIRFLOW_VAR_TFPIPE_IMAGE"}
     proc = subprocess.run([sys.executable, "-m", "airflow", "variables", "get", "tfpipe_image"], env=env,
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == trainer_image
+
+
+def test_a_root_image_imported_from_a_failed_archive_is_removed(inputs, trainer_image, tmp_path):
+    """``docker import`` makes an image of whatever ``tar`` streamed before it failed; the build must
+    not leave that image under the root's tag, where the next build would take it as built. The
+    real engine imports a real archive of a new root (its recipe changed, so its tag is new); the
+    ``tar`` that writes it then exits 2, as one that met the host's /proc did. debootstrap and pip
+    are stand-ins (no mirror or index is needed before the archive)."""
+    script = inputs / "docker" / "build-image.sh"
+    script.write_text(script.read_text().replace("packages=python3,", "packages=python3,curl,", 1))
+    root = _run_plan(inputs, TFPIPE_ROOT_IMAGE="offline").stdout.split()[1]
+    assert root.startswith("tfpipe/rootfs-bullseye:") and not _image_exists(root)
+    calls, folder = tmp_path / "tar.calls", tmp_path / "stand-ins"
+    folder.mkdir()
+    stand_ins = {
+        "debootstrap": 'mkdir -p "$4/etc" && echo root > "$4/etc/hostname"',
+        "tar": f'echo "$*" >> {calls}; {shutil.which("tar")} "$@"; exit 2',
+        "python3": "exit 0",  # pip download of the wheels, beside debootstrap
+    }
+    for name, body in stand_ins.items():
+        (folder / name).write_text(f"#!/bin/sh\n{body}\n")
+        (folder / name).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("TFPIPE_IMAGE_VARIANT", "TFPIPE_ROOT_IMAGE")}
+    env.update(PATH=f"{folder}:{os.environ['PATH']}", TFPIPE_ROOT_IMAGE="offline", TFPIPE_CACHE=str(tmp_path / "cache"),
+               DEBIAN_MIRROR="http://deb.example/debian")
+    try:
+        proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1, proc.stderr
+        assert f"archiving {tmp_path / 'cache' / 'rootfs-bullseye'} into {root} failed" in proc.stderr, proc.stderr
+        assert "the image was removed" in proc.stderr
+        assert not _image_exists(root), "the image of the partial archive was left under the root's tag"
+        # the archive never crosses into a file system mounted under the target
+        assert "--one-file-system" in calls.read_text().split(), calls.read_text()
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", root], capture_output=True, timeout=120)
+
+
+def _image_exists(ref: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", ref], capture_output=True, timeout=60).returncode == 0
