@@ -593,7 +593,5 @@ def test_only_the_newest_keep_checkpoints_stay_on_disk(ws):
     # saves at steps 3, 6, 8 (epoch end), 9, 12, 15 and 16 (epoch end)
     train.run(ws.config("train", training={"epochs": 2, "checkpoint_every_steps": 3, "keep_checkpoints": 2}))
     ckpt_dir = os.path.join(ws.run_dir(), "train", "checkpoints")
-    steps = sorted(int(os.path.basename(p)[len("ckpt-"):-len(".index")])
-                   for p in glob.glob(os.path.join(ckpt_dir, "ckpt-*.index")))
-    assert steps == [15, 16], steps
+    assert saved_steps(ckpt_dir) == [15, 16]
     assert not glob.glob(os.path.join(ckpt_dir, "ckpt-12.*")), "a removed checkpoint's data files go too"
