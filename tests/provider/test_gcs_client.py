@@ -1,4 +1,4 @@
-"""The storage client's bucket-metadata reads follow the library's trace switch."""
+"""The storage client's HTTP settings, and its bucket-metadata reads, which follow the library's trace switch."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from google.cloud.storage import _opentelemetry_tracing as tracing
 
-from tfpipe.hooks.gcs import settle_environment
+from tfpipe.hooks.gcs import http_settings, settle_environment
 
 pytestmark = pytest.mark.gcs
 
@@ -20,6 +20,27 @@ def test_without_traces_the_client_reads_no_bucket_metadata(monkeypatch):
     monkeypatch.setattr(tracing, "enable_otel_traces", False)
     assert _client()._bucket_metadata_cache is not None, "the library's default, which the hook changes"
     assert settle_environment(_client())._bucket_metadata_cache is None
+
+
+def test_settings_handed_over_replace_what_the_environment_says_now(monkeypatch, tmp_path):
+    """A stage-in's download processes are forked after the task's client was made: they take that
+    client's proxies and CA bundle, not those of the environment they inherit at the fork."""
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("not read here\n")
+    for name in ("NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
+    task_client = settle_environment(_client())
+    settings = http_settings(task_client)
+    assert settings == ({"https": "http://127.0.0.1:3128"}, str(bundle)), settings
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE")
+    assert http_settings(settle_environment(_client())) == ({"https": "http://127.0.0.1:9"}, True), "read anew"
+    child = settle_environment(_client(), settings)
+    assert http_settings(child) == settings
+    assert child._http.trust_env is False, "requests must not read the environment again per request"
 
 
 @pytest.mark.parametrize("has_opentelemetry", [True, False])

@@ -37,7 +37,7 @@ from tfpipe.gcs import plan as planner
 from tfpipe.gcs.plan import (MANIFEST_NAME, MANIFEST_SCHEMA, Layout, RemoteObject, SyncPlan, batches, changed_since,
                              plan_layout, plan_sync)
 from tfpipe.hooks.docker import VolumeHelper, tar_bytes
-from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook, list_objects, settle_environment
+from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook, http_settings, list_objects, settle_environment
 
 LOG = logging.getLogger(__name__)
 
@@ -384,8 +384,9 @@ class _Downloads:
             # own: no Airflow calls, and no logging unless the library's debug logging is on, so
             # locks other threads of this process held at the fork are not taken in them. The
             # credentials travel pickled (a fetched token included), as the library's own process
-            # workers send them.
-            self._client_state = pickle.dumps((client.project, client._credentials))
+            # workers send them. So do the task client's HTTP settings: the children are forked
+            # later than that client was made, and must not read an environment changed since.
+            self._client_state = pickle.dumps((client.project, client._credentials, http_settings(client)))
             self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("fork"))
             self.log.info("downloading batches of %d objects or more in %d forked processes, %d threads each",
                           PROCESS_MIN_OBJECTS, self.processes, max(1, self.max_workers // self.processes))
@@ -464,9 +465,9 @@ def _download_in_process(client_state: bytes, credentials_source: str, uri: str,
 
     client = _PROCESS_CLIENTS.get(client_state)
     if client is None:
-        project, credentials = pickle.loads(client_state)
+        project, credentials, settings = pickle.loads(client_state)
         client = _PROCESS_CLIENTS[client_state] = settle_environment(
-            storage.Client(project=project, credentials=credentials))
+            storage.Client(project=project, credentials=credentials), settings)
     gcs_uri = GcsUri.parse(uri)
     results = _download_many(client.bucket(gcs_uri.bucket), items, workers)
     hook = TfpipeGcsHook(gcp_conn_id=None)  # for its messages only: the credentials are the client's

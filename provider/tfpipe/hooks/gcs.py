@@ -388,7 +388,7 @@ def _listing_retry() -> Any:
     return DEFAULT_RETRY.with_predicate(lambda err: transient(err) and not _certificate_refused(err))
 
 
-def settle_environment(client: Any) -> Any:
+def settle_environment(client: Any, settings: tuple[dict[str, str], Any] | None = None) -> Any:
     """Have ``client`` (a ``google.cloud.storage.Client``) read the environment's HTTP settings once.
 
     A ``requests`` session that trusts the environment looks up the proxy variables (walking all
@@ -399,6 +399,9 @@ def settle_environment(client: Any) -> Any:
     endpoint are taken once and kept on the session. ``~/.netrc`` is not read: the only
     authorization Cloud Storage takes is the credentials' token header, which a netrc entry for
     the host would replace. Token refreshes use a session of their own and are unchanged.
+    ``settings`` (:func:`http_settings` of a client settled before) are taken instead of the
+    environment: a stage-in's download processes keep the settings of the task's client, even when
+    the environment changed between that client's making and their fork.
 
     The client's bucket-metadata cache is switched off unless the library's OpenTelemetry traces
     are on (``ENABLE_GCS_PYTHON_CLIENT_OTEL_TRACES``). On a client's first use of a bucket,
@@ -409,13 +412,20 @@ def settle_environment(client: Any) -> Any:
     Returns ``client``.
     """
     session = client._http
-    url = client._connection.get_api_base_url_for_mtls()
-    settings = session.merge_environment_settings(url, {}, None, None, None)
-    session.proxies, session.verify = settings["proxies"], settings["verify"]
+    if settings is None:
+        url = client._connection.get_api_base_url_for_mtls()
+        merged = session.merge_environment_settings(url, {}, None, None, None)
+        settings = merged["proxies"], merged["verify"]
+    session.proxies, session.verify = dict(settings[0]), settings[1]
     session.trust_env = False
     if getattr(client, "_bucket_metadata_cache", None) is not None and not _storage_traces_on():
         client._bucket_metadata_cache = None  # the library tests it for truth before every use
     return client
+
+
+def http_settings(client: Any) -> tuple[dict[str, str], Any]:
+    """The proxies and CA-bundle choice (``verify``) a :func:`settle_environment`-d ``client`` uses."""
+    return dict(client._http.proxies), client._http.verify
 
 
 def _storage_traces_on() -> bool:
