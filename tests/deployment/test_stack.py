@@ -471,6 +471,53 @@ def test_two_runs_at_once_on_two_workers_share_one_gpu_slot(stack, rest):
     assert ckpts[0] != ckpts[1] and all(r in c for r, c in zip(runs, ckpts)), ckpts
 
 
+#: Seconds a scheduled ``train`` in a pool that does not exist is watched: the scheduler loops about
+#: once a second, so it had some 25 chances to queue it.
+MISSING_POOL_HOLD = 25
+
+
+def test_a_task_in_a_missing_pool_is_never_scheduled_and_the_scheduler_says_so(stack, rest):
+    """README, "Pools": ``gpu_pool`` names a pool nobody created. ``prep`` runs, ``train`` reaches
+    Airflow's state ``scheduled`` and stays there (never queued, never started, no container on the
+    engine) while the run stays running; the scheduler's log says why (Airflow's warning, in
+    ``logs/scheduler.log``), and ending the run by hand skips ``train``."""
+    dag_id, task_id, pool = "tfpipe_stack_missing_pool", "train", "tfpipe_stack_no_such_pool"
+    rest.request("GET", f"pools/{pool}", ok=(404,))  # the pool really does not exist
+    scheduler_log = stack.logs / "scheduler.log"
+    log_offset = scheduler_log.stat().st_size
+    since = time.time() - 1
+    run_id = rest.trigger(dag_id)
+    try:
+        waiting = rest.wait_for_task(dag_id, run_id, task_id, {"scheduled", *TERMINAL, "upstream_failed", "queued",
+                                                                 "running", "up_for_retry"}, timeout=180)
+        states = {t["task_id"]: t["state"] for t in rest.task_instances(dag_id, run_id)}
+        assert waiting["state"] == "scheduled" and states["prep"] == "success", states
+        assert waiting["pool"] == pool, waiting
+        held_until = time.monotonic() + MISSING_POOL_HOLD
+        while time.monotonic() < held_until:
+            time.sleep(2)
+            ti = rest.task_instance(dag_id, run_id, task_id)
+            seen = {k: ti[k] for k in ("state", "try_number", "queued_when", "start_date")}
+            never_queued = {"state": "scheduled", "try_number": waiting["try_number"], "queued_when": None,
+                            "start_date": None}
+            assert seen == never_queued, f"{task_id} left 'scheduled': {seen}"
+        assert rest.run(dag_id, run_id)["state"] == "running"
+        states = {t["task_id"]: t["state"] for t in rest.task_instances(dag_id, run_id)}
+        assert states == {"prep": "success", "train": "scheduled", "evaluate": None, "export": None}, states
+        assert task_id not in _engine_events(stack, run_id, since)
+        with open(scheduler_log, "rb") as f:
+            f.seek(log_offset)
+            written = f.read().decode(errors="replace")
+        warning = f"Tasks using non-existent pool '{pool}' will not be scheduled"
+        assert warning in written, written[-3000:]
+    finally:
+        # Ended by hand, as an operator would: train is skipped, and the run holds nothing later on.
+        rest.request("PATCH", f"dags/{dag_id}/dagRuns/{run_id}", json={"state": "failed"})
+        rest.unpause(dag_id, paused=True)
+    states = {t["task_id"]: t["state"] for t in rest.task_instances(dag_id, run_id)}
+    assert rest.run(dag_id, run_id)["state"] == "failed" and states[task_id] == "skipped", states
+
+
 def test_sharded_prep_runs_its_shards_on_two_engines_that_share_the_volumes(stack, rest):
     """(7b) ``shard_docker_urls``: shard 0 on the TLS engine, shard 1 on the first engine, at once on two
     workers; the merge (on the deployment's engine) makes the data set one prep task would, and trains on it."""
