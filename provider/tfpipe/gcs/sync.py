@@ -25,6 +25,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from tfpipe.gcs import Progress, megabytes
 from tfpipe.gcs import plan as planner
 from tfpipe.gcs.plan import (MANIFEST_NAME, MANIFEST_SCHEMA, Layout, RemoteObject, SyncPlan, batches, changed_since,
                              plan_layout, plan_sync)
+from tfpipe.gcs.media import MediaReader
 from tfpipe.hooks.docker import VolumeHelper, tar_bytes
 from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook, http_settings, list_objects, settle_environment
 
@@ -528,25 +530,63 @@ def _download(hook: TfpipeGcsHook, uri: GcsUri, batch: list[RemoteObject], tmp: 
 
 
 def _download_many(bucket: Any, jobs: list[tuple[str, int | None, int, Any]], max_workers: int) -> list[Any]:
-    """``transfer_manager.download_many`` (threads) of ``jobs`` (name, generation, size, file or
-    path); the results in the order of ``jobs`` (None or the object's exception)."""
+    """Download ``jobs`` (name, generation, size, file or path) in ``max_workers`` threads; the
+    results in the order of ``jobs`` (None or the object's exception).
+
+    Objects up to :data:`IN_MEMORY_BYTES` come in one read each, through :class:`MediaReader` where
+    it can take them, else with the library's single-shot download (instead of its 8 kB chunks: a
+    Python loop turn per chunk was most of the download's CPU time); bigger ones stream with
+    ``transfer_manager.download_many``, so no worker holds a whole large object in memory.
+    """
     from google.cloud.storage import transfer_manager
 
     results: list[Any] = [None] * len(jobs)
-    # Objects up to IN_MEMORY_BYTES come in one read (single_shot_download) instead of the
-    # library's 8 kB chunks: a Python loop turn per chunk was most of the download's CPU time.
-    # Bigger ones stream, so no worker holds a whole large object in memory.
-    for single_shot in (True, False):
-        picked = [i for i, job in enumerate(jobs) if (job[2] <= IN_MEMORY_BYTES) == single_shot]
-        if not picked:
-            continue
-        pairs = [(bucket.blob(jobs[i][0], generation=jobs[i][1] or None), jobs[i][3]) for i in picked]
+    small = [i for i, job in enumerate(jobs) if job[2] <= IN_MEMORY_BYTES]
+    large = [i for i, job in enumerate(jobs) if job[2] > IN_MEMORY_BYTES]
+    if small:
+        reader = _reader(bucket.client)
+
+        def one(i: int) -> Any:
+            name, generation, _size, target = jobs[i]
+            blob = bucket.blob(name, generation=generation or None)
+            try:
+                body = reader.read(blob)
+                if body is None:  # the library's download: its retries, checks and errors
+                    if isinstance(target, str):
+                        blob.download_to_filename(target, checksum="crc32c", single_shot_download=True)
+                    else:
+                        blob.download_to_file(target, checksum="crc32c", single_shot_download=True)
+                elif isinstance(target, str):
+                    with open(target, "wb") as f:
+                        f.write(body)
+                else:
+                    target.write(body)
+            except Exception as err:  # noqa: BLE001  (handed back, as download_many does)
+                return err
+            return None
+
+        with ThreadPoolExecutor(max(1, min(max_workers, len(small)))) as pool:
+            for i, result in zip(small, pool.map(one, small)):
+                results[i] = result
+    if large:
+        pairs = [(bucket.blob(jobs[i][0], generation=jobs[i][1] or None), jobs[i][3]) for i in large]
         done = transfer_manager.download_many(
-            pairs, download_kwargs={"checksum": "crc32c", "single_shot_download": single_shot},
-            worker_type=transfer_manager.THREAD, max_workers=max(1, min(max_workers, len(picked))))
-        for i, result in zip(picked, done):
+            pairs, download_kwargs={"checksum": "crc32c"}, worker_type=transfer_manager.THREAD,
+            max_workers=max(1, min(max_workers, len(large))))
+        for i, result in zip(large, done):
             results[i] = result
     return results
+
+
+_READERS: weakref.WeakKeyDictionary[Any, MediaReader] = weakref.WeakKeyDictionary()
+
+
+def _reader(client: Any) -> MediaReader:
+    """The :class:`MediaReader` of ``client`` (one per client: its connections are kept)."""
+    reader = _READERS.get(client)
+    if reader is None:
+        reader = _READERS[client] = MediaReader(client)
+    return reader
 
 
 def _raise_first_error(hook: TfpipeGcsHook, uri: GcsUri, names: list[str], results: list[Any]) -> None:
