@@ -188,7 +188,8 @@ def test_readme_s_stage_in_sizes_are_the_code_s():
     mb = 1024 * 1024
     said = {"batch": r"in batches of at most (\d+) MB \(and (\d+) objects\)",
             "processes": r"a batch of (\d+) objects or more downloads in forked worker processes \(one per core, at most (\d+),",
-            "part": r"in parts of about (\d+) MB", "first": r"the first part \(about (\d+) MB\)"}
+            "part": r"in parts of about (\d+) MB", "first": r"the first part \(about (\d+) MB\)",
+            "plain": r"one up to (\d+) MB is one plain `GET`"}
     found = {name: re.search(pattern, readme) for name, pattern in said.items()}
     assert all(found.values()), {name: bool(m) for name, m in found.items()}
     assert (int(found["batch"][1]) * mb, int(found["batch"][2])) == (planner.BATCH_BYTES, planner.BATCH_OBJECTS)
@@ -196,6 +197,7 @@ def test_readme_s_stage_in_sizes_are_the_code_s():
     assert sync.DOWNLOAD_PROCESSES == min(int(found["processes"][2]), os.cpu_count() or 1)
     assert int(found["part"][1]) * mb == sync.PROCESS_PART_BYTES
     assert int(found["first"][1]) * mb == sync.FIRST_PART_BYTES
+    assert int(found["plain"][1]) * mb == sync.IN_MEMORY_BYTES
 
     objs = plan_layout(GcsUri.parse("gs://b-1/r/"), [blob(f"r/{i:03d}", size=400 * 1024) for i in range(500)],
                        "d").objects

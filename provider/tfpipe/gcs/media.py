@@ -133,7 +133,8 @@ class MediaReader:
 
 
 def _crc32c_matches(body: bytes, hashes: str | None) -> bool:
-    """Whether ``x-goog-hash`` names a CRC32C and ``body`` has it (no CRC32C named: not checked here)."""
+    """Whether ``x-goog-hash`` names a CRC32C and ``body`` has it (none named: ``False``, so the
+    library, which checks what it can, downloads the object)."""
     import google_crc32c
 
     for item in (hashes or "").split(","):

@@ -54,9 +54,10 @@ IN_MEMORY_BYTES = 8 * 1024 * 1024
 #: worker's disk. The per-object client work (requests, auth, checksums) is most of a stage-in's CPU
 #: time; in threads it holds this process's GIL, which the tar stream to the engine needs too, so
 #: on 2 cores the downloads, the stream and the engine's untar could not run side by side
-#: (measured: 500 objects of 400 kB, 2.55 s in threads against 1.98 s in 2 processes, CPU time
-#: 2.98 s against 2.85 s). Smaller batches (an incremental sync, a few files) stay in threads: two
-#: forks and a client per process would cost more than they save. Read at run time: tests lower it.
+#: (measured before :mod:`tfpipe.gcs.media` cut that work to a third: 500 objects of 400 kB,
+#: 2.55 s in threads against 1.98 s in 2 processes, CPU time 2.98 s against 2.85 s). Smaller
+#: batches (an incremental sync, a few files) stay in threads: two forks and a client per process
+#: would cost more than they save. Read at run time: tests lower it.
 PROCESS_MIN_OBJECTS = 64
 #: Worker processes for large batches: one per core, at most 4 (more only add clients and forks).
 DOWNLOAD_PROCESSES = min(4, os.cpu_count() or 1)
