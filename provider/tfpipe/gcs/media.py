@@ -20,13 +20,14 @@ that talks through a proxy, with a client certificate, without certificate check
 
 from __future__ import annotations
 
-import base64
 import http.client
 import os
 import ssl
 import threading
 from typing import Any
 from urllib.parse import urlsplit
+
+from tfpipe.hooks.gcs import crc32c_of_bytes
 
 #: Seconds a connection waits for the service (the library's default read timeout).
 TIMEOUT = 60.0
@@ -135,10 +136,8 @@ class MediaReader:
 def _crc32c_matches(body: bytes, hashes: str | None) -> bool:
     """Whether ``x-goog-hash`` names a CRC32C and ``body`` has it (none named: ``False``, so the
     library, which checks what it can, downloads the object)."""
-    import google_crc32c
-
     for item in (hashes or "").split(","):
         name, _, value = item.strip().partition("=")
         if name == "crc32c":
-            return base64.b64encode(google_crc32c.value(body).to_bytes(4, "big")).decode() == value
+            return crc32c_of_bytes(body) == value
     return False
