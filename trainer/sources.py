@@ -6,6 +6,7 @@ split key (the ``data.key`` column, else file name + row text; for images the re
 """
 
 import csv
+import difflib
 import math
 import os
 
@@ -142,6 +143,29 @@ def _read_header(rel, path):
     raise BadInput("%s is empty: expected a header row naming the columns" % rel)
 
 
+#: Header columns an error lists in full; a wider header is shown by its ends. The message goes
+#: to the task log, the task's error and any alert mailed with it, where thousands of names bury
+#: the point.
+HEADER_SHOWN = 12
+
+
+def _missing_column(rel, column, field, header):
+    """The error for a configured column the CSV header lacks: the header, the closest names, the fix."""
+    if len(header) <= HEADER_SHOWN:
+        shown = ", ".join(repr(c) for c in header)
+    else:
+        ends = HEADER_SHOWN // 2
+        shown = "%s, ... (%d more), %s" % (", ".join(repr(c) for c in header[:ends]),
+                                          len(header) - 2 * ends,
+                                          ", ".join(repr(c) for c in header[-ends:]))
+    close = difflib.get_close_matches(str(column), header, n=3)
+    hint = " (close: %s)" % ", ".join(repr(c) for c in close) if close else ""
+    fix = ("name only columns of the header in data.features" if field == "data.features"
+           else "set %s to a column of the header" % field)
+    return ("%s: column %r (%s) is not in the header, which has %d columns: %s. Fix: %s%s, or "
+            "correct the file's header row" % (rel, column, field, len(header), shown, fix, hint))
+
+
 def csv_layout(config, files):
     """Check the CSV headers against the config; return the layout every row is read with.
 
@@ -166,16 +190,14 @@ def csv_layout(config, files):
             raise BadInput("%s line %d: duplicate column names in header %s" % (rel, line, header))
         for column, field in ((label, "data.label"), (key_col, "data.key")):
             if column is not None and column not in header:
-                raise BadInput("%s: column %r (%s) is not in the header %s"
-                               % (rel, column, field, header))
+                raise BadInput(_missing_column(rel, column, field, header))
         if declared is None:
             declared = [{"name": c, "type": "float"} for c in header if c not in (label, key_col)]
             if not declared:
                 raise BadInput("%s: no feature columns besides the label %r" % (rel, label))
         for feat in declared:
             if feat["name"] not in header:
-                raise BadInput("%s: feature column %r (data.features) is not in the header %s"
-                               % (rel, feat["name"], header))
+                raise BadInput(_missing_column(rel, feat["name"], "data.features", header))
     return {"ncols": len(header), "label": label, "label_at": header.index(label),
             "key_at": header.index(key_col) if key_col is not None else None,
             "index": [(header.index(f["name"]), f["type"], f["name"]) for f in declared],

@@ -26,6 +26,8 @@ import pytest
 from tests.airflow_servers import QUICK_BLESSED, AirflowProcess, ApiServer, release_home
 from tests.conftest import write_dag
 from tests.integration.conftest import digits_bucket, gcs_emulator  # noqa: F401  (the session's emulator fixture)
+from tests.integration.test_alerts import SMTP_CONNECTION, assert_one_prep_alert, write_alerting_dag
+from tests.integration.test_alerts import smtp_relay  # noqa: F401  (the relay fixture)
 from tests.integration.test_resume import (
     TRAINING,
     _checkpointed_mid_training,
@@ -38,6 +40,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.compat, pytest.mark.gcs]
 
 DAG_ID = "tfpipe_release_scheduler"
 RESUME_DAG = "tfpipe_release_resume"
+ALERT_DAG = "tfpipe_release_alert"
 STAGES = ("stage_in", "prep", "train", "evaluate", "export", "publish", "cleanup")
 
 
@@ -188,3 +191,23 @@ def test_a_killed_training_container_is_retried_by_the_scheduler_and_resumes(sch
     assert set_aside in ([], on_disk[-1:]), (set_aside, on_disk)
     assert second["resumed_from"]["step"] == max(set(on_disk) - set(set_aside)), (second["resumed_from"], on_disk)
     assert second["end_step"] == second["target_steps"]
+
+
+def test_a_failed_task_process_mails_its_error_through_the_release_s_smtp_notifier(scheduled_run, smtp_relay):  # noqa: F811
+    """Alerts where a deployment runs its tasks: the executor's task process runs the failure callback,
+    reads its SMTP connection from the metadata DB through the execution API, and puts prep's error
+    in the mail, on every release (`tfpipe run`'s in-process runner gives the error only from 3.3:
+    test_alerts.py)."""
+    server, root = scheduled_run["server"], scheduled_run["root"]
+    connection = {"connection_id": "smtp_alerts", "conn_type": SMTP_CONNECTION["conn_type"],
+                  "host": SMTP_CONNECTION["host"], "port": smtp_relay.server_address[1],
+                  "extra": json.dumps(SMTP_CONNECTION["extra"])}
+    server.call("POST", "/api/v2/connections", connection)
+    # the first run staged the digits CSV in where this DAG reads it; its label column is misnamed
+    write_alerting_dag(scheduled_run["dags"], ALERT_DAG)
+    path = _trigger(server, root, ALERT_DAG, {})
+    assert _wait_for_run(server, root, path, seconds=300, components=scheduled_run["components"]) == "failed"
+    status, _, body = server.get(path + "/taskInstances", user="admin")
+    states = {ti["task_id"]: (ti["state"], ti["try_number"]) for ti in json.loads(body)["task_instances"]}
+    assert states["prep"] == ("failed", 1) and states["train"][0] == "upstream_failed", states
+    assert_one_prep_alert(smtp_relay, ALERT_DAG, with_error=True, why=scheduled_run["logs"]())

@@ -251,6 +251,35 @@ def test_digits_dag_shape(dagbag):
     assert [o.uri for o in dag.get_task("export").outlets] == ["tfpipe://models/digits"]
 
 
+def test_default_args_and_dag_callbacks_reach_every_task_training_pipeline_makes(tmp_path):
+    """Alerts are Airflow's own: training_pipeline passes its keyword arguments to the DAG, so
+    default_args reach the stages, the Cloud Storage tasks and cleanup alike (README: Alerts)."""
+    from tfpipe import PipelineConfig, training_pipeline
+
+    def on_failure(context):
+        return None
+
+    def on_retry(context):
+        return None
+
+    def on_dag_failure(context):
+        return None
+
+    cfg = PipelineConfig(dag_id="alerted", image={"ref": None},
+                         volumes={k: str(tmp_path / k) for k in ("data", "work", "models")},
+                         data={"path": "digits/digits.csv"},
+                         data_uri="gs://raw-bucket/digits", publish_uri="gs://model-bucket/models")
+    dag = training_pipeline(cfg, on_failure_callback=on_dag_failure, default_args={
+        "owner": "ml-platform", "on_failure_callback": on_failure, "on_retry_callback": on_retry,
+        "email": ["ml-oncall@example.com"]})
+    assert set(dag.task_ids) == {"stage_in", "prep", "train", "evaluate", "export", "publish", "cleanup"}
+    for task in dag.tasks:
+        assert list(task.on_failure_callback) == [on_failure], task.task_id
+        assert list(task.on_retry_callback) == [on_retry], task.task_id
+        assert task.owner == "ml-platform" and list(task.email) == ["ml-oncall@example.com"], task.task_id
+    assert dag.on_failure_callback is on_dag_failure
+
+
 def test_example_dags_name_no_image_and_read_the_variable(dagbag):
     """A dags/ folder deploys as it is: no image baked in at parse time, none nothing builds."""
     for dag_id in ("tfpipe_digits", "tfpipe_digits_manual", "tfpipe_digits_on_data"):

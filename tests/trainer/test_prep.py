@@ -13,7 +13,7 @@ import tensorflow as tf  # noqa: E402
 from conftest import write_blobs_csv, write_image_folder  # noqa: E402
 import google_crc32c  # noqa: E402
 
-from trainer import common, prep, records  # noqa: E402
+from trainer import common, prep, records, sources  # noqa: E402
 from trainer.errors import BadInput  # noqa: E402
 
 
@@ -171,6 +171,10 @@ def write_broken(ws, case):
         return {"path": "../outside.csv"}
     elif case == "missing label column":
         return {"label": "target"}
+    elif case == "misspelt label column":
+        return {"label": "lable"}
+    elif case == "missing feature column":
+        return {"features": [{"name": "f9", "type": "float"}]}
     with open(csv_path, "w") as handle:
         handle.write("\n".join(lines) + "\n")
     return {}
@@ -185,7 +189,10 @@ def write_broken(ws, case):
     ("single class", ["single class", "'1'"]),
     ("missing path", ["nowhere/data.csv", "does not exist"]),
     ("escaping path", ["'../outside.csv'", "relative to paths.data"]),
-    ("missing label column", ["'target'", "data.label", "header"]),
+    ("missing label column", ["'target'", "(data.label) is not in the header", "'label'",
+                              "Fix: set data.label to a column of the header"]),
+    ("misspelt label column", ["'lable'", "(close: 'label')"]),
+    ("missing feature column", ["'f9'", "(data.features)", "Fix: name only columns of the header"]),
 ])
 def test_bad_input_is_rejected_naming_the_place_and_leaves_nothing(ws, case, words):
     patch = write_broken(ws, case)
@@ -322,3 +329,18 @@ def test_prep_removes_temp_dirs_older_than_an_hour_in_datasets(ws):
         assert os.path.isdir(planted[".tmp-writing"])
         os.rmdir(os.path.join(planted[".tmp-writing"], "part"))
         os.rmdir(planted[".tmp-writing"])
+
+
+def test_a_column_missing_from_a_wide_header_gets_a_short_error(tmp_path):
+    """The error goes to the task log, the task's error and any alert mailed with it: a header of
+    thousands of columns is shown by its ends and its count, not in full."""
+    header = ["pixel_%d" % i for i in range(5000)] + ["label"]
+    path = tmp_path / "wide.csv"
+    path.write_text(",".join(header) + "\n" + ",".join(["0"] * len(header)) + "\n")
+    config = {"data": {"label": "digit", "key": None, "features": None}}
+    with pytest.raises(BadInput) as info:
+        sources.csv_layout(config, [("wide.csv", str(path))])
+    message = str(info.value)
+    assert "column 'digit' (data.label)" in message and "5001 columns" in message, message
+    assert "'pixel_0'" in message and "(4989 more)" in message and "'label'" in message, message
+    assert "'pixel_2500'" not in message and len(message) < 400, message

@@ -1,0 +1,154 @@
+"""Alerts: Airflow's own callbacks and notifiers, given to ``training_pipeline``, reach every task.
+
+A nightly retraining job needs to tell someone when it fails. tfpipe adds no alerting of its own:
+``training_pipeline(cfg, default_args={...}, on_failure_callback=...)`` passes them to Airflow, and
+these tests show that they arrive and say something useful. A real run fails a stage on bad input
+and Airflow's SMTP notifier sends its mail to an SMTP server on loopback (a few lines below, the
+server a mail relay would be), through the SMTP provider in every lock.
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import json
+import socketserver
+import threading
+
+import airflow
+import pytest
+from packaging.version import Version
+
+from tests.conftest import run_dag
+
+pytestmark = [pytest.mark.integration, pytest.mark.reliability, pytest.mark.compat]
+
+DAG_ID = "alerting"
+#: `tfpipe run` runs the tasks in its own process, through `dag.test()` and Airflow's in-process task
+#: runner. Up to 3.2 that runner leaves the error out of a failure callback's context (the task
+#: runner's `main`, which a worker runs, adds it; `run_task_in_process` does not); 3.3 adds it in both.
+IN_PROCESS_CALLBACKS_GET_THE_ERROR = Version(airflow.__version__) >= Version("3.3")
+
+
+class _SmtpHandler(socketserver.StreamRequestHandler):
+    """Just enough of RFC 5321 for smtplib: greet, take one envelope and its data, keep the message."""
+
+    def _reply(self, line: str) -> None:
+        self.wfile.write(line.encode() + b"\r\n")
+
+    def handle(self) -> None:
+        self._reply("220 127.0.0.1 test relay")
+        envelope: dict = {"rcpt": []}
+        while line := self.rfile.readline():
+            verb = line[:4].decode(errors="replace").upper()
+            if verb == "EHLO":
+                self._reply("250-127.0.0.1")
+                self._reply("250 8BITMIME")
+            elif verb == "MAIL":
+                envelope["from"] = line.decode().split(":", 1)[1].strip()
+                self._reply("250 OK")
+            elif verb == "RCPT":
+                envelope["rcpt"].append(line.decode().split(":", 1)[1].strip())
+                self._reply("250 OK")
+            elif verb == "DATA":
+                self._reply("354 end with <CRLF>.<CRLF>")
+                data = bytearray()
+                while (chunk := self.rfile.readline()) not in (b".\r\n", b""):
+                    data += chunk[1:] if chunk.startswith(b"..") else chunk
+                self.server.messages.append({**envelope, "message": bytes(data)})
+                envelope = {"rcpt": []}
+                self._reply("250 OK queued")
+            elif verb == "QUIT":
+                self._reply("221 bye")
+                return
+            else:  # HELO, RSET, NOOP
+                self._reply("250 OK")
+
+
+@pytest.fixture
+def smtp_relay():
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _SmtpHandler)
+    server.daemon_threads = True
+    server.messages = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+#: The SMTP connection a deployment would define for its alerts (the relay's port added).
+SMTP_CONNECTION = {"conn_type": "smtp", "host": "127.0.0.1",
+                   "extra": {"disable_tls": True, "disable_ssl": True, "timeout": 10, "retry_limit": 1}}
+
+
+def _smtp_env(relay) -> dict[str, str]:
+    """The connection as Airflow's environment variable form, for `tfpipe run`."""
+    return {"AIRFLOW_CONN_SMTP_ALERTS": json.dumps({**SMTP_CONNECTION, "port": relay.server_address[1]})}
+
+
+#: A user's DAG file: the pipeline, and Airflow's SMTP notifier on every task's failure.
+DAG_FILE = '''"""Airflow DAG written by a test: the digits pipeline with a failure alert."""
+import os
+
+import airflow.providers.tfpipe  # noqa: F401
+from airflow.providers.smtp.notifications.smtp import SmtpNotifier
+from tfpipe import PipelineConfig, training_pipeline
+
+HOME = os.environ["TFPIPE_HOME"]
+dag = training_pipeline(
+    PipelineConfig(
+        dag_id={dag_id!r},
+        image={{"ref": os.environ["TFPIPE_IMAGE"]}},
+        volumes={{"data": f"{{HOME}}/data", "work": f"{{HOME}}/work", "models": f"{{HOME}}/models"}},
+        data={{"path": "digits/digits.csv", "label": {label!r}}},
+        training={{"model": "mlp", "epochs": 2}},
+        retry_delay_seconds=1,
+    ),
+    default_args={{
+        "owner": "ml-platform",
+        "on_failure_callback": SmtpNotifier(
+            smtp_conn_id="smtp_alerts", from_email="airflow@example.com", to="ml-oncall@example.com",
+            subject="[tfpipe] {{{{ dag.dag_id }}}}: {{{{ ti.task_id }}}} failed in {{{{ run_id }}}}",
+            html_content="<p>{{{{ exception | default('no error in this context: see the task log') }}}}</p>"),
+    }},
+)
+'''
+
+
+def write_alerting_dag(folder, dag_id: str = DAG_ID) -> None:
+    """The DAG file above, its ``data.label`` naming no column of the digits CSV: prep fails at once
+    (bad input is not retried) and names the columns it found."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{dag_id}.py").write_text(DAG_FILE.format(dag_id=dag_id, label="digit"))
+
+
+def assert_one_prep_alert(relay, dag_id: str, *, with_error: bool, why: str = "") -> None:
+    """One mail reached the relay, about prep, carrying prep's error when the context has it."""
+    messages = [email.message_from_bytes(m["message"], policy=email.policy.default) for m in relay.messages]
+    assert len(messages) == 1, ([m["Subject"] for m in messages], why)
+    (mail,) = messages
+    assert relay.messages[0]["rcpt"] == ["<ml-oncall@example.com>"]
+    assert mail["Subject"].startswith(f"[tfpipe] {dag_id}: prep failed in manual__"), mail["Subject"]
+    body = mail.get_body(("html",)).get_content()
+    if not with_error:
+        assert "no error in this context: see the task log" in body, body
+        return
+    # the mail carries the same error the task log names: what is wrong and how to fix it
+    assert "column 'digit' (data.label) is not in the header" in body, body
+    assert "Fix: set data.label to a column of the header" in body, body
+    assert "prep rejected its input" in body and "retrying cannot fix this" in body, body
+
+
+def test_a_failed_stage_mails_its_clear_error_once_and_the_other_tasks_mail_nothing(
+        tfpipe_home, trainer_image, tmp_path, smtp_relay):
+    dags = tmp_path / "dags"
+    write_alerting_dag(dags)
+    summary, log = run_dag(DAG_ID, {}, home=tfpipe_home, image=trainer_image, dags_folder=dags,
+                           extra_env=_smtp_env(smtp_relay))
+    assert summary["state"] == "failed", log[-4000:]
+    assert summary["tasks"]["prep"] == {"state": "failed", "try_number": 1}, log[-4000:]
+    assert summary["tasks"]["train"]["state"] == "upstream_failed"
+    assert_one_prep_alert(smtp_relay, DAG_ID, with_error=IN_PROCESS_CALLBACKS_GET_THE_ERROR, why=log[-4000:])
