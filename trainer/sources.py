@@ -5,6 +5,7 @@ what was expected. Examples are returned as ``(key, value, label_id)`` tuples wh
 split key (the ``data.key`` column, else file name + row text; for images the relative path).
 """
 
+import collections
 import csv
 import difflib
 import math
@@ -149,21 +150,35 @@ def _read_header(rel, path):
 HEADER_SHOWN = 12
 
 
+def _show_header(header):
+    """The header's column names for an error message: all of them, or its ends and a count."""
+    if len(header) <= HEADER_SHOWN:
+        return ", ".join(repr(c) for c in header)
+    ends = HEADER_SHOWN // 2
+    return "%s, ... (%d more), %s" % (", ".join(repr(c) for c in header[:ends]), len(header) - 2 * ends,
+                                      ", ".join(repr(c) for c in header[-ends:]))
+
+
 def _missing_column(rel, column, field, header):
     """The error for a configured column the CSV header lacks: the header, the closest names, the fix."""
-    if len(header) <= HEADER_SHOWN:
-        shown = ", ".join(repr(c) for c in header)
-    else:
-        ends = HEADER_SHOWN // 2
-        shown = "%s, ... (%d more), %s" % (", ".join(repr(c) for c in header[:ends]),
-                                          len(header) - 2 * ends,
-                                          ", ".join(repr(c) for c in header[-ends:]))
     close = difflib.get_close_matches(str(column), header, n=3)
     hint = " (close: %s)" % ", ".join(repr(c) for c in close) if close else ""
     fix = ("name only columns of the header in data.features" if field == "data.features"
            else "set %s to a column of the header" % field)
     return ("%s: column %r (%s) is not in the header, which has %d columns: %s. Fix: %s%s, or "
-            "correct the file's header row" % (rel, column, field, len(header), shown, fix, hint))
+            "correct the file's header row" % (rel, column, field, len(header), _show_header(header), fix, hint))
+
+
+def _other_header(rel, line, cells, first_rel, header):
+    """The error for a CSV file whose header is not the first file's: where they part, the fix."""
+    at = next((i for i, (a, b) in enumerate(zip(cells, header)) if a != b), min(len(cells), len(header)))
+    if at < min(len(cells), len(header)):
+        where = "column %d is %r here and %r there" % (at + 1, cells[at], header[at])
+    else:
+        where = "%d columns here against %d there" % (len(cells), len(header))
+    return ("%s line %d: the header differs from the header of %s (%s); every CSV file under data.path "
+            "must have the same header. Fix: give the files one header row, or move this file out of "
+            "data.path. This file's header: %s" % (rel, line, first_rel, where, _show_header(cells)))
 
 
 def csv_layout(config, files):
@@ -182,12 +197,16 @@ def csv_layout(config, files):
         starts[rel] = (offset, line + 1)
         if header is not None:
             if cells != header:
-                raise BadInput("%s line %d: header %s differs from the header %s of %s"
-                               % (rel, line, cells, header, files[0][0]))
+                raise BadInput(_other_header(rel, line, cells, files[0][0], header))
             continue
         header = cells
         if len(set(header)) != len(header):
-            raise BadInput("%s line %d: duplicate column names in header %s" % (rel, line, header))
+            twice = sorted(name for name, count in collections.Counter(header).items() if count > 1)
+            names = ", ".join(repr(c) for c in twice[:HEADER_SHOWN])
+            if len(twice) > HEADER_SHOWN:
+                names += " and %d more" % (len(twice) - HEADER_SHOWN)
+            raise BadInput("%s line %d: the header names %s more than once (%d columns). Fix: give each "
+                           "column of the header row its own name" % (rel, line, names, len(header)))
         for column, field in ((label, "data.label"), (key_col, "data.key")):
             if column is not None and column not in header:
                 raise BadInput(_missing_column(rel, column, field, header))

@@ -175,6 +175,17 @@ def write_broken(ws, case):
         return {"label": "lable"}
     elif case == "missing feature column":
         return {"features": [{"name": "f9", "type": "float"}]}
+    elif case == "duplicate column":
+        lines[0] = lines[0].replace("f2", "f1", 1)
+    elif case == "two headers":
+        parts = os.path.join(ws.data, "parts")
+        os.makedirs(parts)
+        other = lines[0].replace("f2", "f2_cm", 1)
+        with open(os.path.join(parts, "a.csv"), "w") as handle:
+            handle.write("\n".join(lines[:100]) + "\n")
+        with open(os.path.join(parts, "b.csv"), "w") as handle:
+            handle.write("\n".join([other] + lines[100:]) + "\n")
+        return {"path": "parts"}
     with open(csv_path, "w") as handle:
         handle.write("\n".join(lines) + "\n")
     return {}
@@ -193,6 +204,9 @@ def write_broken(ws, case):
                               "Fix: set data.label to a column of the header"]),
     ("misspelt label column", ["'lable'", "(close: 'label')"]),
     ("missing feature column", ["'f9'", "(data.features)", "Fix: name only columns of the header"]),
+    ("duplicate column", ["blobs.csv line 1", "names 'f1' more than once", "Fix: give each column"]),
+    ("two headers", ["b.csv line 1", "differs from the header of a.csv", "column 3 is 'f2_cm' here and 'f2'",
+                     "Fix: give the files one header row"]),
 ])
 def test_bad_input_is_rejected_naming_the_place_and_leaves_nothing(ws, case, words):
     patch = write_broken(ws, case)
