@@ -234,7 +234,13 @@ def operator_from_spec(spec: StageSpec, cfg: PipelineConfig) -> Any:
 
 
 def training_pipeline(cfg: PipelineConfig, **dag_kwargs: Any) -> DAG:
-    """Build the training DAG for ``cfg``; extra keyword arguments go to ``DAG``."""
+    """Build the training DAG for ``cfg``.
+
+    Extra keyword arguments go to ``DAG``, in place of tfpipe's own choice where they name the same
+    argument (``catchup=False``, ``max_active_runs=1``, the doc, the tags, ...). ``default_args`` reach
+    every task built here, which is how Airflow's callbacks and notifiers are attached to a pipeline
+    (README: Alerts when a run fails).
+    """
     if not isinstance(cfg, PipelineConfig):
         cfg = PipelineConfig.from_dict(cfg)
     params = pipeline_params(cfg)  # built once: the doc's table describes the same Params

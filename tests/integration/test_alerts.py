@@ -1,10 +1,9 @@
-"""Alerts: Airflow's own callbacks and notifiers, given to ``training_pipeline``, reach every task.
+"""Alerts: Airflow's own callbacks and notifiers, passed through ``training_pipeline``.
 
-A nightly retraining job needs to tell someone when it fails. tfpipe adds no alerting of its own:
-``training_pipeline(cfg, default_args={...}, on_failure_callback=...)`` passes them to Airflow, and
-these tests show that they arrive and say something useful. A real run fails a stage on bad input
-and Airflow's SMTP notifier sends its mail to an SMTP server on loopback (a few lines below, the
-server a mail relay would be), through the SMTP provider in every lock.
+A nightly retraining job must tell someone when it fails. tfpipe has no alerting of its own:
+``training_pipeline(cfg, default_args={...})`` hands Airflow's callbacks to every task it makes.
+Here a real run fails a stage on bad input, and Airflow's SMTP notifier (the SMTP provider is in
+every lock) mails the stage's error to an SMTP server on loopback, standing where a mail relay would.
 """
 
 from __future__ import annotations
@@ -67,6 +66,7 @@ class _SmtpHandler(socketserver.StreamRequestHandler):
 
 @pytest.fixture
 def smtp_relay():
+    """An SMTP server on a free loopback port; ``.messages`` holds each message it was given."""
     server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _SmtpHandler)
     server.daemon_threads = True
     server.messages = []

@@ -269,7 +269,7 @@ def test_default_args_and_dag_callbacks_reach_every_task_training_pipeline_makes
                          volumes={k: str(tmp_path / k) for k in ("data", "work", "models")},
                          data={"path": "digits/digits.csv"},
                          data_uri="gs://raw-bucket/digits", publish_uri="gs://model-bucket/models")
-    dag = training_pipeline(cfg, on_failure_callback=on_dag_failure, default_args={
+    dag = training_pipeline(cfg, on_failure_callback=on_dag_failure, max_active_runs=2, default_args={
         "owner": "ml-platform", "on_failure_callback": on_failure, "on_retry_callback": on_retry,
         "email": ["ml-oncall@example.com"]})
     assert set(dag.task_ids) == {"stage_in", "prep", "train", "evaluate", "export", "publish", "cleanup"}
@@ -278,6 +278,7 @@ def test_default_args_and_dag_callbacks_reach_every_task_training_pipeline_makes
         assert list(task.on_retry_callback) == [on_retry], task.task_id
         assert task.owner == "ml-platform" and list(task.email) == ["ml-oncall@example.com"], task.task_id
     assert dag.on_failure_callback is on_dag_failure
+    assert dag.max_active_runs == 2  # in place of tfpipe's 1
 
 
 def test_example_dags_name_no_image_and_read_the_variable(dagbag):
