@@ -328,3 +328,16 @@ def test_a_pod_task_records_no_run_location_so_the_report_route_says_it_cannot_s
         context = _context(dag, task)
         task.execute(context)
         assert LOCATION_XCOM_KEY not in context["pushed"], (task_id, context["pushed"])
+
+
+def test_default_args_reach_every_pod_task_as_they_do_the_docker_ones():
+    """Alerts on the Kubernetes backend: training_pipeline's default_args reach each pod task too."""
+    def on_failure(context):
+        return None
+
+    dag = training_pipeline(PipelineConfig.from_dict(copy.deepcopy(SETTINGS)),
+                            default_args={"owner": "ml-platform", "on_failure_callback": on_failure})
+    assert {"prep", "train", "evaluate", "export"} <= set(dag.task_ids)
+    for task in dag.tasks:
+        assert isinstance(task, TfpipeStagePodOperator), task.task_id
+        assert list(task.on_failure_callback) == [on_failure] and task.owner == "ml-platform", task.task_id
