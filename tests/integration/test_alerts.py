@@ -137,7 +137,8 @@ def assert_one_prep_alert(relay, dag_id: str, *, with_error: bool, why: str = ""
         assert "no error in this context: see the task log" in body, body
         return
     # the mail carries the same error the task log names: what is wrong and how to fix it
-    assert "column 'digit' (data.label) is not in the header" in body, body
+    assert "column 'digit' (data.label) is not in the header, which has 65 columns: 'pixel_0'" in body, body
+    assert "'pixel_5', ... (53 more), 'pixel_59'" in body and "'pixel_63', 'label'. Fix:" in body, body
     assert "Fix: set data.label to a column of the header" in body, body
     assert "prep rejected its input" in body and "retrying cannot fix this" in body, body
 
