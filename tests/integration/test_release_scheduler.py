@@ -26,7 +26,13 @@ import pytest
 from tests.airflow_servers import QUICK_BLESSED, AirflowProcess, ApiServer, release_home
 from tests.conftest import write_dag
 from tests.integration.conftest import digits_bucket, gcs_emulator  # noqa: F401  (the session's emulator fixture)
-from tests.integration.test_alerts import SMTP_CONNECTION, assert_one_prep_alert, write_alerting_dag
+from tests.integration.test_alerts import (
+    SMTP_CONNECTION,
+    alert_mails,
+    assert_prep_alert,
+    assert_run_alert,
+    write_alerting_dag,
+)
 from tests.integration.test_alerts import smtp_relay  # noqa: F401  (the relay fixture)
 from tests.integration.test_resume import (
     TRAINING,
@@ -193,11 +199,12 @@ def test_a_killed_training_container_is_retried_by_the_scheduler_and_resumes(sch
     assert second["end_step"] == second["target_steps"]
 
 
-def test_a_failed_task_process_mails_its_error_through_the_release_s_smtp_notifier(scheduled_run, smtp_relay):  # noqa: F811
-    """Alerts where a deployment runs its tasks: the executor's task process runs the failure callback,
-    reads its SMTP connection from the metadata DB through the execution API, and puts prep's error
-    in the mail, on every release (`tfpipe run`'s in-process runner gives the error only from 3.3:
-    test_alerts.py)."""
+def test_a_failed_run_mails_its_task_s_error_and_the_run_s_failure_through_the_release_s_notifiers(
+        scheduled_run, smtp_relay):  # noqa: F811
+    """Alerts where a deployment runs them, on every release: the executor's task process runs the
+    task's failure callback, reads its SMTP connection from the metadata DB through the execution
+    API and puts prep's error in the mail; the DAG processor runs the DAG's own callback and mails
+    the run's failure (`tfpipe run` differs on both: test_alerts.py)."""
     server, root = scheduled_run["server"], scheduled_run["root"]
     connection = {"connection_id": "smtp_alerts", "conn_type": SMTP_CONNECTION["conn_type"],
                   "host": SMTP_CONNECTION["host"], "port": smtp_relay.server_address[1],
@@ -210,4 +217,10 @@ def test_a_failed_task_process_mails_its_error_through_the_release_s_smtp_notifi
     status, _, body = server.get(path + "/taskInstances", user="admin")
     states = {ti["task_id"]: (ti["state"], ti["try_number"]) for ti in json.loads(body)["task_instances"]}
     assert states["prep"] == ("failed", 1) and states["train"][0] == "upstream_failed", states
-    assert_one_prep_alert(smtp_relay, ALERT_DAG, with_error=True, why=scheduled_run["logs"]())
+    # the run's own callback runs in the DAG processor once the scheduler has sent it there
+    deadline = time.monotonic() + 120
+    while len(smtp_relay.messages) < 2 and time.monotonic() < deadline:
+        time.sleep(1)
+    mails = alert_mails(smtp_relay)
+    assert_prep_alert(mails, ALERT_DAG, with_error=True, why=scheduled_run["logs"]())
+    assert_run_alert(mails, ALERT_DAG, json.loads(server.get(path, user="admin")[2])["dag_run_id"])
