@@ -86,13 +86,14 @@ def smtp_relay():
 
 
 #: The SMTP connection a deployment would define for its alerts (the relay's port added).
+SMTP_CONN_ID = "smtp_alerts"
 SMTP_CONNECTION = {"conn_type": "smtp", "host": "127.0.0.1",
                    "extra": {"disable_tls": True, "disable_ssl": True, "timeout": 10, "retry_limit": 1}}
 
 
 def _smtp_env(relay) -> dict[str, str]:
     """The connection as Airflow's environment variable form, for `tfpipe run`."""
-    return {"AIRFLOW_CONN_SMTP_ALERTS": json.dumps({**SMTP_CONNECTION, "port": relay.server_address[1]})}
+    return {f"AIRFLOW_CONN_{SMTP_CONN_ID.upper()}": json.dumps({**SMTP_CONNECTION, "port": relay.server_address[1]})}
 
 
 #: A user's DAG file: the pipeline, and Airflow's SMTP notifier on every task's failure.
@@ -116,13 +117,13 @@ dag = training_pipeline(
     default_args={{
         "owner": "ml-platform",
         "on_failure_callback": SmtpNotifier(
-            smtp_conn_id="smtp_alerts", from_email="airflow@example.com", to="ml-oncall@example.com",
+            smtp_conn_id={conn_id!r}, from_email="airflow@example.com", to="ml-oncall@example.com",
             subject="[tfpipe] {{{{ dag.dag_id }}}}: {{{{ ti.task_id }}}} failed in {{{{ run_id }}}}",
             html_content="<p>{{{{ exception | default('no error in this context: see the task log') }}}}</p>"),
     }},
     # and one mail for the run as a whole
     on_failure_callback=SmtpNotifier(
-        smtp_conn_id="smtp_alerts", from_email="airflow@example.com", to="ml-oncall@example.com",
+        smtp_conn_id={conn_id!r}, from_email="airflow@example.com", to="ml-oncall@example.com",
         subject="[tfpipe] {{{{ dag.dag_id }}}}: run {{{{ run_id }}}} failed",
         html_content="<p>{{{{ reason | default('no reason given') }}}}</p>"),
 )
@@ -133,7 +134,7 @@ def write_alerting_dag(folder, dag_id: str = DAG_ID) -> None:
     """The DAG file above, its ``data.label`` naming no column of the digits CSV: prep fails at once
     (bad input is not retried) and names the columns it found."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{dag_id}.py").write_text(DAG_FILE.format(dag_id=dag_id, label="digit"))
+    (folder / f"{dag_id}.py").write_text(DAG_FILE.format(dag_id=dag_id, label="digit", conn_id=SMTP_CONN_ID))
 
 
 def alert_mails(relay) -> dict[str, list[str]]:

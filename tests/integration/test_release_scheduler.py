@@ -27,6 +27,7 @@ from tests.airflow_servers import QUICK_BLESSED, AirflowProcess, ApiServer, rele
 from tests.conftest import write_dag
 from tests.integration.conftest import digits_bucket, gcs_emulator  # noqa: F401  (the session's emulator fixture)
 from tests.integration.test_alerts import (
+    SMTP_CONN_ID,
     SMTP_CONNECTION,
     alert_mails,
     assert_prep_alert,
@@ -206,7 +207,7 @@ def test_a_failed_run_mails_its_task_s_error_and_the_run_s_failure_through_the_r
     API and puts prep's error in the mail; the DAG processor runs the DAG's own callback and mails
     the run's failure (`tfpipe run` differs on both: test_alerts.py)."""
     server, root = scheduled_run["server"], scheduled_run["root"]
-    connection = {"connection_id": "smtp_alerts", "conn_type": SMTP_CONNECTION["conn_type"],
+    connection = {"connection_id": SMTP_CONN_ID, "conn_type": SMTP_CONNECTION["conn_type"],
                   "host": SMTP_CONNECTION["host"], "port": smtp_relay.server_address[1],
                   "extra": json.dumps(SMTP_CONNECTION["extra"])}
     server.call("POST", "/api/v2/connections", connection)
