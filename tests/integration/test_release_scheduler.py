@@ -7,7 +7,8 @@ with the LocalExecutor run as separate processes on loopback, on a copy of the r
 DB, as on a one-machine deployment: the DAG is parsed by the DAG processor, unpaused and triggered
 through the REST API with a conf, and its tasks run as the executor's task processes, each with its
 own token, the Cloud Storage tasks included (stage-in from the emulator, publish to it); then a
-training container is killed and the scheduler's retry resumes it from its checkpoint.
+training container is killed and the scheduler's retry resumes it from its checkpoint, and a run
+that fails on bad input sends its task's and its own failure alerts.
 (The same with a Celery worker: ``test_release_celery.py``. ``make up``'s deployment, with
 PostgreSQL, a TLS engine and several workers, is tested on the newest release.)
 """
