@@ -11,6 +11,7 @@ from __future__ import annotations
 import email
 import email.policy
 import json
+import re
 import socketserver
 import threading
 
@@ -18,7 +19,7 @@ import airflow
 import pytest
 from packaging.version import Version
 
-from tests.conftest import run_dag
+from tests.conftest import REPO, run_dag
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability, pytest.mark.compat]
 
@@ -96,45 +97,40 @@ def _smtp_env(relay) -> dict[str, str]:
     return {f"AIRFLOW_CONN_{SMTP_CONN_ID.upper()}": json.dumps({**SMTP_CONNECTION, "port": relay.server_address[1]})}
 
 
-#: A user's DAG file: the pipeline, and Airflow's SMTP notifier on every task's failure.
-DAG_FILE = '''"""Airflow DAG written by a test: the digits pipeline with a failure alert."""
+#: A user's DAG file: the pipeline as ``cfg``, then README's alerts example as it is printed there.
+DAG_FILE = '''"""Airflow DAG written by a test: the digits pipeline with README's failure alerts."""
 import os
 
 import airflow.providers.tfpipe  # noqa: F401
-from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 from tfpipe import PipelineConfig, training_pipeline
 
 HOME = os.environ["TFPIPE_HOME"]
-dag = training_pipeline(
-    PipelineConfig(
-        dag_id={dag_id!r},
-        image={{"ref": os.environ["TFPIPE_IMAGE"]}},
-        volumes={{"data": f"{{HOME}}/data", "work": f"{{HOME}}/work", "models": f"{{HOME}}/models"}},
-        data={{"path": "digits/digits.csv", "label": {label!r}}},
-        training={{"model": "mlp", "epochs": 2}},
-        retry_delay_seconds=1,
-    ),
-    default_args={{
-        "owner": "ml-platform",
-        "on_failure_callback": SmtpNotifier(
-            smtp_conn_id={conn_id!r}, from_email="airflow@example.com", to="ml-oncall@example.com",
-            subject="[tfpipe] {{{{ dag.dag_id }}}}: {{{{ ti.task_id }}}} failed in {{{{ run_id }}}}",
-            html_content="<p>{{{{ exception | default('no error in this context: see the task log') }}}}</p>"),
-    }},
-    # and one mail for the run as a whole
-    on_failure_callback=SmtpNotifier(
-        smtp_conn_id={conn_id!r}, from_email="airflow@example.com", to="ml-oncall@example.com",
-        subject="[tfpipe] {{{{ dag.dag_id }}}}: run {{{{ run_id }}}} failed",
-        html_content="<p>{{{{ reason | default('no reason given') }}}}</p>"),
+cfg = PipelineConfig(
+    dag_id={dag_id!r},
+    image={{"ref": os.environ["TFPIPE_IMAGE"]}},
+    volumes={{"data": f"{{HOME}}/data", "work": f"{{HOME}}/work", "models": f"{{HOME}}/models"}},
+    data={{"path": "digits/digits.csv", "label": {label!r}}},
+    training={{"model": "mlp", "epochs": 2}},
+    retry_delay_seconds=1,
 )
 '''
+
+
+def readme_alerts_example() -> str:
+    """README's alerts example (Using the provider > Alerts when a run fails), as printed there."""
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    found = [block for block in blocks if "SmtpNotifier(" in block]
+    assert len(found) == 1, "README's alerts example (SmtpNotifier) is not one python block"
+    assert f'"smtp_conn_id": "{SMTP_CONN_ID}"' in found[0], "the example names another connection"
+    return found[0]
 
 
 def write_alerting_dag(folder, dag_id: str = DAG_ID) -> None:
     """The DAG file above, its ``data.label`` naming no column of the digits CSV: prep fails at once
     (bad input is not retried) and names the columns it found."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{dag_id}.py").write_text(DAG_FILE.format(dag_id=dag_id, label="digit", conn_id=SMTP_CONN_ID))
+    text = DAG_FILE.format(dag_id=dag_id, label="digit") + "\n" + readme_alerts_example()
+    (folder / f"{dag_id}.py").write_text(text)
 
 
 def alert_mails(relay) -> dict[str, list[str]]:
