@@ -377,11 +377,25 @@ def read_weights(model, prefix, what):
                        % (what, prefix, str(error).splitlines()[0][:300]))
 
 
-def warm_start(model, models_root):
-    """Load the weights of the newest exported version that has them; return its info or None."""
+def warm_start(model, models_root, class_names):
+    """Load the weights of the newest exported version that has them; return its info or None.
+
+    None too when that version was trained on other classes than ``class_names`` (the data set's):
+    its output ``i`` means another class, or there are more or fewer outputs. Training then starts
+    from scratch, with a warning that names both lists; ``data.classes`` keeps the list fixed.
+    """
     for version in reversed(common.list_versions(models_root)):
         prefix = os.path.join(models_root, str(version), "variables_ckpt", "model")
         if os.path.exists(prefix + ".index"):
+            trained_on = ((common.read_version_metadata(models_root, version) or {}).get("data") or {}).get(
+                "class_names")
+            if trained_on is not None and list(trained_on) != list(class_names):
+                LOG.warning("warm start: version %d was trained on the classes %s, this data set has %s, so "
+                            "its outputs mean other classes; random initialisation instead. Fix: list the "
+                            "classes in data.classes so every night numbers them alike",
+                            version, trained_on, list(class_names))
+                return None
             read_weights(model, prefix, "warm start from version %d" % version)
             return {"version": version, "path": prefix}
+    LOG.info("warm start: no exported version with weights under %s; random initialisation", models_root)
     return None

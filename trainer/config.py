@@ -106,6 +106,18 @@ def _check_data(data):
              and all(isinstance(v, int) and not isinstance(v, bool) and in_bounds(v, spec) for v in size),
              "data.image_size", "[height, width] (two integers, each %s)" % _bounds_text(spec), size)
     _require(data["label"] != "", "data.label", "a non-empty column name", data["label"])
+    classes = data["classes"]
+    if classes is not None:
+        _require(isinstance(classes, list) and len(classes) >= 2, "data.classes",
+                 "null or a list of at least two class names", classes)
+        for i, name in enumerate(classes):
+            # labels are compared after stripping, as prep reads them
+            _require(isinstance(name, str) and name and name == name.strip(), "data.classes[%d]" % i,
+                     "a non-empty class name without leading or trailing spaces", name)
+        seen = set()
+        twice = sorted({name for name in classes if name in seen or seen.add(name)})
+        _require(not twice, "data.classes", "a list of distinct names (%s repeated)" % ", ".join(map(repr, twice)),
+                 classes)
     features = data["features"]
     if features is not None:
         _require(isinstance(features, list) and features, "data.features",

@@ -93,6 +93,11 @@ SECTIONS = {
         "format": {"kind": "str", "default": "csv", "choices": DATA_FORMATS,
                    "doc": "csv (tabular) or images (one sub-folder per class)"},
         "label": {"kind": "str", "default": "label", "doc": "label column (csv)"},
+        "classes": {"kind": "list?", "default": None,
+                    "doc": "class names in class-id order, each written as the labels (or the image "
+                           "sub-folders) name it; null = from the data: class ids 0..max, else the "
+                           "sorted names. Declared, ids stay put when a night lacks a class, a label "
+                           "outside the list is an error, and sharded prep takes names"},
         "features": {"kind": "list?", "default": None,
                      "doc": "feature columns as {name, type}; null = every other column, float"},
         "key": {"kind": "str?", "default": None,

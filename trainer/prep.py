@@ -46,6 +46,9 @@ def prep_settings(data):
     """The part of the ``data`` config that changes the prepared data set."""
     settings = {k: data[k] for k in ("format", "label", "features", "key", "eval_fraction",
                                      "split_seed", "shard_size")}
+    if data.get("classes") is not None:
+        # only when declared: the data sets of configs without it keep their fingerprints
+        settings["classes"] = data["classes"]
     if data["format"] == "images":
         settings.update(image_size=data["image_size"], channels=data["channels"])
     settings["prep_version"] = PREP_VERSION
@@ -202,7 +205,8 @@ def prepare_batch(task):
 
     ``task`` is ``(batch, plan)``; ``plan["ids"]`` maps label texts to class ids, or is None
     while labels are taken to be class ids (``plan["labels_known"]`` false: the first label
-    that is not one asks for a label scan instead of failing).
+    that is not one asks for a label scan instead of failing). A label the mapping lacks is
+    one outside ``data.classes`` (a mapping made by a label scan has every label).
     """
     import numpy as np
 
@@ -225,7 +229,12 @@ def prepare_batch(task):
                                    "more)" % (batch[1], line, plan["layout"]["label"], value))
             label_ids.append(value)
     else:
-        label_ids = [ids[raw] for raw in rows.labels]
+        try:
+            label_ids = [ids[raw] for raw in rows.labels]
+        except KeyError:
+            line, raw = next((n, r) for n, r in zip(rows.lines, rows.labels) if r not in ids)
+            raise BadInput(sources.undeclared_label(batch[1], line, plan["layout"]["label"], raw,
+                                                    plan["classes"]))
     label_ids = np.asarray(label_ids, dtype=np.int64)
     held_out = np.array([is_eval(key, plan["seed"], plan["fraction"]) for key in rows.keys],
                         dtype=bool)
@@ -363,11 +372,10 @@ def _prep_csv(config, files, scans, tmp):
     def batches():  # a generator: a quoted file's batches hold rows, made only as needed
         return sources.csv_batches(files, layout, scans, BATCH_BYTES)
     workers = worker_count(files, layout, scans)
-    plan = {"layout": layout, "seed": data["split_seed"], "fraction": data["eval_fraction"],
-            "ids": None, "labels_known": False}
+    plan = label_plan(layout, data)
     with Workers(workers) as pool:
         try:
-            return _write_csv(pool, batches(), plan, layout, data, scans, tmp)
+            return _write_csv(pool, batches(), plan, layout, data, scans, tmp, plan["classes"])
         except LabelsNeedScan:
             pass
         LOG.info("prep: labels are not all class ids: reading every label first")
@@ -379,6 +387,16 @@ def _prep_csv(config, files, scans, tmp):
         for name in os.listdir(tmp):  # the shards the first attempt began
             os.remove(os.path.join(tmp, name))
         return _write_csv(pool, batches(), plan, layout, data, scans, tmp, class_names)
+
+
+def label_plan(layout, data):
+    """What :func:`prepare_batch` needs besides a batch: the layout, the split and the labels'
+    ids: ``data.classes`` when declared (one pass, whatever the labels), else none yet (labels
+    are taken for class ids until one is not)."""
+    classes = sources.declared_classes(data)
+    return {"layout": layout, "seed": data["split_seed"], "fraction": data["eval_fraction"], "classes": classes,
+            "ids": {name: i for i, name in enumerate(classes)} if classes is not None else None,
+            "labels_known": classes is not None}
 
 
 def _write_csv(pool, batches, plan, layout, data, scans, tmp, class_names=None):

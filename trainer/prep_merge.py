@@ -73,7 +73,7 @@ def _merge(config, fp, inputs, files):
         counts = {split: writer.count for split, writer in writers.items()}
         names = {split: writer.close() for split, writer in writers.items()}
         prepared = prep.finish_csv(layout, ", ".join(sorted(rel for rel, _ in files)), counts, names, hist,
-                                   moments, distinct)
+                                   moments, distinct, sources.declared_classes(data))
         provenance = {"parts": [
             {"index": part["index"], "files": part["files"], "examples": part["counts"], "id": part["id"],
              "try_number": part["run"]["try_number"], "task_id": part["run"]["task_id"],

@@ -79,8 +79,7 @@ def _write_part(config, files, scans, tmp):
     moments, distinct, layout = [], set(), None
     if files:
         layout = sources.csv_layout(config, files)
-        plan = {"layout": layout, "seed": data["split_seed"], "fraction": data["eval_fraction"],
-                "ids": None, "labels_known": False}
+        plan = prep.label_plan(layout, data)
         batches = sources.csv_batches(files, layout, scans, prep.BATCH_BYTES)
         with prep.Workers(prep.worker_count(files, layout, scans)) as pool:
             try:
@@ -94,8 +93,8 @@ def _write_part(config, files, scans, tmp):
             except prep.LabelsNeedScan:
                 raise BadInput(
                     "config field data.shards is %d, and the label column %r of %s holds labels that are not "
-                    "class ids (0, 1, 2, ...): a shard cannot number names it has not all seen. Fix: write the "
-                    "labels as class ids, or set data.shards to 1"
+                    "class ids (0, 1, 2, ...): a shard cannot number names it has not all seen. Fix: list "
+                    "the class names in data.classes, write the labels as class ids, or set data.shards to 1"
                     % (data["shards"], data["label"], ", ".join(rel for rel, _ in files)))
             finally:
                 for writer in writers.values():

@@ -150,13 +150,14 @@ def _read_header(rel, path):
 HEADER_SHOWN = 12
 
 
-def _show_header(header):
-    """The header's column names for an error message: all of them, or its ends and a count."""
-    if len(header) <= HEADER_SHOWN:
-        return ", ".join(repr(c) for c in header)
+def _show_names(names):
+    """Names (a header's columns, declared classes) for an error message: all of them, or their
+    ends and a count, since the message is also the task's error and any alert's."""
+    if len(names) <= HEADER_SHOWN:
+        return ", ".join(repr(c) for c in names)
     ends = HEADER_SHOWN // 2
-    return "%s, ... (%d more), %s" % (", ".join(repr(c) for c in header[:ends]), len(header) - 2 * ends,
-                                      ", ".join(repr(c) for c in header[-ends:]))
+    return "%s, ... (%d more), %s" % (", ".join(repr(c) for c in names[:ends]), len(names) - 2 * ends,
+                                      ", ".join(repr(c) for c in names[-ends:]))
 
 
 def _missing_column(rel, column, field, header):
@@ -166,7 +167,7 @@ def _missing_column(rel, column, field, header):
     fix = ("name only columns of the header in data.features" if field == "data.features"
            else "set %s to a column of the header" % field)
     return ("%s: column %r (%s) is not in the header, which has %d columns: %s. Fix: %s%s, or "
-            "correct the file's header row" % (rel, column, field, len(header), _show_header(header), fix, hint))
+            "correct the file's header row" % (rel, column, field, len(header), _show_names(header), fix, hint))
 
 
 def _other_header(rel, line, cells, first_rel, header):
@@ -178,7 +179,7 @@ def _other_header(rel, line, cells, first_rel, header):
         where = "%d columns here against %d there" % (len(cells), len(header))
     return ("%s line %d: the header differs from the header of %s (%s); every CSV file under data.path "
             "must have the same header. Fix: give the files one header row, or move this file out of "
-            "data.path. This file's header: %s" % (rel, line, first_rel, where, _show_header(cells)))
+            "data.path. This file's header: %s" % (rel, line, first_rel, where, _show_names(cells)))
 
 
 def csv_layout(config, files):
@@ -397,6 +398,21 @@ def label_mapping(distinct):
     return [str(i) for i in range(max(ints) + 1)], None
 
 
+def declared_classes(data):
+    """``data.classes`` as a list (class id = position), or None when the data names its classes."""
+    classes = data.get("classes")
+    return list(classes) if classes is not None else None
+
+
+def undeclared_label(rel, line, column, label, classes):
+    """The error for a label that ``data.classes`` does not list: where it is, the list, the fix."""
+    close = difflib.get_close_matches(label, classes, n=3)
+    hint = " (close: %s)" % ", ".join(repr(c) for c in close) if close else ""
+    return ("%s line %d column %r: label %r is not one of the %d classes of data.classes: %s%s. Fix: add "
+            "it to data.classes (at the end keeps the other classes' ids), or correct the row"
+            % (rel, line, column, label, len(classes), _show_names(classes), hint))
+
+
 def check_classes(class_names, counts, where):
     """Refuse a data set with no example, or with examples of one class only."""
     if sum(counts) == 0:
@@ -438,9 +454,20 @@ def read_images(config, progress=None):
     data = config["data"]
     root = input_root(config)
     height, width = data["image_size"]
-    class_names = _class_folders(root)
-    if not class_names:
+    folders = _class_folders(root)
+    if not folders:
         raise BadInput("the data set is empty: image folder %s has no class sub-folders" % root)
+    declared = declared_classes(data)
+    if declared is None:
+        class_names = folders
+    else:
+        class_names = declared
+        other = [name for name in folders if name not in class_names]
+        if other:
+            raise BadInput("image folder %s has sub-folder(s) %s that data.classes does not list (its %d "
+                           "classes: %s). Fix: add them to data.classes (at the end keeps the other classes' "
+                           "ids), or move them out of %s"
+                           % (root, _show_names(other), len(class_names), _show_names(class_names), root))
     ids = {name: i for i, name in enumerate(class_names)}
     examples = []
     counts = [0] * len(class_names)
@@ -451,7 +478,8 @@ def read_images(config, progress=None):
         if progress is not None:
             progress.add()
     check_classes(class_names, counts, root)
-    empty = [n for n, c in zip(class_names, counts) if not c]
+    # a declared class may have no images tonight; a folder of the data's own making may not
+    empty = [n for n, c in zip(class_names, counts) if not c and declared is None]
     if empty:
         raise BadInput("class folder(s) %s in %s contain no PNG or JPEG images"
                        % (", ".join(empty), root))

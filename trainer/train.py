@@ -470,14 +470,10 @@ def run(config):
         loop.state.record_inputs(schema["fingerprint"], training["batch_size"], loop.spe)
         LOG.info("starting from scratch")
         if training["warm_start"]:
-            warm = checkpoints.warm_start(loop.model, common.model_root(config))
+            warm = checkpoints.warm_start(loop.model, common.model_root(config), schema["class_names"])
             if warm:
                 LOG.info("warm start: model weights initialised from version %d (%s)",
                          warm["version"], warm["path"])
-            else:
-                LOG.info("warm start: no exported version of %r with weights under %s; "
-                         "random initialisation", config["export"]["model_name"],
-                         common.model_root(config))
     LOG.info("training %d epoch(s) x %d steps (batch %d, %d train / %d eval examples)",
              training["epochs"], loop.spe, training["batch_size"], schema["counts"]["train"],
              schema["counts"]["eval"])

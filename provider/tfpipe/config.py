@@ -494,6 +494,27 @@ class VolumesConfig(_Section):
                 )
 
 
+def _checked_classes(classes: Any) -> tuple[str, ...]:
+    """``data.classes`` as a tuple of distinct names; integers become their text."""
+    example = "e.g. ['cat', 'dog', 'fox'], or omit it to take the classes from the data"
+    if isinstance(classes, (str, bytes)) or not isinstance(classes, (list, tuple)) or len(classes) < 2:
+        raise config_error("data.classes", f"must be a list of at least two class names, got {classes!r}", example)
+    names = []
+    for i, name in enumerate(classes):
+        if _is_int(name):
+            name = str(name)
+        if not isinstance(name, str) or not name or name != name.strip():
+            raise config_error(f"data.classes[{i}]", f"must be a class name as the labels write it (text, no "
+                               f"leading or trailing spaces), got {name!r}", example)
+        names.append(name)
+    seen: set[str] = set()
+    twice = sorted({name for name in names if name in seen or seen.add(name)})
+    if twice:
+        raise config_error("data.classes", f"names {', '.join(map(repr, twice))} more than once",
+                           "list each class once: its position is its class id")
+    return tuple(names)
+
+
 @frozen_dataclass
 class DataConfig(_Section):
     """Where the raw data is and how prep reads and splits it.
@@ -503,6 +524,11 @@ class DataConfig(_Section):
     :param path: file or directory relative to ``volumes.data``.
     :param format: ``csv`` (tabular) or ``images`` (one sub-folder per class).
     :param label: label column (csv).
+    :param classes: class names in class-id order, each as the labels (or the image sub-folders)
+        write it; ``None`` = from the data (class ids ``0..max``, else the sorted names). Declared,
+        a class's id stays the same when a night's data lacks it, a label outside the list fails
+        prep naming its line, and sharded prep accepts label names. Integers are taken as their
+        text (``[0, 1]`` is ``["0", "1"]``).
     :param features: feature columns as ``{"name", "type"}`` mappings; ``None`` = every other column, float.
     :param key: column that identifies an example for the split; ``None`` = the row content.
     :param image_size: ``(height, width)`` images are resized to.
@@ -518,6 +544,7 @@ class DataConfig(_Section):
     path: str | None = schema_default("data", "path")
     format: str = schema_default("data", "format")
     label: str = schema_default("data", "label")
+    classes: tuple | None = schema_default("data", "classes")
     features: tuple | None = schema_default("data", "features")
     key: str | None = schema_default("data", "key")
     image_size: tuple = schema_default("data", "image_size")
@@ -532,6 +559,8 @@ class DataConfig(_Section):
         check_schema_field("data", "format", self.format)
         if not isinstance(self.label, str) or not self.label:
             raise config_error("data.label", f"must name the label column, got {self.label!r}", "e.g. label='label'")
+        if self.classes is not None:
+            object.__setattr__(self, "classes", _checked_classes(self.classes))
         if self.features is not None:
             if not isinstance(self.features, (list, tuple)) or not self.features:
                 raise config_error("data.features", "must be a non-empty list or None", "list the feature columns or omit it")

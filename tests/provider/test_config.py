@@ -85,6 +85,14 @@ BAD_CONFIGS = [
     (with_("data.eval_fraction", 1.0), ["data.eval_fraction", "(0, 1)"]),
     (with_("data.image_size", [32]), ["data.image_size", "[height, width]"]),
     (with_("data.channels", 2), ["data.channels"]),
+    (with_("data.classes", "cat,dog"), ["data.classes", "list of at least two class names", "['cat', 'dog', 'fox']"]),
+    (with_("data.classes", ["cat"]), ["data.classes", "at least two"]),
+    (with_("data.classes", ["cat", "dog", "cat"]), ["data.classes", "names 'cat' more than once",
+                                                    "its position is its class id"]),
+    (with_("data.classes", ["cat", " dog"]), ["data.classes[1]", "no leading or trailing spaces", "got ' dog'"]),
+    (with_("data.classes", ["cat", ""]), ["data.classes[1]", "got ''"]),
+    (with_("data.classes", ["cat", True]), ["data.classes[1]", "got True"]),
+    (with_("data.classes", ["cat", 1.5]), ["data.classes[1]", "got 1.5"]),
     (with_("schedule", "every day"), ["schedule", "cron"]),
     (with_("schedule", "61 * * * *"), ["schedule", "cron"]),
     (with_("schedule", "@sometimes"), ["schedule", "preset"]),
@@ -164,6 +172,17 @@ def test_no_description_is_an_empty_one_not_the_word_none():
 def test_tags_stay_whole_words_in_a_stable_order():
     assert PipelineConfig.from_dict(with_("tags", ["ml", "digits"])).tags == ("ml", "digits")
     assert PipelineConfig.from_dict(with_("tags", {"ml", "digits"})).tags == ("digits", "ml")
+
+
+def test_declared_classes_reach_every_stage_as_text_in_their_order():
+    from tfpipe.specs import config_template
+
+    cfg = PipelineConfig.from_dict(with_("data.classes", ["fox", 0, "cat"]))
+    assert cfg.data.classes == ("fox", "0", "cat")
+    for stage in ("prep", "train", "evaluate", "export"):
+        assert config_template(cfg, stage)["data"]["classes"] == ["fox", "0", "cat"], stage
+    assert PipelineConfig.from_dict(GOOD).data.classes is None
+    assert config_template(PipelineConfig.from_dict(GOOD), "prep")["data"]["classes"] is None
 
 
 def test_model_must_fit_data_format():

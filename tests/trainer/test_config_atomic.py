@@ -30,6 +30,11 @@ def test_resolve_fills_defaults_for_missing_sections(ws):
     ("data", {"format": "parquet"}, ["data.format", "csv"]),
     ("data", {"image_size": [32]}, ["data.image_size"]),
     ("data", {"features": [{"name": "f0", "type": "complex"}]}, ["data.features[0].type"]),
+    ("data", {"classes": "cat,dog"}, ["data.classes", "at least two class names"]),
+    ("data", {"classes": ["cat"]}, ["data.classes", "at least two class names"]),
+    ("data", {"classes": ["cat", 1]}, ["data.classes[1]", "non-empty class name", "got 1"]),
+    ("data", {"classes": ["cat", "dog "]}, ["data.classes[1]", "without leading or trailing spaces"]),
+    ("data", {"classes": ["cat", "dog", "cat"]}, ["data.classes", "distinct names ('cat' repeated)"]),
     ("evaluation", {"metric": "roc"}, ["evaluation.metric", "accuracy"]),
     ("export", {"model_name": "../evil"}, ["export.model_name"]),
 ])

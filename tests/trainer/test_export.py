@@ -64,6 +64,30 @@ def test_export_serves_raw_csv_features_after_a_fresh_load(trained):
         str(i) for i in out["class_id"].numpy()]
 
 
+def test_a_declared_class_the_data_lacks_is_an_output_of_the_exported_model(ws):
+    """``data.classes`` lists a class tonight's data has no example of: training, the blessing gate
+    and the export go through, and the served model has one output per listed class, named so."""
+    with open(os.path.join(ws.data, "blobs.csv")) as handle:
+        text = handle.read().replace(",0\n", ",zero\n").replace(",1\n", ",one\n").replace(",2\n", ",two\n")
+    with open(os.path.join(ws.data, "blobs.csv"), "w") as handle:
+        handle.write(text)
+    declared = {"classes": ["two", "none_tonight", "zero", "one"]}
+    prep.run(ws.config("prep", data=declared))
+    train.run(ws.config("train", data=declared, training={"epochs": 5, "class_weight": "balanced"}))
+    evaluate.run(ws.config("evaluate", data=declared))
+    result = export.run(ws.config("export", data=declared))
+    meta = json.load(open(os.path.join(result["model_dir"], "metadata.json")))
+    assert meta["data"]["class_names"] == declared["classes"]
+    with open(os.path.join(ws.data, "blobs.csv")) as handle:
+        rows = list(csv.DictReader(handle))[:40]
+    out = tf.saved_model.load(result["model_dir"]).signatures["serving_default"](
+        **{"f%d" % i: tf.constant([float(r["f%d" % i]) for r in rows]) for i in range(4)})
+    assert out["probabilities"].shape == (40, 4)
+    names = [n.decode() for n in out["class_name"].numpy()]
+    assert "none_tonight" not in names
+    assert np.mean([name == r["label"] for name, r in zip(names, rows)]) >= 0.9
+
+
 # Serving a version in a fresh interpreter that has TensorFlow and nothing of the user's code.
 _SERVE_ELSEWHERE = r"""
 import importlib.util, json, os, sys

@@ -14,6 +14,7 @@ from conftest import write_blobs_csv, write_image_folder  # noqa: E402
 import google_crc32c  # noqa: E402
 
 from trainer import common, prep, records, sources  # noqa: E402
+from trainer import config as config_mod  # noqa: E402
 from trainer.errors import BadInput  # noqa: E402
 
 
@@ -128,6 +129,55 @@ def test_string_labels_declared_features_and_key_column(ws):
         assert values[0] == pytest.approx(i / 3.0, abs=1e-2)
 
 
+def test_declared_classes_number_the_labels_in_their_order_in_one_pass(ws, capsys, monkeypatch):
+    """``data.classes``: ids are positions in the list, a listed class the data lacks is kept (with
+    no examples), and the labels are never read in a pass of their own, as names otherwise are."""
+    write_blobs_csv(os.path.join(ws.data, "named", "a.csv"), rows=90, classes=3, string_labels=True)
+    monkeypatch.setattr(prep, "scan_labels", None)  # a label pass would call it
+    declared = ["eel", "fox", "cat", "dog"]  # the data has cat, dog and eel
+    result = prep.run(ws.config("prep", data={"path": "named", "classes": declared}))
+    assert "reading every label first" not in capsys.readouterr().out
+    schema = json.load(open(os.path.join(result["dataset_dir"], "schema.json")))
+    stats = json.load(open(os.path.join(result["dataset_dir"], "stats.json")))
+    assert schema["class_names"] == declared and result["num_classes"] == 4
+    assert [a + b for a, b in zip(*stats["class_histogram"].values())] == [30, 0, 30, 30]
+    rows = read_records(result["dataset_dir"], schema, "train") + read_records(result["dataset_dir"], schema, "eval")
+    assert len(rows) == 90
+    for key, _, label in rows:  # the key is the row's text: its last cell is the label as written
+        assert declared[label] == key.rsplit(",", 1)[1], key
+
+
+def test_declared_classes_in_the_data_s_own_order_write_the_same_records(ws):
+    """Integer labels declared as their own order (``["0", "1", "2"]``) give the records, split and
+    statistics of the undeclared data set, under a fingerprint of their own."""
+    plain = prep.run(ws.config("prep"))
+    declared = prep.run(ws.config("prep", data={"classes": ["0", "1", "2"]}))
+    assert declared["fingerprint"] != plain["fingerprint"] and declared["cache_hit"] is False
+    for name in sorted(os.listdir(plain["dataset_dir"])):
+        if name.endswith(".tfrecord") or name == "stats.json":
+            with open(os.path.join(plain["dataset_dir"], name), "rb") as a, \
+                    open(os.path.join(declared["dataset_dir"], name), "rb") as b:
+                assert a.read() == b.read(), name
+
+
+def test_image_folders_follow_declared_classes(ws):
+    write_image_folder(os.path.join(ws.data, "imgs"), classes=("bright_left", "bright_top"), per_class=6)
+    declared = ["dark", "bright_top", "bright_left"]  # no dark/ folder tonight
+    result = prep.run(ws.config("prep", data={"format": "images", "path": "imgs", "image_size": [8, 8],
+                                              "classes": declared}))
+    schema = json.load(open(os.path.join(result["dataset_dir"], "schema.json")))
+    stats = json.load(open(os.path.join(result["dataset_dir"], "stats.json")))
+    assert schema["class_names"] == declared
+    assert [a + b for a, b in zip(*stats["class_histogram"].values())] == [0, 6, 6]
+    for key, _, label in read_records(result["dataset_dir"], schema, "train"):
+        assert key.split("/")[0] == declared[label], key
+    write_image_folder(os.path.join(ws.data, "imgs"), classes=("dark",), per_class=2)
+    with pytest.raises(BadInput) as info:
+        prep.run(ws.config("prep", data={"format": "images", "path": "imgs", "classes": ["bright_top", "bright_left"]}))
+    assert "sub-folder(s) 'dark' that data.classes does not list" in str(info.value)
+    assert "Fix: add them to data.classes" in str(info.value)
+
+
 def test_image_prep_resizes_and_converts(ws):
     write_image_folder(os.path.join(ws.data, "imgs"), per_class=10)
     config = ws.config("prep", data={"format": "images", "path": "imgs", "image_size": [8, 12],
@@ -150,6 +200,7 @@ def write_broken(ws, case):
     """Create one broken input; return the data config patch."""
     csv_path = os.path.join(ws.data, "blobs.csv")
     lines = open(csv_path).read().splitlines()
+    patch = {}
     if case == "malformed row":
         lines[4] = '"1.0"x,2,3,4,0'
     elif case == "wrong column count":
@@ -177,6 +228,11 @@ def write_broken(ws, case):
         return {"features": [{"name": "f9", "type": "float"}]}
     elif case == "duplicate column":
         lines[0] = lines[0].replace("f2", "f1", 1)
+    elif case == "undeclared label":
+        return {"classes": ["0", "1"]}
+    elif case == "misspelt declared label":
+        lines[7] = ",".join(lines[7].split(",")[:-1] + ["11"])
+        patch = {"classes": ["0", "1", "2"]}
     elif case == "two headers":
         parts = os.path.join(ws.data, "parts")
         os.makedirs(parts)
@@ -188,7 +244,7 @@ def write_broken(ws, case):
         return {"path": "parts"}
     with open(csv_path, "w") as handle:
         handle.write("\n".join(lines) + "\n")
-    return {}
+    return patch
 
 
 @pytest.mark.parametrize("case, words", [
@@ -205,6 +261,9 @@ def write_broken(ws, case):
     ("misspelt label column", ["'lable'", "(close: 'label')"]),
     ("missing feature column", ["'f9'", "(data.features)", "Fix: name only columns of the header"]),
     ("duplicate column", ["blobs.csv line 1", "names 'f1' more than once", "Fix: give each column"]),
+    ("undeclared label", ["blobs.csv line 4 column 'label'", "label '2' is not one of the 2 classes of data.classes: "
+                          "'0', '1'", "Fix: add it to data.classes (at the end keeps the other classes' ids)"]),
+    ("misspelt declared label", ["blobs.csv line 8", "label '11' is not one of the 3 classes", "(close: '1')"]),
     ("two headers", ["b.csv line 1", "differs from the header of a.csv", "column 3 is 'f2_cm' here and 'f2'",
                      "Fix: give the files one header row"]),
 ])
@@ -258,10 +317,13 @@ def test_fingerprint_covers_content_and_prep_settings(ws):
     base = prep.run(ws.config("prep"))["fingerprint"]
     assert prep.run(ws.config("prep", data={"split_seed": 1}))["fingerprint"] != base
     assert prep.run(ws.config("prep", data={"shard_size": 7}))["fingerprint"] != base
+    assert prep.run(ws.config("prep", data={"classes": ["0", "1", "2"]}))["fingerprint"] != base
+    # a config without data.classes hashes the settings it hashed before the field existed
+    assert "classes" not in prep.prep_settings(config_mod.resolve(ws.config("prep"))["data"])
     with open(os.path.join(ws.data, "blobs.csv"), "a") as handle:
         handle.write("1,2,3,4,0\n")
     assert prep.run(ws.config("prep"))["fingerprint"] != base
-    assert len(ws.visible("work", "datasets")) == 4
+    assert len(ws.visible("work", "datasets")) == 5
 
 
 def test_split_is_deterministic_and_stable_when_data_grows(ws, tmp_path):

@@ -185,11 +185,44 @@ def test_bad_rows_are_named_by_file_and_line_in_a_shard(parted):
         prep_shard.run(shard_config(parted, "prep_shard", owner_of(parted, "part-04.csv")))
 
 
+def test_declared_classes_let_shards_take_label_names(tmp_path, small_batches):
+    """With ``data.classes`` every shard numbers names alike: the merged data set is the one a single
+    prep task writes with the same classes, byte for byte; a name outside them fails its shard."""
+    declared = ["gnu", "eel", "dog", "cat"]
+    named = Workspace(tmp_path / "named")
+    source = str(tmp_path / "named.csv")
+    write_blobs_csv(source, rows=600, classes=3, features=5, string_labels=True)
+    split_csv(source, os.path.join(named.data, "parts"), 5)
+    single = Workspace(tmp_path / "single")
+    os.rmdir(single.data)
+    os.symlink(named.data, single.data)
+    expected = prep.run(single.config("prep", data={"path": "parts", "shard_size": 64, "classes": declared}))
+
+    def config(stage, index=None):
+        out = shard_config(named, stage, index)
+        out["data"]["classes"] = declared
+        return out
+    for index in range(SHARDS):
+        prep_shard.run(config("prep_shard", index))
+    merged = prep_merge.run(config("prep_merge"))
+    assert merged["fingerprint"] == expected["fingerprint"] and merged["num_classes"] == 4
+    got, want = dataset_files(merged["dataset_dir"]), dataset_files(expected["dataset_dir"])
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name] == want[name], "%s differs from the single prep's" % name
+    assert json.loads(got["schema.json"])["class_names"] == declared
+
+    with open(os.path.join(named.data, "parts", "part-04.csv"), "a") as handle:
+        handle.write("1,2,3,4,5,yak\n")
+    with pytest.raises(BadInput, match=r"part-04.csv line \d+ column 'label': label 'yak' is not one of the 4 classes"):
+        prep_shard.run(config("prep_shard", owner_of(named, "part-04.csv")))
+
+
 def test_label_names_and_bad_shard_indexes_are_refused(parted):
     write_blobs_csv(os.path.join(parted.data, "named", "a.csv"), rows=60, string_labels=True)
     config = shard_config(parted, "prep_shard", 0)
     config["data"]["path"] = "named"
-    with pytest.raises(BadInput, match="data.shards.*not class ids.*Fix:"):
+    with pytest.raises(BadInput, match="data.shards.*not class ids.*Fix: list the class names in data.classes"):
         prep_shard.run(config)
     for index in (None, 4, -1):
         with pytest.raises(BadInput, match="shard_index must be a shard index in 0..3"):

@@ -540,6 +540,16 @@ def test_warm_start_initialises_from_the_newest_exported_version(trained, capsys
         "epochs": 1, "warm_start": True}, export={"model_name": "other"}))
     assert none["warm_start"] is None
     assert "warm start: no exported version" in capsys.readouterr().out
+    # the same three classes numbered otherwise: version 1's outputs would mean other classes
+    other = {"classes": ["2", "1", "0"]}
+    prep.run(trained.config("prep", run_id="renumbered", data=other))
+    capsys.readouterr()
+    renumbered = train.run(trained.config("train", run_id="renumbered", data=other, training={
+        "epochs": 1, "warm_start": True}))
+    assert renumbered["warm_start"] is None
+    assert ("warm start: version 1 was trained on the classes ['0', '1', '2'], this data set has ['2', '1', '0']"
+            in capsys.readouterr().out)
+    assert trained.read("metrics.json", run_id="renumbered")[0]["loss"] > cold / 5
 
 
 def test_training_and_eval_iterators_run_without_the_autotune_model_thread(ws, monkeypatch):
