@@ -78,6 +78,7 @@ def test_a_declared_class_the_data_lacks_is_an_output_of_the_exported_model(ws):
     result = export.run(ws.config("export", data=declared))
     meta = json.load(open(os.path.join(result["model_dir"], "metadata.json")))
     assert meta["data"]["class_names"] == declared["classes"]
+    assert result["report"] and os.path.exists(result["report"]), "the run report is made with an empty class"
     with open(os.path.join(ws.data, "blobs.csv")) as handle:
         rows = list(csv.DictReader(handle))[:40]
     out = tf.saved_model.load(result["model_dir"]).signatures["serving_default"](
