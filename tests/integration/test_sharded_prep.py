@@ -1,10 +1,13 @@
 """Sharded prep through Airflow (``tfpipe run`` = ``dag.test()``) with real containers.
 
 The digits CSV is cut into 5 files and prepared by 4 mapped ``prep_shard`` tasks and a
-``prep_merge``; the model trains one epoch on the merged data set. In the second scenario shard 3's
-container is SIGKILLed (``docker kill``) after it wrote its records but before it committed them
-(the ``TFPIPE_TEST_HOLD_SHARD`` hook holds it there on its first try): Airflow retries that task
-alone, and the parts the other shards committed are the ones the merge used, unchanged.
+``prep_merge``; the model trains one epoch on the merged data set. In the first scenario the labels
+are names ("zero" to "nine") and the DAG declares them in ``data.classes``, in an order that is not
+their sorted one: every shard numbers them by the list, and the exported model keeps it. In the
+second scenario (integer labels) shard 3's container is SIGKILLed (``docker kill``) after it wrote
+its records but before it committed them (the ``TFPIPE_TEST_HOLD_SHARD`` hook holds it there on its
+first try): Airflow retries that task alone, and the parts the other shards committed are the ones
+the merge used, unchanged.
 """
 
 from __future__ import annotations
@@ -28,11 +31,17 @@ SHARDS = 4
 #: order, as it does here) the others' parts are committed before the kill.
 KILLED = 3
 TRAINING = {"model": "mlp", "epochs": 1, "batch_size": 64, "learning_rate": 0.002}
+#: The digits' labels as names, declared in digit order (their sorted order starts "eight", "five").
+NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
 
-def _split_digits(home: Path, pieces: int = 5) -> list[str]:
-    """Cut data/digits/digits.csv into ``pieces`` files under data/digits_parts (a header in each)."""
+def _split_digits(home: Path, pieces: int = 5, names: list[str] | None = None) -> list[str]:
+    """Cut data/digits/digits.csv into ``pieces`` files under data/digits_parts (a header in each);
+    with ``names``, label ``i`` (the last column) is written as ``names[i]``."""
     header, *rows = (home / "data" / "digits" / "digits.csv").read_text().splitlines()
+    assert header.rsplit(",", 1)[1] == "label", header[-40:]
+    if names:
+        rows = [f"{pixels},{names[int(label)]}" for pixels, label in (row.rsplit(",", 1) for row in rows)]
     folder = home / "data" / "digits_parts"
     folder.mkdir()
     step = -(-len(rows) // pieces)
@@ -41,12 +50,12 @@ def _split_digits(home: Path, pieces: int = 5) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
-def _expected_fingerprint(home: Path, shards: int) -> str:
+def _expected_fingerprint(home: Path, shards: int, classes: list[str] | None = None) -> str:
     """The fingerprint one (unsharded) prep task computes for the same files and data settings."""
     from tfpipe.config import DataConfig
     from trainer import prep
 
-    data = DataConfig(path="digits_parts", shards=shards).to_dict()
+    data = DataConfig(path="digits_parts", shards=shards, classes=classes).to_dict()
     files = [(p.name, str(p)) for p in sorted((home / "data" / "digits_parts").iterdir())]
     return prep.fingerprint(data, files)[0]
 
@@ -62,9 +71,10 @@ def _dataset(home: Path, dag_id: str) -> Path:
 
 
 def test_four_shards_make_the_unsharded_data_set_and_train_on_it(tfpipe_home, trainer_image, tmp_path):
-    files = _split_digits(tfpipe_home)
+    files = _split_digits(tfpipe_home, names=NAMES)
     dags = tmp_path / "dags"
-    write_dag(dags, "sharded_prep", data={"path": "digits_parts", "shards": SHARDS}, training=TRAINING)
+    write_dag(dags, "sharded_prep", data={"path": "digits_parts", "shards": SHARDS, "classes": NAMES},
+              training=TRAINING)
     started = time.monotonic()
     summary, log = run_dag("sharded_prep", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
     print(f"sharded run: {time.monotonic() - started:.0f} s")
@@ -75,19 +85,29 @@ def test_four_shards_make_the_unsharded_data_set_and_train_on_it(tfpipe_home, tr
     assert all(tasks[f"prep_shard[{k}]"] == {"state": "success", "try_number": 1} for k in range(SHARDS))
 
     dataset = _dataset(tfpipe_home, "sharded_prep")
-    assert dataset.name == _expected_fingerprint(tfpipe_home, SHARDS), \
+    assert dataset.name == _expected_fingerprint(tfpipe_home, SHARDS, NAMES), \
         "the fingerprint of an unsharded prep of the same files"
     schema = json.loads((dataset / "schema.json").read_text())
     assert sum(schema["counts"].values()) == 1797 and schema["num_classes"] == 10
+    assert schema["class_names"] == NAMES, "class ids follow data.classes, not the names' sorted order"
+    # class i holds exactly the examples of digit i (174 to 183 each): no shard numbered them otherwise
+    _, *rows = (tfpipe_home / "data" / "digits" / "digits.csv").read_text().splitlines()
+    digits = [int(row.rsplit(",", 1)[1]) for row in rows]
+    histogram = json.loads((dataset / "stats.json").read_text())["class_histogram"]
+    assert [a + b for a, b in zip(histogram["train"], histogram["eval"], strict=True)] == \
+        [digits.count(i) for i in range(10)], histogram
     parts = json.loads((dataset / "fingerprint.json").read_text())["parts"]
     assert [f for p in parts for f in p["files"]] == files, "the shards' slices cover the files once, in order"
     assert not (_run_dir(tfpipe_home, "sharded_prep") / "prep_shards").exists(), "the parts are removed"
     # training read the merged data set
     train_config = json.loads((_run_dir(tfpipe_home, "sharded_prep") / "config" / "train.json").read_text())
     assert train_config["data"]["shards"] == SHARDS
+    assert train_config["data"]["classes"] == NAMES
     history = json.loads((_run_dir(tfpipe_home, "sharded_prep") / "metrics.json").read_text())
     assert [h["epoch"] for h in history] == [1]
     assert summary["model_dir"] and Path(summary["model_dir"]).is_dir()
+    metadata = json.loads((Path(summary["model_dir"]) / "metadata.json").read_text())
+    assert metadata["data"]["class_names"] == NAMES, metadata["data"]
 
 
 def _shard_container(client, dag_id: str, index: int):

@@ -44,6 +44,24 @@ def test_malformed_csv_fails_prep_once_naming_file_and_row(tfpipe_home, trainer_
     assert not datasets.exists() or [p for p in datasets.iterdir() if not p.name.startswith(".")] == []
 
 
+def test_a_label_outside_data_classes_fails_prep_once_naming_the_row_the_list_and_the_fix(
+        tfpipe_home, trainer_image, tmp_path):
+    """The digits declared as nine classes (no "9"): the first row labelled 9 fails prep, not retried."""
+    _, *rows = (tfpipe_home / "data" / "digits" / "digits.csv").read_text().splitlines()
+    line = 2 + next(i for i, row in enumerate(rows) if row.rsplit(",", 1)[1] == "9")  # the header is line 1
+    write_dag(tmp_path / "dags", "undeclared_label",
+              data={"path": "digits/digits.csv", "classes": [str(d) for d in range(9)]})
+    summary, log = run_dag("undeclared_label", {}, home=tfpipe_home, image=trainer_image,
+                           dags_folder=tmp_path / "dags")
+    assert summary["state"] == "failed"
+    assert summary["tasks"]["prep"] == {"state": "failed", "try_number": 1}, "bad input must not be retried"
+    assert f"digits.csv line {line} column 'label': label '9' is not one of the 9 classes of data.classes" in log
+    assert "Fix: add it to data.classes (at the end keeps the other classes' ids), or correct the row" in log
+    assert "exit 11" in log
+    datasets = tfpipe_home / "work" / "datasets"
+    assert not datasets.exists() or [p for p in datasets.iterdir() if not p.name.startswith(".")] == []
+
+
 def test_nan_loss_fails_clearly_and_keeps_earlier_versions(tfpipe_home, trainer_image, tmp_path):
     dags = tmp_path / "dags"
     write_dag(dags, "nan_loss", training={"model": "mlp", "epochs": 3, "learning_rate": 0.002})
