@@ -17,6 +17,7 @@ import shutil
 from trainer import common
 from trainer.common import LOG
 from trainer.errors import BadInput
+from trainer.sources import show_names
 
 common.quiet_tensorflow()
 import tensorflow as tf  # noqa: E402
@@ -387,13 +388,12 @@ def warm_start(model, models_root, class_names):
     for version in reversed(common.list_versions(models_root)):
         prefix = os.path.join(models_root, str(version), "variables_ckpt", "model")
         if os.path.exists(prefix + ".index"):
-            trained_on = ((common.read_version_metadata(models_root, version) or {}).get("data") or {}).get(
-                "class_names")
-            if trained_on is not None and list(trained_on) != list(class_names):
-                LOG.warning("warm start: version %d was trained on the classes %s, this data set has %s, so "
+            trained_on = common.version_class_names(common.read_version_metadata(models_root, version))
+            if trained_on is not None and trained_on != list(class_names):
+                LOG.warning("warm start: version %d was trained on the classes [%s], this data set has [%s], so "
                             "its outputs mean other classes; random initialisation instead. Fix: list the "
                             "classes in data.classes so every night numbers them alike",
-                            version, trained_on, list(class_names))
+                            version, show_names(trained_on), show_names(list(class_names)))
                 return None
             read_weights(model, prefix, "warm start from version %d" % version)
             return {"version": version, "path": prefix}

@@ -264,6 +264,13 @@ def read_version_metadata(root, version):
         return None
 
 
+def version_class_names(metadata):
+    """The class names a version was trained on (its ``metadata.json`` ``data.class_names``), or
+    None when its metadata predates them or is missing."""
+    names = ((metadata or {}).get("data") or {}).get("class_names")
+    return None if names is None else list(names)
+
+
 def setup_tensorflow(training):
     """Seeds, GPU memory growth, mixed precision; return the ``tf.distribute`` strategy.
 

@@ -11,7 +11,9 @@ the stage.
 Blessing: the candidate's ``evaluation.metric`` must reach ``evaluation.threshold`` and, when a
 baseline exists, ``baseline - evaluation.tolerance``. The baseline is the newest version under
 ``<models>/<model_name>/`` with a ``metadata.json`` (its recorded evaluation metric), ignoring a
-version exported by this same DAG run. Not blessed: :class:`~trainer.errors.NotBlessed` (exit 10).
+version exported by this same DAG run and one trained on other classes (its ``data.class_names``:
+another list or order, as when ``data.classes`` grows; its metric measured another task, and the
+gate would hold back every model of the new classes). Not blessed: :class:`~trainer.errors.NotBlessed` (exit 10).
 """
 
 import os
@@ -19,6 +21,7 @@ import os
 from trainer import atomic, checkpoints, common, contract, data, models, report
 from trainer.common import LOG
 from trainer.errors import NotBlessed
+from trainer.sources import show_names
 
 common.quiet_tensorflow()
 import numpy as np  # noqa: E402
@@ -103,8 +106,9 @@ def compute_metrics(logits, labels, class_names):
             "examples": int(labels.size)}
 
 
-def find_baseline(config, metric):
-    """The newest exported version with metadata (not from this DAG run), or None."""
+def find_baseline(config, metric, class_names):
+    """The newest exported version with metadata (not from this DAG run) whose metric measured the
+    same classes (``class_names``, the data set's), or None."""
     root = common.model_root(config)
     run = config["run"]
     for version in reversed(common.list_versions(root)):
@@ -112,6 +116,12 @@ def find_baseline(config, metric):
         if not meta:
             continue
         if (meta.get("dag_id"), meta.get("run_id")) == (run["dag_id"], run["run_id"]):
+            continue
+        trained_on = common.version_class_names(meta)
+        if trained_on is not None and trained_on != list(class_names):
+            LOG.warning("version %d of %s was trained on the classes [%s], this data set has [%s]: its %s "
+                        "measured another task; not a baseline", version, root, show_names(trained_on),
+                        show_names(list(class_names)), metric)
             continue
         value = (meta.get("evaluation") or {}).get("metrics", {}).get(metric)
         if value is None:
@@ -180,7 +190,7 @@ def run(config):
 
     metric = evaluation_cfg["metric"]
     value = metrics[metric]
-    baseline = find_baseline(config, metric)
+    baseline = find_baseline(config, metric, schema["class_names"])
     blessed, reason = decide(value, metric, evaluation_cfg["threshold"],
                              evaluation_cfg["tolerance"], baseline)
     blessing = {"blessed": blessed, "decision": "blessed" if blessed else "not blessed",

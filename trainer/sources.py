@@ -150,7 +150,7 @@ def _read_header(rel, path):
 HEADER_SHOWN = 12
 
 
-def _show_names(names):
+def show_names(names):
     """Names (a header's columns, declared classes) for an error message: all of them, or their
     ends and a count, since the message is also the task's error and any alert's."""
     if len(names) <= HEADER_SHOWN:
@@ -167,7 +167,7 @@ def _missing_column(rel, column, field, header):
     fix = ("name only columns of the header in data.features" if field == "data.features"
            else "set %s to a column of the header" % field)
     return ("%s: column %r (%s) is not in the header, which has %d columns: %s. Fix: %s%s, or "
-            "correct the file's header row" % (rel, column, field, len(header), _show_names(header), fix, hint))
+            "correct the file's header row" % (rel, column, field, len(header), show_names(header), fix, hint))
 
 
 def _other_header(rel, line, cells, first_rel, header):
@@ -179,7 +179,7 @@ def _other_header(rel, line, cells, first_rel, header):
         where = "%d columns here against %d there" % (len(cells), len(header))
     return ("%s line %d: the header differs from the header of %s (%s); every CSV file under data.path "
             "must have the same header. Fix: give the files one header row, or move this file out of "
-            "data.path. This file's header: %s" % (rel, line, first_rel, where, _show_names(cells)))
+            "data.path. This file's header: %s" % (rel, line, first_rel, where, show_names(cells)))
 
 
 def csv_layout(config, files):
@@ -410,7 +410,7 @@ def undeclared_label(rel, line, column, label, classes):
     hint = " (close: %s)" % ", ".join(repr(c) for c in close) if close else ""
     return ("%s line %d column %r: label %r is not one of the %d classes of data.classes: %s%s. Fix: add "
             "it to data.classes (at the end keeps the other classes' ids), or correct the row"
-            % (rel, line, column, label, len(classes), _show_names(classes), hint))
+            % (rel, line, column, label, len(classes), show_names(classes), hint))
 
 
 def check_classes(class_names, counts, where):
@@ -467,7 +467,7 @@ def read_images(config, progress=None):
             raise BadInput("image folder %s has sub-folder(s) %s that data.classes does not list (its %d "
                            "classes: %s). Fix: add them to data.classes (at the end keeps the other classes' "
                            "ids), or move them out of %s"
-                           % (root, _show_names(other), len(class_names), _show_names(class_names), root))
+                           % (root, show_names(other), len(class_names), show_names(class_names), root))
     ids = {name: i for i, name in enumerate(class_names)}
     examples = []
     counts = [0] * len(class_names)

@@ -92,6 +92,43 @@ def test_a_version_exported_before_auc_existed_is_no_baseline_for_an_auc_gate(tr
     assert result["baseline"]["value"] == version_1["evaluation"]["metrics"]["auc"] > 0.9
 
 
+def test_a_version_trained_on_other_classes_is_no_baseline(trained, capsys):
+    """Version 2, from another run, lists the classes in another order (as when data.classes grows
+    or is reordered) and records an accuracy no candidate reaches: the gate skips it, saying why, and
+    compares with version 1, trained on the same classes. With version 2's list restored, version 2
+    is the baseline and the candidate is held back: the list alone made the difference."""
+    evaluate.run(trained.config("evaluate"))
+    export.run(trained.config("export"))
+    prep.run(trained.config("prep", run_id="old"))
+    train.run(trained.config("train", run_id="old"))
+    evaluate.run(trained.config("evaluate", run_id="old"))
+    export.run(trained.config("export", run_id="old"))
+    path = os.path.join(trained.models, "blobs", "2", "metadata.json")
+    metadata = json.load(open(path))
+    classes = metadata["data"]["class_names"]
+    assert classes == ["0", "1", "2"], classes
+    metadata["data"]["class_names"] = ["2", "1", "0"]
+    metadata["evaluation"]["metrics"]["accuracy"] = 2.0
+    with open(path, "w") as handle:
+        json.dump(metadata, handle)
+    prep.run(trained.config("prep", run_id="new"))
+    train.run(trained.config("train", run_id="new"))
+    gate = {"threshold": 0.0, "tolerance": 0.05}
+    capsys.readouterr()
+    result = evaluate.run(trained.config("evaluate", run_id="new", evaluation=gate))
+    assert ("version 2 of %s was trained on the classes ['2', '1', '0'], this data set has ['0', '1', '2']: "
+            "its accuracy measured another task; not a baseline" % os.path.join(trained.models, "blobs")
+            in capsys.readouterr().out)
+    assert result["blessed"] is True and result["baseline"]["version"] == 1
+    metadata["data"]["class_names"] = classes
+    with open(path, "w") as handle:
+        json.dump(metadata, handle)
+    with pytest.raises(NotBlessed) as info:
+        evaluate.run(trained.config("evaluate", run_id="new", evaluation=gate))
+    assert info.value.result["baseline"]["version"] == 2
+    assert "worse than baseline version 2 (2.0000)" in info.value.result["reason"]
+
+
 def pairwise_auc(scores, positives):
     """The definition, pair by pair: P(positive scores above negative), a tie counting half."""
     pos, neg = scores[positives], scores[~positives]
