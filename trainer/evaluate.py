@@ -107,13 +107,20 @@ def compute_metrics(logits, labels, class_names):
 
 
 def find_baseline(config, metric, class_names):
-    """The newest exported version with metadata (not from this DAG run) whose metric measured the
-    same classes (``class_names``, the data set's), or None."""
+    """The baseline: ``(baseline, passed_over)``.
+
+    ``baseline`` is the newest exported version with metadata (not from this DAG run) whose metric
+    measured the same classes (``class_names``, the data set's), or None. ``passed_over`` lists the
+    newer versions it is not, each ``{"version", "why"}``, newest first, so that the decision can say
+    why the baseline is older than the newest version, or missing.
+    """
     root = common.model_root(config)
     run = config["run"]
+    passed_over = []
     for version in reversed(common.list_versions(root)):
         meta = common.read_version_metadata(root, version)
         if not meta:
+            passed_over.append({"version": version, "why": "no readable metadata.json"})
             continue
         if (meta.get("dag_id"), meta.get("run_id")) == (run["dag_id"], run["run_id"]):
             continue
@@ -122,31 +129,35 @@ def find_baseline(config, metric, class_names):
             LOG.warning("version %d of %s was trained on the classes [%s], this data set has [%s]: its %s "
                         "measured another task; not a baseline", version, root, show_names(trained_on),
                         show_names(list(class_names)), metric)
+            passed_over.append({"version": version, "why": "trained on other classes"})
             continue
         value = (meta.get("evaluation") or {}).get("metrics", {}).get(metric)
         if value is None:
             LOG.warning("version %d of %s has no %s in metadata.json; not a baseline",
                         version, root, metric)
+            passed_over.append({"version": version, "why": "no %s in its metadata" % metric})
             continue
-        return {"version": version, "metric": metric, "value": float(value),
-                "model_dir": os.path.join(root, str(version))}
-    return None
+        return ({"version": version, "metric": metric, "value": float(value),
+                 "model_dir": os.path.join(root, str(version))}, passed_over)
+    return None, passed_over
 
 
-def decide(value, metric, threshold, tolerance, baseline):
-    """The blessing decision: ``(blessed, reason)``."""
+def decide(value, metric, threshold, tolerance, baseline, passed_over=()):
+    """The blessing decision: ``(blessed, reason)``. The reason names the versions ``passed_over``
+    when the baseline is not the newest version, or there is none because of them."""
     if value < threshold:
         return False, "%s %.4f is below the threshold %.4f" % (metric, value, threshold)
+    note = " (passed over %s)" % report.passed_over_text(passed_over) if passed_over else ""
     if baseline is None:
-        return True, "%s %.4f reaches the threshold %.4f and there is no baseline" % (
-            metric, value, threshold)
+        return True, "%s %.4f reaches the threshold %.4f and there is no baseline%s" % (
+            metric, value, threshold, note)
     floor = baseline["value"] - tolerance
     if value < floor:
-        return False, ("%s %.4f is worse than baseline version %d (%.4f) minus tolerance %.4f"
-                       % (metric, value, baseline["version"], baseline["value"], tolerance))
+        return False, ("%s %.4f is worse than baseline version %d (%.4f) minus tolerance %.4f%s"
+                       % (metric, value, baseline["version"], baseline["value"], tolerance, note))
     return True, ("%s %.4f reaches the threshold %.4f and baseline version %d (%.4f) minus "
-                  "tolerance %.4f" % (metric, value, threshold, baseline["version"],
-                                      baseline["value"], tolerance))
+                  "tolerance %.4f%s" % (metric, value, threshold, baseline["version"],
+                                        baseline["value"], tolerance, note))
 
 
 def write_report(config, evaluation, blessing, schema, stats):
@@ -190,20 +201,21 @@ def run(config):
 
     metric = evaluation_cfg["metric"]
     value = metrics[metric]
-    baseline = find_baseline(config, metric, schema["class_names"])
+    baseline, passed_over = find_baseline(config, metric, schema["class_names"])
     blessed, reason = decide(value, metric, evaluation_cfg["threshold"],
-                             evaluation_cfg["tolerance"], baseline)
+                             evaluation_cfg["tolerance"], baseline, passed_over)
     blessing = {"blessed": blessed, "decision": "blessed" if blessed else "not blessed",
                 "reason": reason, "metric": metric,
                 "candidate": {"value": value, "dag_id": config["run"]["dag_id"],
                               "run_id": config["run"]["run_id"]},
-                "baseline": baseline, "threshold": evaluation_cfg["threshold"],
+                "baseline": baseline, "passed_over": passed_over, "threshold": evaluation_cfg["threshold"],
                 "tolerance": evaluation_cfg["tolerance"], "time": common.now_iso()}
     atomic.write_json(os.path.join(run_dir, contract.BLESSING_FILE), blessing)
     LOG.info("%s: %s", blessing["decision"], reason)
     written = write_report(config, evaluation, blessing, schema, stats)
     result = {"blessed": blessed, "metric": metric, "value": value, "metrics": metrics,
-              "baseline": baseline, "reason": reason, "threshold": evaluation_cfg["threshold"],
+              "baseline": baseline, "passed_over": passed_over, "reason": reason,
+              "threshold": evaluation_cfg["threshold"],
               "tolerance": evaluation_cfg["tolerance"],
               "evaluation_path": os.path.join(run_dir, contract.EVALUATION_FILE),
               "report": written["report"] if written else None,

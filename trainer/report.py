@@ -283,6 +283,14 @@ code { font-size: 0.9em; } .muted { color: #777; }
 """
 
 
+def passed_over_text(passed_over):
+    """The newer versions the blessing gate passed over (``blessing.json``'s ``passed_over``: another
+    task's classes, no such metric), as ``"version 3: why; version 2: why"``; "" for none. They say
+    why the baseline is older than the newest version, or missing although versions exist."""
+    return "; ".join("version %s: %s" % (p.get("version"), p.get("why"))
+                     for p in passed_over or () if isinstance(p, dict))
+
+
 def _decision_section(blessing, evaluation):
     if not blessing:
         return "<p class=\"muted\">no blessing.json</p>"
@@ -293,10 +301,13 @@ def _decision_section(blessing, evaluation):
     if baseline and isinstance(baseline.get("value"), (int, float)) and \
             isinstance(tolerance, (int, float)) and isinstance(threshold, (int, float)):
         required = max(threshold, baseline["value"] - tolerance)
+    passed_over = _e(passed_over_text(blessing.get("passed_over")))
     if baseline:
         base_text = "version %s: %s" % (_e(baseline.get("version")), _num(baseline.get("value")))
+        if passed_over:
+            base_text += " (passed over %s)" % passed_over
     else:
-        base_text = "none (no earlier exported version)"
+        base_text = "none (passed over %s)" % passed_over if passed_over else "none (no earlier exported version)"
     candidate = blessing.get("candidate") or {}
     rows = [("metric", _e(blessing.get("metric"))),
             ("candidate", _num(candidate.get("value"))),

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -90,6 +91,9 @@ def test_a_version_exported_before_auc_existed_is_no_baseline_for_an_auc_gate(tr
     version_1 = json.load(open(os.path.join(trained.models, "blobs", "1", "metadata.json")))
     assert result["baseline"]["version"] == 1
     assert result["baseline"]["value"] == version_1["evaluation"]["metrics"]["auc"] > 0.9
+    blessing = trained.read("blessing.json", run_id="new")
+    assert blessing["passed_over"] == [{"version": 2, "why": "no auc in its metadata"}]
+    assert blessing["reason"].endswith("(passed over version 2: no auc in its metadata)"), blessing["reason"]
 
 
 def test_a_version_trained_on_other_classes_is_no_baseline(trained, capsys):
@@ -120,6 +124,21 @@ def test_a_version_trained_on_other_classes_is_no_baseline(trained, capsys):
             "its accuracy measured another task; not a baseline" % os.path.join(trained.models, "blobs")
             in capsys.readouterr().out)
     assert result["blessed"] is True and result["baseline"]["version"] == 1
+    blessing = trained.read("blessing.json", run_id="new")
+    assert blessing["passed_over"] == result["passed_over"] == [{"version": 2, "why": "trained on other classes"}]
+    assert blessing["reason"].endswith("(passed over version 2: trained on other classes)"), blessing["reason"]
+    report = open(os.path.join(trained.run_dir("new"), "report.html")).read()
+    assert "version 1: " in report and "(passed over version 2: trained on other classes)" in report
+    # the newest version alone, trained on other classes: no baseline, and the reason says why
+    metadata_1 = os.path.join(trained.models, "blobs", "1", "metadata.json")
+    shutil.move(metadata_1, metadata_1 + ".aside")
+    alone = evaluate.run(trained.config("evaluate", run_id="new", evaluation=gate))
+    assert alone["baseline"] is None and alone["reason"].endswith(
+        "there is no baseline (passed over version 2: trained on other classes; version 1: no readable "
+        "metadata.json)"), alone["reason"]
+    assert "none (passed over version 2: trained on other classes; version 1: no readable metadata.json)" in \
+        open(os.path.join(trained.run_dir("new"), "report.html")).read()
+    shutil.move(metadata_1 + ".aside", metadata_1)
     metadata["data"]["class_names"] = classes
     with open(path, "w") as handle:
         json.dump(metadata, handle)
@@ -175,6 +194,12 @@ def test_decide_boundaries():
     assert evaluate.decide(0.9, "accuracy", 0.9, 0.0, None)[0] is True
     assert evaluate.decide(0.89, "accuracy", 0.5, 0.01, baseline)[0] is True
     assert evaluate.decide(0.88, "accuracy", 0.5, 0.01, baseline)[0] is False
+    passed_over = [{"version": 4, "why": "trained on other classes"}]
+    assert evaluate.decide(0.88, "accuracy", 0.5, 0.01, baseline, passed_over) == (
+        False, "accuracy 0.8800 is worse than baseline version 3 (0.9000) minus tolerance 0.0100 "
+               "(passed over version 4: trained on other classes)")
+    assert evaluate.decide(0.4, "accuracy", 0.5, 0.01, None, passed_over) == (
+        False, "accuracy 0.4000 is below the threshold 0.5000")
 
 
 @pytest.mark.parametrize("metric", ["macro_f1", "macro_precision", "macro_recall", "auc"])

@@ -40,6 +40,15 @@ EVALUATE = {"blessed": True, "metric": "accuracy", "value": 0.97123, "threshold"
     ({"evaluate": {**EVALUATE, "blessed": False, "value": 0.5, "baseline": None}, "train": {}}, 1, "success", (),
      "tfpipe: NOT blessed, accuracy 0.5000 < threshold 0.9000 (no baseline); no model exported; train 1 try"),
     ({}, 3, "failed", ("train",), "tfpipe: run failed at train; train 3 tries"),
+    ({"evaluate": {**EVALUATE, "passed_over": [{"version": 5, "why": "trained on other classes"},
+                                                {"version": 4, "why": "no accuracy in its metadata"}]},
+      "export": {"model_name": "digits", "version": 6}, "train": {}}, 1, "success", (),
+     "tfpipe: blessed, accuracy 0.9712 >= threshold 0.9000 (baseline v3 0.9650; passed over v5 v4); model digits "
+     "v6; train 1 try"),
+    ({"evaluate": {**EVALUATE, "baseline": None, "passed_over": [{"version": 2, "why": "trained on other classes"}]},
+      "export": {"model_name": "digits", "version": 3}, "train": {}}, 1, "success", (),
+     "tfpipe: blessed, accuracy 0.9712 >= threshold 0.9000 (no baseline; passed over v2); model digits v3; "
+     "train 1 try"),
 ])
 def test_summary_line(results, tries, state, failed, expected):
     assert summary.summary_line(results, train_tries=tries, state=state, failed_tasks=failed) == expected

@@ -34,10 +34,14 @@ def _blessing(evaluate: Mapping[str, Any] | None) -> str | None:
     parts = [f"{'blessed' if evaluate['blessed'] else 'NOT blessed'}, {metric} {_fmt(value)}"]
     if threshold is not None:
         parts.append(f"{'>=' if value is not None and value >= threshold else '<'} threshold {_fmt(threshold)}")
+    # newer versions the gate passed over (trained on other classes, without the metric): named, so
+    # that an older baseline, or none although versions exist, is not a surprise
+    passed = [f"v{p.get('version')}" for p in evaluate.get("passed_over") or () if isinstance(p, Mapping)]
+    passed_text = f"; passed over {' '.join(passed)}" if passed else ""
     if isinstance(baseline, Mapping):
-        parts.append(f"(baseline v{baseline.get('version')} {_fmt(baseline.get('value'))})")
+        parts.append(f"(baseline v{baseline.get('version')} {_fmt(baseline.get('value'))}{passed_text})")
     else:
-        parts.append("(no baseline)")
+        parts.append(f"(no baseline{passed_text})")
     return " ".join(parts)
 
 
