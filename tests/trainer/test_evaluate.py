@@ -68,9 +68,9 @@ def test_a_candidate_worse_than_the_baseline_is_not_blessed(trained):
     assert again["baseline"] is None
 
 
-def test_a_version_exported_before_auc_existed_is_no_baseline_for_an_auc_gate(trained, capsys):
-    """Version 1 (this run's) has auc; version 2, from another run, is as exported before auc
-    existed. An auc gate skips version 2, saying why, and compares with version 1."""
+def _two_versions(trained):
+    """Version 1 exported by the template's run, version 2 by run "old"; version 2's metadata path
+    and contents, for a test to edit."""
     evaluate.run(trained.config("evaluate"))
     export.run(trained.config("export"))
     prep.run(trained.config("prep", run_id="old"))
@@ -78,7 +78,13 @@ def test_a_version_exported_before_auc_existed_is_no_baseline_for_an_auc_gate(tr
     evaluate.run(trained.config("evaluate", run_id="old"))
     export.run(trained.config("export", run_id="old"))
     path = os.path.join(trained.models, "blobs", "2", "metadata.json")
-    metadata = json.load(open(path))
+    return path, json.load(open(path))
+
+
+def test_a_version_exported_before_auc_existed_is_no_baseline_for_an_auc_gate(trained, capsys):
+    """Version 1 (this run's) has auc; version 2, from another run, is as exported before auc
+    existed. An auc gate skips version 2, saying why, and compares with version 1."""
+    path, metadata = _two_versions(trained)
     del metadata["evaluation"]["metrics"]["auc"]
     with open(path, "w") as handle:
         json.dump(metadata, handle)
@@ -101,14 +107,7 @@ def test_a_version_trained_on_other_classes_is_no_baseline(trained, capsys):
     or is reordered) and records an accuracy no candidate reaches: the gate skips it, saying why, and
     compares with version 1, trained on the same classes. With version 2's list restored, version 2
     is the baseline and the candidate is held back: the list alone made the difference."""
-    evaluate.run(trained.config("evaluate"))
-    export.run(trained.config("export"))
-    prep.run(trained.config("prep", run_id="old"))
-    train.run(trained.config("train", run_id="old"))
-    evaluate.run(trained.config("evaluate", run_id="old"))
-    export.run(trained.config("export", run_id="old"))
-    path = os.path.join(trained.models, "blobs", "2", "metadata.json")
-    metadata = json.load(open(path))
+    path, metadata = _two_versions(trained)
     classes = metadata["data"]["class_names"]
     assert classes == ["0", "1", "2"], classes
     metadata["data"]["class_names"] = ["2", "1", "0"]
