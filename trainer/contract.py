@@ -174,7 +174,8 @@ SECTIONS = {
         "threshold": {"kind": "number", "default": 0.9, "minimum": 0, "parse_maximum": 1, "override": "param",
                       "doc": "absolute minimum of the metric for a blessing"},
         "tolerance": {"kind": "number", "default": 0.01, "minimum": 0, "parse_maximum": 1,
-                      "doc": "how much worse than the current production model a candidate may be"},
+                      "doc": "how much worse than the baseline (the newest exported version trained on the "
+                             "same classes) a candidate may be"},
     },
     "export": {
         "model_name": {"kind": "str", "default": "model", "pattern": NAME_PATTERN,

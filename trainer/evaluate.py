@@ -13,7 +13,8 @@ baseline exists, ``baseline - evaluation.tolerance``. The baseline is the newest
 ``<models>/<model_name>/`` with a ``metadata.json`` (its recorded evaluation metric), ignoring a
 version exported by this same DAG run and one trained on other classes (its ``data.class_names``:
 another list or order, as when ``data.classes`` grows; its metric measured another task, and the
-gate would hold back every model of the new classes). Not blessed: :class:`~trainer.errors.NotBlessed` (exit 10).
+gate would hold back every model of the new classes). The versions passed over are named in the
+decision. Not blessed: :class:`~trainer.errors.NotBlessed` (exit 10).
 """
 
 import os

@@ -696,7 +696,8 @@ class EvaluationConfig(_Section):
     :param metric: metric compared: ``accuracy``, ``macro_precision``, ``macro_recall``, ``macro_f1`` or
         ``auc`` (ROC AUC of each class against the rest, averaged; with two classes, the usual AUC).
     :param threshold: absolute minimum of the metric.
-    :param tolerance: how much worse than the current production model a candidate may be.
+    :param tolerance: how much worse than the baseline (the newest exported version trained on the
+        same classes) a candidate may be.
     """
 
     section: ClassVar[str] = "evaluation"
