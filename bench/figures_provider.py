@@ -34,7 +34,7 @@ from run import (
     tfpipe_run_summary,
     timed,
 )
-from sampling import alternating_medians
+from sampling import alternating_medians, stratified_means
 
 #: The conf of both sides: a short run, so the provider's per-task cost is a visible share of it.
 #: The threshold lets the short run be blessed, so export runs on both sides.
@@ -42,7 +42,7 @@ PROVIDER_CONF = {"epochs": 2, "batch_size": 100, "threshold": 0.5}
 PLAIN_DAG = BENCH / "dags" / "plain_docker_digits.py"
 PLAIN_DAG_ID = "bench_plain_docker_digits"
 HANDWRITTEN_DAG = BENCH / "dags" / "handwritten_digits.py"
-#: Fresh interpreters of each DAG file per dag_parse_ratio pair (alternating A and B).
+#: Fresh interpreters of each DAG file for the `in_dag_processor` reading (alternating A and B).
 PARSE_SAMPLES = 7
 
 
@@ -137,11 +137,39 @@ PARSE_PROBE = r'''
 import json, runpy, sys, time
 import airflow                # imported before the clock starts: every DAG file processor has it,
 from airflow.sdk import DAG   # and every DAG file (the reference too) builds a DAG from it
-path = sys.argv[1]
-cpu, started = time.process_time(), time.perf_counter()
-runpy.run_path(path, run_name="bench_dag_file")
-print(json.dumps({"seconds": time.perf_counter() - started, "cpu": time.process_time() - cpu}))
+path, depth = sys.argv[1], int(sys.argv[2])
+
+def parse():
+    cpu, started = time.process_time(), time.perf_counter()
+    runpy.run_path(path, run_name="bench_dag_file")
+    return time.perf_counter() - started, time.process_time() - cpu
+
+def nested(depth):  # one small frame per level (1 local): the caller's stack, `depth` frames deep
+    return nested(depth - 1) if depth else parse()
+
+seconds, cpu = nested(depth)
+print(json.dumps({"seconds": seconds, "cpu": cpu}))
 '''
+
+#: The caller depths (frames of ``nested``) a ``dag_parse_ratio`` pair parses each file at. A file's
+#: exec time depends on how deep its caller's stack already is: CPython 3.11 keeps frames in 16 kB
+#: chunks, maps a new chunk when a call does not fit in the current one and unmaps it when that
+#: call returns, so an import tree that keeps crossing a chunk's end pays an mmap, a munmap and page
+#: faults each time. Where the ends fall is an accident of the caller (Airflow's DAG processor, its
+#: task runner and ``airflow dags test`` each parse at their own depth): at the probe's top level
+#: the hand-written file crossed none and tfpipe's 511 times, 20 frames deeper 5711 and 247
+#: (bench/NOTES.md, 2026-12-06 18:35). One chunk holds about 146 of ``nested``'s frames (14 words
+#: each), so a pair takes 12 depths 12 apart across one chunk, each pair shifted so the six pairs of
+#: a run cover the chunk at 1-2 frame steps, and both files get the same depths.
+PARSE_DEPTH_STEP = 12
+PARSE_DEPTH_STRATA = 12
+
+
+def parse_depths(pair: int) -> list[int]:
+    """The caller depths of ``dag_parse_ratio``'s pair ``pair`` (0-based): one per stratum."""
+    shift = (pair * 5) % PARSE_DEPTH_STEP
+    return [k * PARSE_DEPTH_STEP + shift for k in range(PARSE_DEPTH_STRATA)]
+
 
 #: The same exec time where a DAG processor parses: Airflow 3's manager has its own modules loaded,
 #: and before it forks the process that parses a file it imports the ``airflow.*`` modules the file
@@ -185,8 +213,9 @@ def dag_parse(ctx: Context) -> dict[str, Any]:
     env = {**os.environ, "TFPIPE_HOME": str(ctx.tmp / "parse-home"), "PYTHONDONTWRITEBYTECODE": "1"}
     logfile = LOGS / "dag_parse_ratio.log"
 
-    def probe(path: Path) -> tuple[float, float]:
-        out = run_logged([ctx.python, "-c", PARSE_PROBE, str(path)], logfile, timeout=120, env=env, cwd=REPO)
+    def probe(path: Path, depth: int = 0) -> tuple[float, float]:
+        out = run_logged([ctx.python, "-c", PARSE_PROBE, str(path), str(depth)], logfile, timeout=120, env=env,
+                         cwd=REPO)
         sample = json.loads(out.strip().splitlines()[-1])
         return sample["seconds"], sample["cpu"]
 
@@ -199,14 +228,20 @@ def dag_parse(ctx: Context) -> dict[str, Any]:
     for path in (tfpipe_file, HANDWRITTEN_DAG):  # warm the page cache: untimed
         probe(path)
     # One sample of a 0.1 s parse swings by 20% and more on a shared 2-core machine, and the VM's
-    # pace drifts within seconds: each pair is PARSE_SAMPLES fresh interpreters of each file,
-    # alternating (A B, B A, ...), and the pair's A and B are their medians (wall and CPU apart).
+    # pace drifts within seconds; and the exec time depends on the caller's stack depth (above). Each
+    # pair parses each file once at each of its depths, alternating (A B, B A, ...), and the pair's A
+    # and B are their means over the depths (wall and CPU apart).
     held: dict[int, tuple[float, float]] = {}
+    strata: dict[str, list[list[float]]] = {"a": [[] for _ in range(PARSE_DEPTH_STRATA)],
+                                            "b": [[] for _ in range(PARSE_DEPTH_STRATA)]}
 
     def pair_a(i: int) -> tuple[float, float]:
-        medians = alternating_medians(probe, tfpipe_file, HANDWRITTEN_DAG, PARSE_SAMPLES)
-        held[i] = medians[HANDWRITTEN_DAG]  # B's side of this pair, returned by the B call after it
-        return medians[tfpipe_file]
+        means, readings = stratified_means(probe, tfpipe_file, HANDWRITTEN_DAG, parse_depths(i))
+        for side, path in (("a", tfpipe_file), ("b", HANDWRITTEN_DAG)):
+            for k, (_, cpu) in enumerate(readings[path]):
+                strata[side][k].append(cpu)
+        held[i] = means[HANDWRITTEN_DAG]  # B's side of this pair, returned by the B call after it
+        return means[tfpipe_file]
 
     a, b, notes = interleave(ctx, "dag_parse_ratio", pair_a, lambda i: held.pop(i))
     a_cpu, b_cpu = ctx.cpu["dag_parse_ratio"]
@@ -215,9 +250,17 @@ def dag_parse(ctx: Context) -> dict[str, Any]:
     stats["a_ms"], stats["b_ms"] = round(1000 * median(a), 1), round(1000 * median(b), 1)
     stats["a_cpu_ms"], stats["b_cpu_ms"] = round(1000 * median(a_cpu), 1), round(1000 * median(b_cpu), 1)
     stats["method"] = ("exec time (wall and process CPU) of the DAG file alone (runpy.run_path), in a fresh "
-                       "interpreter per sample, after `import airflow` and `from airflow.sdk import DAG` (untimed); "
-                       f"each pair: the medians of {PARSE_SAMPLES} samples of each file, alternating; "
-                       "B is the same DAG written by hand (bench/dags/handwritten_digits.py)")
+                       "interpreter per sample, after `import airflow` and `from airflow.sdk import DAG` (untimed), "
+                       f"called {PARSE_DEPTH_STRATA} caller depths {PARSE_DEPTH_STEP} frames apart (one 16 kB chunk "
+                       "of CPython's frame stack, shifted per pair); each pair: the means over those depths of one "
+                       "sample of each file per depth, alternating; B is the same DAG written by hand "
+                       "(bench/dags/handwritten_digits.py)")
+    # Per stratum of depths, the CPU medians over the pairs: where the frame stack's chunk ends fall
+    # for each file (information; the ratio is over all strata).
+    stats["by_depth_cpu_ms"] = [
+        {"depths": f"{k * PARSE_DEPTH_STEP}-{k * PARSE_DEPTH_STEP + PARSE_DEPTH_STEP - 1}",
+         "a": round(1000 * median(strata["a"][k]), 1), "b": round(1000 * median(strata["b"][k]), 1)}
+        for k in range(PARSE_DEPTH_STRATA) if strata["a"][k] and strata["b"][k]]
     # Where the CPU time goes (diagnostic, not in the ratio): 3 samples of each, medians in ms.
     parts: dict[str, list[dict[str, float]]] = {"tfpipe": [], "handwritten": []}
     for _ in range(3):

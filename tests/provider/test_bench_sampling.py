@@ -1,7 +1,9 @@
-"""``bench/sampling.py``: how ``dag_parse_ratio`` makes one pair out of several noisy samples."""
+"""``bench/sampling.py`` and ``dag_parse_ratio``'s probe: how a pair is made out of several noisy samples."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,7 +12,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from sampling import alternating_medians  # noqa: E402
+import run  # noqa: E402, F401  (figures_provider imports from it)
+from figures_provider import PARSE_DEPTH_STEP, PARSE_DEPTH_STRATA, PARSE_PROBE, parse_depths  # noqa: E402
+from sampling import alternating_medians, stratified_means  # noqa: E402
 
 
 def test_the_sides_alternate_and_each_gets_its_own_wall_and_cpu_medians():
@@ -31,3 +35,48 @@ def test_the_sides_alternate_and_each_gets_its_own_wall_and_cpu_medians():
 def test_no_samples_is_refused():
     with pytest.raises(ValueError, match="at least 1"):
         alternating_medians(lambda side: (0.0, 0.0), "A", "B", 0)
+
+
+def test_each_stratum_gets_both_sides_alternating_and_the_means_count_every_stratum():
+    calls: list[tuple[str, int]] = []
+    cost = {("A", 0): (1.0, 0.5), ("B", 0): (2.0, 1.0), ("A", 7): (9.0, 4.5), ("B", 7): (2.0, 1.0),
+            ("A", 3): (2.0, 1.0), ("B", 3): (5.0, 4.0)}
+
+    def probe(side: str, stratum: int) -> tuple[float, float]:
+        calls.append((side, stratum))
+        return cost[side, stratum]
+
+    means, readings = stratified_means(probe, "A", "B", [0, 7, 3])
+    assert calls == [("A", 0), ("B", 0), ("B", 7), ("A", 7), ("A", 3), ("B", 3)]
+    # means, not medians: A's one dear stratum (7) is part of what A costs
+    assert means == {"A": (4.0, 2.0), "B": (3.0, 2.0)}
+    assert readings["A"] == [(1.0, 0.5), (9.0, 4.5), (2.0, 1.0)]
+
+
+def test_no_strata_is_refused():
+    with pytest.raises(ValueError, match="at least one"):
+        stratified_means(lambda side, stratum: (0.0, 0.0), "A", "B", [])
+
+
+def test_the_pairs_depths_cover_one_frame_stack_chunk_and_both_files_get_the_same():
+    depths = [parse_depths(pair) for pair in range(6)]
+    assert all(len(d) == PARSE_DEPTH_STRATA for d in depths)
+    # each pair has one depth in every stratum of PARSE_DEPTH_STEP frames, shifted per pair
+    for d in depths:
+        assert [x // PARSE_DEPTH_STEP for x in d] == list(range(PARSE_DEPTH_STRATA))
+    assert len({d[0] for d in depths}) == 6
+    # about 146 of the probe's frames fill one 16 kB chunk: the strata span it
+    assert PARSE_DEPTH_STEP * PARSE_DEPTH_STRATA >= 140
+
+
+def test_the_probe_parses_the_file_that_many_frames_deeper(tmp_path):
+    dag_file = tmp_path / "depth_probe.py"
+    dag_file.write_text("import sys\nf = sys._getframe()\nn = 0\nwhile f is not None:\n"
+                        "    n += 1\n    f = f.f_back\nprint('DEPTH', n)\n")
+    depth = {}
+    for asked in (0, 30):
+        out = subprocess.run([sys.executable, "-c", PARSE_PROBE, str(dag_file), str(asked)], check=True,
+                             capture_output=True, text=True, cwd=REPO).stdout.splitlines()
+        depth[asked] = int(next(line for line in out if line.startswith("DEPTH")).split()[1])
+        assert set(json.loads(out[-1])) == {"seconds", "cpu"}
+    assert depth[30] - depth[0] == 30
