@@ -156,8 +156,8 @@ print(json.dumps({"seconds": seconds, "cpu": cpu}))
 #: chunks, maps a new chunk when a call does not fit in the current one and unmaps it when that
 #: call returns, so an import tree that keeps crossing a chunk's end pays an mmap, a munmap and page
 #: faults each time. Where the ends fall is an accident of the caller (Airflow's DAG processor, its
-#: task runner and ``airflow dags test`` each parse at their own depth): at the probe's top level
-#: the hand-written file crossed none and tfpipe's 511 times, 20 frames deeper 5711 and 247
+#: task runner and ``airflow dags test`` each parse at their own depth): called from depth 0 the
+#: hand-written file crossed none and tfpipe's 511 times, from depth 20 5711 and 247
 #: (bench/NOTES.md, 2026-12-06 18:35). One chunk holds about 146 of ``nested``'s frames (14 words
 #: each), so a pair takes 12 depths 12 apart across one chunk, each pair shifted so the six pairs of
 #: a run cover the chunk at 1-2 frame steps, and both files get the same depths.
