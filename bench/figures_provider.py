@@ -160,7 +160,7 @@ print(json.dumps({"seconds": seconds, "cpu": cpu}))
 #: hand-written file crossed none and tfpipe's 511 times, from depth 20 5711 and 247
 #: (bench/NOTES.md, 2026-12-06 18:35). One chunk holds about 146 of ``nested``'s frames (14 words
 #: each), so a pair takes 12 depths 12 apart across one chunk, each pair shifted so the six pairs of
-#: a run cover the chunk at 1-2 frame steps, and both files get the same depths.
+#: a run cover the chunk at 1-3 frame steps, and both files get the same depths.
 PARSE_DEPTH_STEP = 12
 PARSE_DEPTH_STRATA = 12
 
