@@ -139,7 +139,7 @@ compat-prepare-oldest:
 bench: venv image airflow-db data
 	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) bench/run.py $(BENCH_ARGS)
 
-# Seeing and reproducing a run (tfpipe tensorboard / tfpipe shell; see tfpipe/debug.py).
+# Seeing and reproducing a run (tfpipe tensorboard / tfpipe shell; see tfpipe/reproduce.py).
 .PHONY: tensorboard shell
 RUN ?= latest
 TASK ?= train

@@ -142,7 +142,7 @@ class ApiServer(AirflowProcess):
 
 def remove_tensorboards(dag_id: str, run_id: str) -> None:
     """Remove the TensorBoard containers the plugin started on the local engine for one run."""
-    from tfpipe.plugins.engine import TENSORBOARD_ROLE, api_client
+    from tfpipe.plugins.run_access import TENSORBOARD_ROLE, api_client
 
     cli = api_client("unix://var/run/docker.sock")
     try:

@@ -4,7 +4,7 @@ Airflow 3 computes an extra link **on the worker**, when the task ends (success 
 calling ``get_link`` and storing the URL in XCom under the link's ``xcom_key``; the UI then reads
 that XCom. Both links point at the tfpipe plugin under the api-server (:mod:`tfpipe.plugins`),
 which reads the run's files through the engine. The path helpers here are pure (no engine, no
-metadata DB) and are shared with the shell tooling of :mod:`tfpipe.debug`; volume paths are
+metadata DB) and are shared with the shell tooling of :mod:`tfpipe.reproduce`; volume paths are
 paths on the Docker engine's host, and the ``tfpipe tensorboard`` URL is meant for a browser there.
 """
 

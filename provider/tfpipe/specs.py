@@ -26,7 +26,7 @@ from tfpipe.config import (
     check_image_ref,
     json_ready,
 )
-from tfpipe.frozen import frozen_dataclass
+from dataclasses import dataclass
 
 #: Environment every stage container gets (GPU-safe TensorFlow defaults).
 #: Memory growth stops TF from grabbing all GPU memory at start; the CUDA cache on the work
@@ -56,7 +56,7 @@ def stage_environment(resources: Any) -> dict[str, str]:
     return {**env, **resources.environment}
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class MountSpec:
     """A bind mount: ``source`` on the engine's host, ``target`` in the container."""
 
@@ -71,7 +71,7 @@ class MountSpec:
         return Mount(target=self.target, source=self.source, type="bind", read_only=self.read_only)
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class StageSpec:
     """Everything needed to run one stage, independent of the backend that runs it.
 

@@ -12,11 +12,11 @@ from typing import Any
 
 from tfpipe import contract
 from tfpipe.config import GpuRequest, TfpipeConfigError
-from tfpipe.frozen import frozen_dataclass
+from dataclasses import dataclass
 from tfpipe.specs import StageSpec, container_labels, container_name, resolve_stage_config, writable_dirs
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class TryPlan:
     """What one try of a stage runs with, on any backend (see :func:`resolve_try`).
 
@@ -82,7 +82,7 @@ def check_shard_index(spec: StageSpec, shard_index: Any) -> int:
     return shard_index
 
 
-@frozen_dataclass
+@dataclass(frozen=True)
 class TryIdentity:
     """The identity of one try, where no task instance exists (shell tooling, the bench)."""
 

@@ -249,7 +249,7 @@ def test_the_report_and_tensorboard_come_through_the_tls_engine(stack, rest, kic
     assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
     tb = rest.session.get(f"{base}/tensorboard/data/runs", timeout=400)
     assert tb.status_code == 200 and tb.json(), tb.text[:2000]
-    from tfpipe.plugins.engine import TENSORBOARD_ROLE
+    from tfpipe.plugins.run_access import TENSORBOARD_ROLE
 
     on_engine = stack.engine_docker("ps", "-q", "--filter", f"label=tfpipe.role={TENSORBOARD_ROLE}").stdout.split()
     on_first = subprocess.run(["docker", "ps", "-q", "--filter", f"label=tfpipe.role={TENSORBOARD_ROLE}",

@@ -11,7 +11,7 @@ import pytest
 from airflow.sdk import DAG
 from docker.errors import NotFound
 
-from tfpipe import contract, debug
+from tfpipe import contract, reproduce
 from tfpipe.compat import has_resumable_jobs
 from tfpipe.config import PipelineConfig
 from tests.integration.test_pipeline import CreatedContainers
@@ -71,9 +71,9 @@ def _open_shell(op: TrainOperator, run_id: str, home) -> str:
     the task's labels plus ``tfpipe.role=shell``, a ``tfpipe-shell-...`` name); return its name."""
     for volume in ("work", "models"):
         (home / volume).mkdir(exist_ok=True)  # bind mounts need their sources
-    plan = debug.task_plan(op, dag_id="hygiene", run_id=run_id, try_number=1, params=None)
+    plan = reproduce.task_plan(op, dag_id="hygiene", run_id=run_id, try_number=1, params=None)
     name = f"tfpipe-shell-train-{uuid.uuid4().hex[:6]}"
-    args = debug.shell_args(plan, dag_id="hygiene", run_id=run_id, task_id="train", name=name, detach=True,
+    args = reproduce.shell_args(plan, dag_id="hygiene", run_id=run_id, task_id="train", name=name, detach=True,
                             gpus=False)
     subprocess.run(args, check=True, capture_output=True)
     return name

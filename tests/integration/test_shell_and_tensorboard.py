@@ -260,7 +260,7 @@ def test_tensorboard_serves_the_run(finished_run, docker_client):
 
 def test_ui_tensorboards_are_unprivileged_read_only_offline_and_capped(tmp_path, trainer_image, monkeypatch):
     """The api-server's TensorBoard container, and at most TFPIPE_TENSORBOARD_MAX (default 4) of them."""
-    from tfpipe.plugins.engine import TensorBoards, api_client
+    from tfpipe.plugins.run_access import TensorBoards, api_client
 
     # a role of this test's own, so TensorBoards of real runs on the shared engine are never touched
     boards = TensorBoards(role=f"ui-tensorboard-test-{uuid.uuid4().hex[:8]}")

@@ -29,7 +29,7 @@ print(json.dumps({"seconds": elapsed, "heavy": heavy, "dag_id": mod.dag.dag_id, 
                   "tfpipe_modules": tfpipe_modules}))
 """
 #: tfpipe modules only a running task needs: a DAG file's parse imports none of them.
-TASK_TIME_MODULES = ("tfpipe.hooks.docker", "tfpipe.hooks.gcs", "tfpipe.engine", "tfpipe.lineage", "tfpipe.metrics",
+TASK_TIME_MODULES = ("tfpipe.hooks.docker", "tfpipe.hooks.gcs", "tfpipe.engine_settings", "tfpipe.lineage", "tfpipe.metrics",
                      "tfpipe.run_params", "tfpipe.gcs.sync", "tfpipe.gcs.publish", "tfpipe.exceptions", "tfpipe.settings",
                      "tfpipe.tries", "tfpipe.redact")
 PROBE = PROBE.replace("TASK_TIME", repr(TASK_TIME_MODULES))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tfpipe import contract, debug
+from tfpipe import contract, reproduce
 from tfpipe import links as run_links
 from tfpipe.config import PipelineConfig
 from tfpipe.dag_factory import pipeline_params, training_pipeline
@@ -138,7 +138,7 @@ def test_doc_md_explains_every_param():
 def test_task_plan_is_what_execute_builds(dag):
     train = dag.get_task("train")
     params = {**dag.params.dump(), "epochs": 7, "gpus": "1"}
-    plan = debug.task_plan(train, dag_id="dbg", run_id=RUN_ID, try_number=3, params=params)
+    plan = reproduce.task_plan(train, dag_id="dbg", run_id=RUN_ID, try_number=3, params=params)
     config = json.loads(plan.environment[contract.CONFIG_ENV])
     assert config == plan.config
     assert config["stage"] == "train" and config["training"]["epochs"] == 7
@@ -157,10 +157,10 @@ def test_task_plan_is_what_execute_builds(dag):
     assert "s3cr3t" not in json.dumps(dict(plan.environment))
     assert plan.labels["tfpipe.try_number"] == "3" and plan.labels["tfpipe.stage"] == "train"
     # export is no GPU stage: the gpus Param does not reach it
-    export = debug.task_plan(dag.get_task("export"), dag_id="dbg", run_id=RUN_ID, try_number=1, params=params)
+    export = reproduce.task_plan(dag.get_task("export"), dag_id="dbg", run_id=RUN_ID, try_number=1, params=params)
     assert export.gpus is None and export.config["export"]["model_name"] == "digits"
     # an image recorded by the run wins over the DAG's current one, in the config too
-    pinned = debug.task_plan(train, dag_id="dbg", run_id=RUN_ID, try_number=1, params=params,
+    pinned = reproduce.task_plan(train, dag_id="dbg", run_id=RUN_ID, try_number=1, params=params,
                              image="tfpipe/trainer:0123456789ab")
     assert pinned.image == pinned.config["run"]["image"] == "tfpipe/trainer:0123456789ab"
 
@@ -170,9 +170,9 @@ def _opt(args: list[str], flag: str) -> list[str]:
 
 
 def test_shell_args(dag):
-    plan = debug.task_plan(dag.get_task("evaluate"), dag_id="dbg", run_id=RUN_ID, try_number=2,
+    plan = reproduce.task_plan(dag.get_task("evaluate"), dag_id="dbg", run_id=RUN_ID, try_number=2,
                            params=dag.params.dump())
-    args = debug.shell_args(plan, dag_id="dbg", run_id=RUN_ID, task_id="evaluate", name="tfpipe-shell-x")
+    args = reproduce.shell_args(plan, dag_id="dbg", run_id=RUN_ID, task_id="evaluate", name="tfpipe-shell-x")
     assert args[:3] == ["docker", "run", "--rm"] and "--interactive" in args and "--tty" in args
     image_at = args.index(plan.image)
     assert args[image_at + 1:image_at + 3] == ["sh", "-c"] and "exec bash" in args[image_at + 3]
@@ -191,34 +191,34 @@ def test_shell_args(dag):
     assert _opt(head, "--workdir") == [], "no working dir of its own: the image's, as the task's"
     assert _opt(head, "--cpus") == [], "no CPU limit in the config, none in the shell"
 
-    detached = debug.shell_args(plan, dag_id="dbg", run_id=RUN_ID, task_id="evaluate", detach=True, gpus=False)
+    detached = reproduce.shell_args(plan, dag_id="dbg", run_id=RUN_ID, task_id="evaluate", detach=True, gpus=False)
     assert detached[-2:] == ["sleep", "infinity"] and "--detach" in detached and "--tty" not in detached
     assert "--gpus" not in detached
-    printed = debug.printable(args)
+    printed = reproduce.printable(args)
     assert printed.startswith("docker run --rm") and "'TFPIPE_CONFIG={" in printed
 
 
 @pytest.mark.parametrize("cpus, arg", [(1.5, "1.5"), (4, "4"), (0.01, "0.01")])
 def test_the_shell_has_the_tasks_cpu_limit(cpus, arg):
     task = training_pipeline(_cfg(resources={**RESOURCES, "cpus": cpus})).get_task("train")
-    plan = debug.task_plan(task, dag_id="dbg", run_id=RUN_ID, try_number=1, params=None)
+    plan = reproduce.task_plan(task, dag_id="dbg", run_id=RUN_ID, try_number=1, params=None)
     assert plan.cpus == cpus and task.nano_cpus == round(cpus * 1e9)
-    args = debug.shell_args(plan, dag_id="dbg", run_id=RUN_ID, task_id="train")
+    args = reproduce.shell_args(plan, dag_id="dbg", run_id=RUN_ID, task_id="train")
     assert _opt(args, "--cpus") == [arg], "Docker's --cpus, which sets the NanoCpus the task's container has"
 
 
 def test_mount_gpu_and_engine_arguments():
-    assert debug.mount_arg(MountSpec("/srv/a,b", "/data", True)) == 'type=bind,"src=/srv/a,b",dst=/data,readonly'
-    assert debug.gpus_arg(GpuRequest(count=-1)) == "all"
-    assert debug.gpus_arg(GpuRequest(count=2)) == "2"
-    assert debug.gpus_arg(GpuRequest(device_ids=("0", "1"))) == '"device=0,1"'
-    assert debug.docker_base("unix://var/run/docker.sock") == ["docker"]
-    assert debug.docker_base("unix:///run/docker.sock") == ["docker"]
-    assert debug.docker_base("tcp://gpu-host-1:2376") == ["docker", "-H", "tcp://gpu-host-1:2376"]
+    assert reproduce.mount_arg(MountSpec("/srv/a,b", "/data", True)) == 'type=bind,"src=/srv/a,b",dst=/data,readonly'
+    assert reproduce.gpus_arg(GpuRequest(count=-1)) == "all"
+    assert reproduce.gpus_arg(GpuRequest(count=2)) == "2"
+    assert reproduce.gpus_arg(GpuRequest(device_ids=("0", "1"))) == '"device=0,1"'
+    assert reproduce.docker_base("unix://var/run/docker.sock") == ["docker"]
+    assert reproduce.docker_base("unix:///run/docker.sock") == ["docker"]
+    assert reproduce.docker_base("tcp://gpu-host-1:2376") == ["docker", "-H", "tcp://gpu-host-1:2376"]
 
 
 def test_tensorboard_args():
-    args = debug.tensorboard_args(image="tfpipe/trainer:1f14aed53083", event_dir="/srv/ml/work/runs/dbg/r/train/tensorboard",
+    args = reproduce.tensorboard_args(image="tfpipe/trainer:1f14aed53083", event_dir="/srv/ml/work/runs/dbg/r/train/tensorboard",
                                   dag_id="dbg", run_id=RUN_ID, port=6106, user="1000:1000", detach=True)
     assert args[:4] == ["docker", "run", "--rm", "--detach"]
     assert _opt(args, "--publish") == ["127.0.0.1:6106:6006"], "published on the loopback only"
@@ -233,7 +233,7 @@ def test_tensorboard_args():
 
 def test_tensorboards_per_engine_default_to_four_and_follow_the_variable(monkeypatch):
     """TFPIPE_TENSORBOARD_MAX caps the api-server's TensorBoards (the engine test evicts by it)."""
-    from tfpipe.plugins.engine import TensorBoards
+    from tfpipe.plugins.run_access import TensorBoards
 
     monkeypatch.delenv("TFPIPE_TENSORBOARD_MAX", raising=False)
     assert TensorBoards.max_running() == 4
@@ -247,7 +247,7 @@ def test_tensorboards_per_engine_default_to_four_and_follow_the_variable(monkeyp
                                        ("TFPIPE_TENSORBOARD_IDLE_S", "30m")])
 def test_a_bad_tensorboard_setting_names_the_variable_and_the_fix(monkeypatch, name, bad):
     from tfpipe.config import TfpipeConfigError
-    from tfpipe.plugins.engine import TensorBoards
+    from tfpipe.plugins.run_access import TensorBoards
 
     monkeypatch.setenv(name, bad)
     read = TensorBoards.max_running if name.endswith("MAX") else TensorBoards.idle_seconds
@@ -260,14 +260,14 @@ def test_a_bad_tensorboard_setting_names_the_variable_and_the_fix(monkeypatch, n
 
 
 def test_jupyter_args_publish_on_loopback_with_a_token(dag):
-    plan = debug.task_plan(dag.get_task("train"), dag_id="dbg", run_id=RUN_ID, try_number=1,
+    plan = reproduce.task_plan(dag.get_task("train"), dag_id="dbg", run_id=RUN_ID, try_number=1,
                            params=dag.params.dump())
-    args = debug.jupyter_args(plan, port=8899, token="tok")
+    args = reproduce.jupyter_args(plan, port=8899, token="tok")
     assert _opt(args, "--publish") == ["127.0.0.1:8899:8888"]
     assert _opt(args, "--network") == ["bridge"], "network_mode='none' cannot publish a port"
     assert "JUPYTER_TOKEN=tok" in _opt(args, "--env") and "tfpipe.role=shell" in _opt(args, "--label")
     assert args[args.index(plan.image) + 1:][:2] == ["jupyter", "lab"]
-    assert debug.jupyter_url(8899, "tok") == "http://127.0.0.1:8899/lab?token=tok"
+    assert reproduce.jupyter_url(8899, "tok") == "http://127.0.0.1:8899/lab?token=tok"
 
 
 def test_cli_parses_the_new_subcommands():
@@ -306,26 +306,26 @@ def test_the_shell_and_tensorboard_reach_the_deployment_engine_with_its_tls_file
 
     files = _deployment_engine(monkeypatch, tmp_path)
     task = on_its_engine(training_pipeline(_cfg()).get_task("evaluate"))
-    plan = debug.task_plan(task, dag_id="dbg", run_id=RUN_ID, try_number=1, params=None)
+    plan = reproduce.task_plan(task, dag_id="dbg", run_id=RUN_ID, try_number=1, params=None)
     assert plan.docker_url == "tcp://gpu-host.example:2376" and not plan.notes
     engine = ["docker", "--tlsverify", "--tlscacert", files["ca"], "--tlscert", files["cert"],
               "--tlskey", files["key"], "-H", "tcp://gpu-host.example:2376"]
-    args = debug.shell_args(plan, dag_id="dbg", run_id=RUN_ID, task_id="evaluate")
+    args = reproduce.shell_args(plan, dag_id="dbg", run_id=RUN_ID, task_id="evaluate")
     assert args[:len(engine) + 1] == [*engine, "run"]
-    board = debug.tensorboard_args(image="img", event_dir="/e", dag_id="dbg", run_id=RUN_ID, port=6006,
-                                   docker_url=task.docker_url, tls=debug.engine_tls(task))
+    board = reproduce.tensorboard_args(image="img", event_dir="/e", dag_id="dbg", run_id=RUN_ID, port=6006,
+                                   docker_url=task.docker_url, tls=reproduce.engine_tls(task))
     assert board[:len(engine) + 1] == [*engine, "run"]
     # A DAG that names its own engine keeps it, and no deployment TLS goes to it (as in execute)
     own = on_its_engine(training_pipeline(_cfg(docker_url="tcp://own.example:2375")).get_task("train"))
-    own_plan = debug.task_plan(own, dag_id="dbg", run_id=RUN_ID, try_number=1, params=None)
-    assert debug.shell_args(own_plan, dag_id="dbg", run_id=RUN_ID, task_id="train")[:4] == [
+    own_plan = reproduce.task_plan(own, dag_id="dbg", run_id=RUN_ID, try_number=1, params=None)
+    assert reproduce.shell_args(own_plan, dag_id="dbg", run_id=RUN_ID, task_id="train")[:4] == [
         "docker", "-H", "tcp://own.example:2375", "run"]
     # Without a deployment engine the local socket stays, with no flags
     monkeypatch.delenv("AIRFLOW__TFPIPE__DOCKER_URL")
     for option in ("TLS_CA_CERT", "TLS_CLIENT_CERT", "TLS_CLIENT_KEY"):
         monkeypatch.delenv(f"AIRFLOW__TFPIPE__{option}")
     local = on_its_engine(training_pipeline(_cfg()).get_task("train"))
-    assert debug.shell_args(debug.task_plan(local, dag_id="dbg", run_id=RUN_ID, try_number=1, params=None),
+    assert reproduce.shell_args(reproduce.task_plan(local, dag_id="dbg", run_id=RUN_ID, try_number=1, params=None),
                             dag_id="dbg", run_id=RUN_ID, task_id="train")[:2] == ["docker", "run"]
 
 
@@ -334,19 +334,19 @@ def test_a_tls_hostname_the_docker_cli_cannot_check_is_said(monkeypatch, tmp_pat
 
     _deployment_engine(monkeypatch, tmp_path, hostname="gpu-1.internal")
     task = on_its_engine(training_pipeline(_cfg()).get_task("train"))
-    (note,) = debug.task_plan(task, dag_id="dbg", run_id=RUN_ID, try_number=1, params=None).notes
+    (note,) = reproduce.task_plan(task, dag_id="dbg", run_id=RUN_ID, try_number=1, params=None).notes
     assert "tcp://gpu-host.example:2376" in note and "'gpu-1.internal'" in note
 
 
 def test_a_port_published_on_a_remote_engine_says_how_to_reach_it():
     """TensorBoard and Jupyter publish on the engine host's loopback: for a tcp:// engine the CLI
     says so and gives the SSH tunnel; a local engine needs no word."""
-    note = debug.remote_port_note("tcp://gpu-host.example:2376", 6007)
+    note = reproduce.remote_port_note("tcp://gpu-host.example:2376", 6007)
     assert "gpu-host.example" in note and "ssh -N -L 6007:127.0.0.1:6007 gpu-host.example" in note
-    assert "ssh -N -L 8888:127.0.0.1:8888 10.0.0.7" in debug.remote_port_note("tcp://10.0.0.7:2376", 8888)
+    assert "ssh -N -L 8888:127.0.0.1:8888 10.0.0.7" in reproduce.remote_port_note("tcp://10.0.0.7:2376", 8888)
     for local in ("unix:///var/run/docker.sock", None, "tcp://127.0.0.1:22376", "tcp://localhost:2376",
                   "tcp://[::1]:2376"):
-        assert debug.remote_port_note(local, 6007) is None, local
+        assert reproduce.remote_port_note(local, 6007) is None, local
 
 
 def test_make_tensorboard_and_make_shell_pass_readme_s_defaults_and_settings():

@@ -129,7 +129,7 @@ LAZY_APP_PROBE = r'''
 import asyncio, json, sys
 import tfpipe.plugins.tfpipe as plugin
 
-loaded = {name: name in sys.modules for name in ("tfpipe.plugins.app", "tfpipe.plugins.engine")}
+loaded = {name: name in sys.modules for name in ("tfpipe.plugins.app", "tfpipe.plugins.run_access")}
 lazy = plugin.TfpipePlugin.fastapi_apps[0]["app"]
 statuses = []
 
@@ -159,5 +159,5 @@ def test_the_plugin_s_web_app_is_built_on_its_first_request_only():
     proc = subprocess.run([sys.executable, "-c", LAZY_APP_PROBE], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert seen == {"before": {"tfpipe.plugins.app": False, "tfpipe.plugins.engine": False}, "after": True,
+    assert seen == {"before": {"tfpipe.plugins.app": False, "tfpipe.plugins.run_access": False}, "after": True,
                     "statuses": [404, 404], "same_app": True}, seen

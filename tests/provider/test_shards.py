@@ -139,7 +139,7 @@ def test_shard_engines_spread_the_mapped_shards_round_robin_and_survive_serializ
 def test_a_mapped_shard_instance_gets_its_engine_and_only_it_takes_the_deployment_tls(monkeypatch, tmp_path):
     """Unmapping (what a worker does before execute) gives each instance its engine; a tcp:// shard
     engine then presents the deployment's TLS files, while another stage naming its own engine keeps none."""
-    from tfpipe.engine import EngineSettings
+    from tfpipe.engine_settings import EngineSettings
     from tfpipe.operators import PrepShardOperator, TrainOperator
 
     files = {}
@@ -195,7 +195,7 @@ def test_a_two_slash_unix_shard_entry_means_the_deployment_engine_and_three_slas
     """``unix://var/run/docker.sock`` (the local default's spelling) in ``shard_docker_urls`` is the
     deployment's engine (``[tfpipe] docker_url``), as for ``docker_url``; ``unix:///var/run/docker.sock``
     names the worker's own socket and is kept."""
-    from tfpipe.engine import DEFAULT_DOCKER_URL, EngineSettings
+    from tfpipe.engine_settings import DEFAULT_DOCKER_URL, EngineSettings
     from tfpipe.operators import PrepShardOperator
 
     monkeypatch.setenv("AIRFLOW__TFPIPE__DOCKER_URL", "tcp://deployment.example:2375")
@@ -214,7 +214,7 @@ def test_a_two_slash_unix_shard_entry_means_the_deployment_engine_and_three_slas
 def test_the_shell_finds_a_shard_instance_and_its_engine_and_refuses_a_missing_or_bad_index():
     """``tfpipe shell DAG prep_shard --map-index K`` reproduces instance K as a worker unmaps it (its
     shard index, map index and engine); ``prep_merge`` is a plain task. Wrong indexes name the fix."""
-    from tfpipe import debug
+    from tfpipe import reproduce
     from tfpipe.cli.common import stage_task
     from tfpipe.operators import PrepShardOperator
 
@@ -224,7 +224,7 @@ def test_the_shell_finds_a_shard_instance_and_its_engine_and_refuses_a_missing_o
         shard = stage_task(dag, "prep_shard", k)
         assert isinstance(shard, PrepShardOperator) and shard.shard_index == k
         assert shard.docker_url == ENGINES[k % 2] and shard.engine_from_shard_list
-        plan = debug.task_plan(shard, dag_id=dag.dag_id, run_id=run_id, try_number=2, params=dag.params.dump(),
+        plan = reproduce.task_plan(shard, dag_id=dag.dag_id, run_id=run_id, try_number=2, params=dag.params.dump(),
                                map_index=k)
         assert plan.config[contract.SHARD_INDEX_KEY] == k and plan.config["stage"] == "prep_shard"
         assert plan.labels["tfpipe.map_index"] == str(k) and plan.docker_url == ENGINES[k % 2]
@@ -234,7 +234,7 @@ def test_the_shell_finds_a_shard_instance_and_its_engine_and_refuses_a_missing_o
         assert (plan.name, dict(plan.labels), plan.config) == (executed.name, dict(executed.labels),
                                                                 executed.config)
     merge = stage_task(dag, "prep_merge")
-    plan = debug.task_plan(merge, dag_id=dag.dag_id, run_id=run_id, try_number=1, params=dag.params.dump())
+    plan = reproduce.task_plan(merge, dag_id=dag.dag_id, run_id=run_id, try_number=1, params=dag.params.dump())
     assert plan.config["stage"] == "prep_merge"
     ti = SimpleNamespace(dag_id=dag.dag_id, run_id=run_id, task_id="prep_merge", try_number=1, map_index=-1)
     executed = resolve_try(merge.spec, ti, dag.params.dump())

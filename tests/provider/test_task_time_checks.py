@@ -107,7 +107,7 @@ def test_the_engine_setting_is_read_when_the_task_runs_not_when_the_dag_is_parse
     worker, as README says: the DAG processor, which holds no client keys and may be configured
     without the section, parses with another value (here an unusable one) without an error, and
     the task goes to the engine its worker names when it runs."""
-    from tfpipe.engine import DEFAULT_DOCKER_URL
+    from tfpipe.engine_settings import DEFAULT_DOCKER_URL
 
     monkeypatch.setenv("AIRFLOW_VAR_TFPIPE_IMAGE", "reg.example/tfpipe/trainer:aaaaaaaaaaaa")
     monkeypatch.setenv("AIRFLOW__TFPIPE__DOCKER_URL", "not a url")  # refused by the task, were it read

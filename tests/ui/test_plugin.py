@@ -71,7 +71,7 @@ def test_each_report_read_binds_the_work_volume_read_only_and_leaves_no_containe
     binds the engine host's work volume read-only, and is removed after each request."""
     import docker
 
-    from tfpipe.plugins.engine import REPORT_READER_ROLE
+    from tfpipe.plugins.run_access import REPORT_READER_ROLE
 
     server, run_id = ui_run["server"], ui_run["summary"]["run_id"]
     # the plugin removes each helper within its request: inspect it the moment the engine creates it
@@ -118,7 +118,7 @@ def test_tensorboard_is_started_on_demand_through_the_engine(ui_run, docker_clie
     status, _, body = server.get(base + "data/plugins_listing", user="mlviewer")
     assert status == 200 and json.loads(body)["scalars"]["enabled"] is True
     # one container for the run, with no network: the engine API is the only way in
-    from tfpipe.plugins.engine import TENSORBOARD_ROLE
+    from tfpipe.plugins.run_access import TENSORBOARD_ROLE
 
     found = docker_client.api.containers(filters={"label": [f"tfpipe.role={TENSORBOARD_ROLE}",
                                                             f"tfpipe.tensorboard={DAG_ID}/{run_id}"]})

@@ -110,7 +110,7 @@ def test_the_plugin_lets_in_exactly_whom_airflow_s_own_api_lets_read_the_run(ser
 
 
 def test_tensorboard_is_started_on_demand_behind_the_login(served, docker_client):
-    from tfpipe.plugins.engine import TENSORBOARD_ROLE
+    from tfpipe.plugins.run_access import TENSORBOARD_ROLE
 
     server, summary = served["server"], served["summary"]
     base = f"{_run_path(summary)}/tensorboard/"

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from tfpipe.plugins.engine import TensorBoards, api_client
+from tfpipe.plugins.run_access import TensorBoards, api_client
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,7 @@ def test_requests_from_several_api_server_processes_share_one_tensorboard(traine
     run's TensorBoard at once end up with one container: one that another process created and has
     not started yet is started, not removed under it, and a create that loses the race (409) takes
     the winner's container. Each process has its own ``TensorBoards``, so its lock cannot help."""
-    from tfpipe.plugins.engine import tensorboard_container_name
+    from tfpipe.plugins.run_access import tensorboard_container_name
 
     role = f"ui-tensorboard-test-{uuid.uuid4().hex[:8]}"
     cli = api_client("unix://var/run/docker.sock")

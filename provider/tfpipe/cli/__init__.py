@@ -5,7 +5,7 @@ The ``tfpipe`` command (also ``python -m tfpipe.cli``), one module per sub-comma
 * ``tfpipe run DAG_ID [--conf JSON | --rerun RUN_ID]`` (:mod:`tfpipe.cli.run`) runs one DAG run
   through Airflow's ``dag.test()`` and prints its summary as one JSON line.
 
-Seeing and reproducing a run (:mod:`tfpipe.cli.tensorboard`, :mod:`tfpipe.cli.shell`, built by :mod:`tfpipe.debug`):
+Seeing and reproducing a run (:mod:`tfpipe.cli.tensorboard`, :mod:`tfpipe.cli.shell`, built by :mod:`tfpipe.reproduce`):
 
 * ``tfpipe tensorboard DAG_ID RUN_ID|latest [--port 6006]`` serves the run's TensorBoard event
   files from the trainer image on ``127.0.0.1:PORT`` and prints the URL;

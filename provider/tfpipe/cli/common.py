@@ -68,7 +68,7 @@ def stage_tasks(dag: Any) -> list[Any]:
 def on_its_engine(task: Any) -> Any:
     """``task`` pointed at the engine its tries use, as its ``execute()`` points it: the deployment's
     ``[tfpipe] docker_url`` and TLS files unless the DAG names an engine of its own."""
-    from tfpipe.engine import EngineSettings
+    from tfpipe.engine_settings import EngineSettings
     from tfpipe.exceptions import TfpipeConfigError
 
     try:
@@ -215,7 +215,7 @@ def run_params(dag: Any, task: Any, conf: dict[str, Any] | None) -> dict[str, An
 
 def launch(cmd: list[str], args: argparse.Namespace, after: list[str] | None = None) -> int:
     """Print ``cmd`` (``--print``), start it detached and print the container id, or exec it."""
-    from tfpipe.debug import printable
+    from tfpipe.reproduce import printable
 
     if args.print:
         print(printable(cmd), flush=True)

@@ -1,7 +1,7 @@
 """``tfpipe shell DAG_ID TASK_ID [--run RUN_ID|latest] [--map-index N]``: a shell in a container set up as a task's.
 
 Image, mounts, user, environment with the run's ``TFPIPE_CONFIG``, working dir and network are
-the task's (:func:`tfpipe.debug.task_plan`), so ``python3 -m trainer <stage>`` inside reruns the
+the task's (:func:`tfpipe.reproduce.task_plan`), so ``python3 -m trainer <stage>`` inside reruns the
 stage. Private environment values are left out. ``--print`` prints the ``docker run`` command.
 """
 
@@ -69,7 +69,7 @@ JUPYTER_MISSING = (
 
 def shell(args: argparse.Namespace) -> int:
     """``tfpipe shell``: a shell (or Jupyter) in a container set up as the task's."""
-    from tfpipe import debug, links
+    from tfpipe import links, reproduce
 
     with quiet_stdout():
         dag = load_dag(args.dag_id, args.dags_folder)
@@ -81,7 +81,7 @@ def shell(args: argparse.Namespace) -> int:
         params = run_params(dag, task, conf)
     host_run_dir = links.host_run_dir(task.volumes, dag.dag_id, run_id)
     image = task_image(task)
-    docker = debug.docker_base(task.docker_url, debug.engine_tls(task))
+    docker = reproduce.docker_base(task.docker_url, reproduce.engine_tls(task))
     recorded = _recorded_image(host_run_dir, task.stage)
     if recorded and recorded != image:
         if _image_present(recorded, docker):
@@ -90,7 +90,7 @@ def shell(args: argparse.Namespace) -> int:
         else:
             note(f"the run's {task.stage} ran on {recorded}, which the engine no longer has: using the DAG's "
                   f"{image} instead (the code may differ from the task's)")
-    plan = debug.task_plan(task, dag_id=dag.dag_id, run_id=run_id, try_number=try_number, params=params,
+    plan = reproduce.task_plan(task, dag_id=dag.dag_id, run_id=run_id, try_number=try_number, params=params,
                            map_index=map_index, image=image,
                            image_identity=_image_identity(image, docker))
     instance = f"[{map_index}]" if map_index >= 0 else ""
@@ -107,14 +107,14 @@ def shell(args: argparse.Namespace) -> int:
             print(JUPYTER_MISSING.format(image=plan.image), file=sys.stderr)
             return 2
         token = secrets.token_urlsafe(24)
-        cmd = debug.jupyter_args(plan, port=args.port, token=token, name=name, detach=args.detach,
+        cmd = reproduce.jupyter_args(plan, port=args.port, token=token, name=name, detach=args.detach,
                                  gpus=use_gpus)
-        note(f"Jupyter: {debug.jupyter_url(args.port, token)}")
-        where = debug.remote_port_note(plan.docker_url, args.port)
+        note(f"Jupyter: {reproduce.jupyter_url(args.port, token)}")
+        where = reproduce.remote_port_note(plan.docker_url, args.port)
         if where:
             note(where)
     else:
-        cmd = debug.shell_args(plan, dag_id=dag.dag_id, run_id=run_id, task_id=task.task_id, name=name,
+        cmd = reproduce.shell_args(plan, dag_id=dag.dag_id, run_id=run_id, task_id=task.task_id, name=name,
                                tty=sys.stdin.isatty(), detach=args.detach, gpus=use_gpus)
     return launch(cmd, args)
 

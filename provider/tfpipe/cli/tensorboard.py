@@ -15,7 +15,7 @@ from tfpipe.cli.common import launch, load_dag, note, on_its_engine, quiet_stdou
 
 def tensorboard(args: argparse.Namespace) -> int:
     """``tfpipe tensorboard``: TensorBoard on the run's event files, from the trainer image."""
-    from tfpipe import debug, links
+    from tfpipe import links, reproduce
 
     with quiet_stdout():
         dag = load_dag(args.dag_id, args.dags_folder)
@@ -28,15 +28,15 @@ def tensorboard(args: argparse.Namespace) -> int:
     if Path(task.volumes.work).is_dir() and not Path(event_dir).is_dir():
         raise SystemExit(f"tfpipe: no TensorBoard event files for run {run_id!r} of {dag.dag_id}: {event_dir} "
                          "does not exist (has its train task run?)")
-    cmd = debug.tensorboard_args(image=task_image(task), event_dir=event_dir, dag_id=dag.dag_id, run_id=run_id,
+    cmd = reproduce.tensorboard_args(image=task_image(task), event_dir=event_dir, dag_id=dag.dag_id, run_id=run_id,
                                  port=args.port, user=task.user, docker_url=task.docker_url,
-                                 tls=debug.engine_tls(task),
+                                 tls=reproduce.engine_tls(task),
                                  name=f"tfpipe-tensorboard-{args.port}", detach=args.detach)
     url = links.tensorboard_url(dag.dag_id, run_id, base=f"http://localhost:{args.port}")
     if not args.print:
         note(f"TensorBoard for {dag.dag_id} / {run_id} ({event_dir}) at {url}"
               + ("" if args.detach else "  (Ctrl-C stops it)"))
-        where = debug.remote_port_note(task.docker_url, args.port)
+        where = reproduce.remote_port_note(task.docker_url, args.port)
         if where:
             note(where)
     return launch(cmd, args, after=[url] if args.detach else None)

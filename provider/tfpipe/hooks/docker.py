@@ -31,7 +31,7 @@ from typing import IO, Any
 
 from airflow.providers.docker.hooks.docker import DockerHook
 
-from tfpipe.engine import DEFAULT_DOCKER_URL, EngineSettings, diagnose, engine_error_message
+from tfpipe.engine_settings import DEFAULT_DOCKER_URL, EngineSettings, diagnose, engine_error_message
 from tfpipe.exceptions import (
     DockerEngineRefusedError,
     DockerEngineUnreachableError,
@@ -86,7 +86,7 @@ class TfpipeDockerHook(DockerHook):
     @classmethod
     def for_deployment(cls, docker_url: str = DEFAULT_DOCKER_URL) -> TfpipeDockerHook:
         """A hook on ``docker_url``; the local default means the deployment's engine and TLS files
-        (``[tfpipe]`` settings, :class:`tfpipe.engine.EngineSettings`), as the stage operators use.
+        (``[tfpipe]`` settings, :class:`tfpipe.engine_settings.EngineSettings`), as the stage operators use.
 
         Bad ``[tfpipe]`` settings raise :class:`~tfpipe.exceptions.TfpipeConfigError`.
         """
@@ -103,7 +103,7 @@ class TfpipeDockerHook(DockerHook):
 
         If it did not: :class:`DockerEngineUnreachableError` (retryable: the engine may be
         restarting) or :class:`DockerEngineRefusedError` (TLS refused: no retry helps), with the
-        real cause, which ``DockerHook`` only logs (:func:`tfpipe.engine.diagnose`). ``what``
+        real cause, which ``DockerHook`` only logs (:func:`tfpipe.engine_settings.diagnose`). ``what``
         prefixes the message (the stage).
         """
         try:

@@ -154,7 +154,7 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
     shard_index: int | None = None
     #: Whether docker_url came from the pipeline's ``shard_docker_urls`` (a ``prep_shard`` task
     #: only): a ``tcp://`` one then presents the deployment's TLS files
-    #: (see :meth:`tfpipe.engine.EngineSettings.apply_to`).
+    #: (see :meth:`tfpipe.engine_settings.EngineSettings.apply_to`).
     engine_from_shard_list: bool = False
     #: task_state_store key of the stage container's id. Renaming it breaks re-attaching for tries
     #: already in flight when a new version is deployed.
@@ -262,7 +262,7 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
     # -- execute ---------------------------------------------------------------------------
 
     def execute(self, context: Any) -> dict[str, Any] | None:
-        from tfpipe.engine import EngineSettings
+        from tfpipe.engine_settings import EngineSettings
         from tfpipe.lineage import capture
         from tfpipe.metrics import emit_stage_metrics
         from tfpipe.plugins.paths import LOCATION_XCOM_KEY, location_record

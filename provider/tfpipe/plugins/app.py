@@ -74,7 +74,7 @@ def create_app() -> FastAPI:
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
     from airflow.api_fastapi.core_api.security import requires_access_dag
 
-    from tfpipe.plugins.engine import TensorBoards, read_run_file
+    from tfpipe.plugins.run_access import TensorBoards, read_run_file
 
     app = FastAPI(title="tfpipe", docs_url=None, redoc_url=None, openapi_url=None)
     may_read_runs = [Depends(requires_access_dag("GET", DagAccessEntity.RUN))]

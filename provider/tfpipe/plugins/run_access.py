@@ -49,7 +49,7 @@ def engine_tls(docker_url: str) -> Any:
     DB), so the api-server presents the same ``[tfpipe]`` client certificate as the workers when the
     URL is the deployment's engine; any other engine is reached without TLS, as the task was.
     """
-    from tfpipe.engine import EngineSettings
+    from tfpipe.engine_settings import EngineSettings
 
     engine = EngineSettings.from_airflow_config()
     return engine.tls_config() if engine.uses_tls and engine.docker_url == docker_url else None

@@ -33,7 +33,7 @@ JUPYTER_CONTAINER_PORT = 8888
 #: ``tfpipe.role`` label values of the containers started here.
 SHELL_ROLE = "shell"
 TENSORBOARD_ROLE = "tensorboard"
-from tfpipe.engine import DEFAULT_DOCKER_URL  # noqa: E402  (one home for the default)
+from tfpipe.engine_settings import DEFAULT_DOCKER_URL  # noqa: E402  (one home for the default)
 
 #: The docker CLI's flag for each TLS file a task presents to its engine (docker-py's names).
 TLS_FLAGS = {"tls_ca_cert": "--tlscacert", "tls_client_cert": "--tlscert", "tls_client_key": "--tlskey"}
@@ -152,7 +152,7 @@ def gpus_arg(gpus: GpuRequest) -> str:
 
 def engine_tls(task: Any) -> dict[str, str]:
     """The TLS files ``task`` presents to its engine (set by
-    :meth:`tfpipe.engine.EngineSettings.apply_to`, as before a try), by docker-py's names."""
+    :meth:`tfpipe.engine_settings.EngineSettings.apply_to`, as before a try), by docker-py's names."""
     return {name: str(getattr(task, name)) for name in TLS_FLAGS if getattr(task, name, None)}
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tfpipe.engine import DEFAULT_DOCKER_URL, EngineSettings, engine_error_message
+from tfpipe.engine_settings import DEFAULT_DOCKER_URL, EngineSettings, engine_error_message
 from tfpipe.exceptions import TfpipeConfigError
 
 URL = "tcp://gpu-host.example:2376"
@@ -76,7 +76,7 @@ def test_the_tfpipe_section_of_airflow_cfg_names_the_engine_and_the_environment_
     (home / "airflow.cfg").write_text(
         f"[tfpipe]\ndocker_url = {URL}\ntls_ca_cert = {tls_files['ca']}\n"
         f"tls_client_cert = {tls_files['cert']}\ntls_client_key = {tls_files['key']}\n")
-    code = ("import json; from tfpipe.engine import EngineSettings; "
+    code = ("import json; from tfpipe.engine_settings import EngineSettings; "
             "print(json.dumps(vars(EngineSettings.from_airflow_config())))")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__TFPIPE__", "AIRFLOW_CONFIG"))}
     env["AIRFLOW_HOME"] = str(home)
@@ -135,7 +135,7 @@ def test_a_ca_bundle_variable_that_overrides_the_engine_ca_is_named(monkeypatch)
 
 def test_the_plugin_presents_the_deployment_certificate_only_to_the_deployment_engine(monkeypatch, tls_files):
     """The api-server reads reports over TLS from the [tfpipe] engine, and from other engines without it."""
-    from tfpipe.plugins.engine import engine_tls
+    from tfpipe.plugins.run_access import engine_tls
 
     _set(monkeypatch, docker_url=URL, tls_ca_cert=tls_files["ca"], tls_client_cert=tls_files["cert"],
          tls_client_key=tls_files["key"])
