@@ -1,6 +1,7 @@
 # tfpipe: two commands do all set-up on a fresh machine.
 #   make demo   build what is missing, then run the example DAG tfpipe_digits through Airflow
 #   make test   build what is missing, then run the whole test suite
+#   make check  the quick tier after every change: ruff plus the unit, contract and provider tests
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
@@ -29,12 +30,13 @@ SET_IMAGE_VARIABLE = ref=$(IMAGE_REF); if [ "$$(cat $(AIRFLOW_HOME)/.tfpipe_imag
 	airflow variables set tfpipe_image "$$ref" >/dev/null && echo "$$ref" >$(AIRFLOW_HOME)/.tfpipe_image \
 	&& echo "[image] Airflow Variable tfpipe_image = $$ref"; fi
 
-.PHONY: help demo run test test-host test-trainer lint image image-variable docker venv airflow-db data bench clean
+.PHONY: help demo run test check test-host test-trainer lint image image-variable docker venv airflow-db data bench clean
 
 help:
 	@echo "make demo                        run the example pipeline tfpipe_digits end to end"
 	@echo "make run DAG=<id> CONF='<json>'   run one DAG run of any DAG in dags/"
 	@echo "make test                        run every test (lint, host, Airflow, containers, in-image)"
+	@echo "make check                       the quick tier: ruff, unit, contract and provider tests (no image, about 3 min)"
 	@echo "make lint                        ruff check (part of make test)"
 	@echo "make test-compat AIRFLOW_VERSION=X.Y.Z  the provider's tests on another Airflow 3 release"
 	@echo "make image                       build (or reuse) the GPU-ready trainer image (TFPIPE_IMAGE_VARIANT=cpu: no CUDA)"
@@ -93,6 +95,13 @@ test:
 	@$(MAKE) --no-print-directory airflow-db data lint
 	@$(MAKE) --no-print-directory -j2 test-trainer compat-prepare-oldest
 	@$(MAKE) --no-print-directory test-host test-compat-oldest
+
+# The quick tier a developer runs after every change: it needs only the venv (no image, no Docker
+# engine, no Chromium), and runs the tests that are not marked integration on two workers.
+check: venv airflow-db
+	@echo "[check] ruff, then the contract, provider and bench tests"
+	@$(VENV)/bin/ruff check --quiet .
+	@$(PY) -m pytest -q -n 2 -m "not integration" tests/contract tests/provider $(wildcard tests/bench) $(PYTEST_ARGS)
 
 # ruff (pinned in requirements/host.lock; rules in pyproject.toml): pyflakes/pycodestyle, Airflow's AIR rules,
 # and no module-level TensorFlow, google.cloud or kubernetes imports on the Airflow side.
