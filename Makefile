@@ -38,6 +38,7 @@ help:
 	@echo "make test                        run every test (lint, host, Airflow, containers, in-image)"
 	@echo "make check                       the quick tier: ruff, unit, contract and provider tests (no image, about 3 min)"
 	@echo "make lint                        ruff check (part of make test)"
+	@echo "make docs                        build the documentation site (mkdocs --strict) into .cache/site"
 	@echo "make test-compat AIRFLOW_VERSION=X.Y.Z  the provider's tests on another Airflow 3 release"
 	@echo "make image                       build (or reuse) the GPU-ready trainer image (TFPIPE_IMAGE_VARIANT=cpu: no CUDA)"
 	@echo "make bench                       side-by-side speed ratios (not a test)"
@@ -92,7 +93,7 @@ run: venv image airflow-db image-variable data
 
 test:
 	@$(MAKE) --no-print-directory -j2 venv image
-	@$(MAKE) --no-print-directory airflow-db data lint
+	@$(MAKE) --no-print-directory airflow-db data lint docs
 	@$(MAKE) --no-print-directory -j2 test-trainer compat-prepare-oldest
 	@$(MAKE) --no-print-directory test-host test-compat-oldest
 
@@ -102,6 +103,13 @@ check: venv airflow-db
 	@echo "[check] ruff, then the contract, provider and bench tests"
 	@$(VENV)/bin/ruff check --quiet .
 	@$(PY) -m pytest -q -n 2 -m "not integration" tests/contract tests/provider $(wildcard tests/bench) $(PYTEST_ARGS)
+
+.PHONY: docs
+# The documentation site (mkdocs.yml, docs/): --strict fails on a broken link, a page left out of the
+# nav or a missing snippet. The site goes to .cache/site (mkdocs.yml's site_dir).
+docs: venv
+	@echo "[docs] mkdocs build --strict"
+	@NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict 2> >(grep -v '^INFO' >&2)
 
 # ruff (pinned in requirements/host.lock; rules in pyproject.toml): pyflakes/pycodestyle, Airflow's AIR rules,
 # and no module-level TensorFlow, google.cloud or kubernetes imports on the Airflow side.

@@ -129,17 +129,18 @@ def test_leftover_shims_of_the_stacks_engine_are_stopped_with_their_containers_a
 
 def _readme_row(readme: str, starts: str) -> str:
     rows = [line for line in readme.splitlines() if line.startswith(f"| {starts}")]
-    assert len(rows) == 1, f"README's `make up` table has one row starting {starts!r}: {rows}"
+    assert len(rows) == 1, f"the deploying page's `make up` table has one row starting {starts!r}: {rows}"
     return rows[0]
 
 
-def test_make_up_s_defaults_are_the_ones_readme_s_table_lists():
-    """With no ``TFPIPE_STACK_*`` setting, each part listens where README's `make up` table says, the
-    second engine has its own bridge, and there are two workers of concurrency 1."""
+def test_make_up_s_defaults_are_the_ones_the_docs_table_lists():
+    """With no ``TFPIPE_STACK_*`` setting, each part listens where the `make up` table of the docs'
+    deploying page says, the second engine has its own bridge, and there are two workers of
+    concurrency 1."""
     from deploy.stack import Stack
 
     stack = Stack({})
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "deploying.md").read_text()
     assert f"| 127.0.0.1:{stack.port('pg')} |" in _readme_row(readme, "PostgreSQL")
     assert f"| 127.0.0.1:{stack.port('redis')} (password) |" in _readme_row(readme, "Redis |")
     assert f"| {stack.api_url} |" in _readme_row(readme, "Airflow api-server")

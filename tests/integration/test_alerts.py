@@ -97,8 +97,8 @@ def _smtp_env(relay) -> dict[str, str]:
     return {f"AIRFLOW_CONN_{SMTP_CONN_ID.upper()}": json.dumps({**SMTP_CONNECTION, "port": relay.server_address[1]})}
 
 
-#: A user's DAG file: the pipeline as ``cfg``, then README's alerts example as it is printed there.
-DAG_FILE = '''"""Airflow DAG written by a test: the digits pipeline with README's failure alerts."""
+#: A user's DAG file: the pipeline as ``cfg``, then the docs' alerts example as it is printed there.
+DAG_FILE = '''"""Airflow DAG written by a test: the digits pipeline with the docs' failure alerts."""
 import os
 
 import airflow.providers.tfpipe  # noqa: F401
@@ -116,11 +116,12 @@ cfg = PipelineConfig(
 '''
 
 
-def readme_alerts_example() -> str:
-    """README's alerts example (Using the provider > Alerts when a run fails), as printed there."""
-    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
-    found = [block for block in blocks if "SmtpNotifier(" in block]
-    assert len(found) == 1, "README's alerts example (SmtpNotifier) is not one python block"
+def docs_alerts_example() -> str:
+    """The docs' alerts example (Monitoring > Alerts when a run fails), as printed there: the
+    ``alerts`` snippet section of ``docs/examples/alerts.py``, which the page includes."""
+    text = (REPO / "docs" / "examples" / "alerts.py").read_text()
+    found = re.findall(r"# --8<-- \[start:alerts\]\n(.*?)# --8<-- \[end:alerts\]\n", text, re.S)
+    assert len(found) == 1 and "SmtpNotifier(" in found[0], "the docs' alerts example is not one snippet section"
     assert f'"smtp_conn_id": "{SMTP_CONN_ID}"' in found[0], "the example names another connection"
     return found[0]
 
@@ -129,7 +130,7 @@ def write_alerting_dag(folder, dag_id: str = DAG_ID) -> None:
     """The DAG file above, its ``data.label`` naming no column of the digits CSV: prep fails at once
     (bad input is not retried) and names the columns it found."""
     folder.mkdir(parents=True, exist_ok=True)
-    text = DAG_FILE.format(dag_id=dag_id, label="digit") + "\n" + readme_alerts_example()
+    text = DAG_FILE.format(dag_id=dag_id, label="digit") + "\n" + docs_alerts_example()
     (folder / f"{dag_id}.py").write_text(text)
 
 

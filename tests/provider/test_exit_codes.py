@@ -100,15 +100,16 @@ def test_real_container_exits_map_through_the_operator(stage, script, mem_limit,
         assert f"(exit {code})" in str(err.value)
 
 
-def test_readme_s_exit_codes_are_the_contract_s_numbers():
-    """README's architecture section lists the exit codes by number (users match on them in alerts
+def test_the_docs_exit_codes_are_the_contract_s_numbers():
+    """The docs' architecture page lists the exit codes by number (users match on them in alerts
     and in their own stages): each number there is the contract's, so renumbering fails here."""
     import re
 
     from tests.conftest import REPO
 
-    readme = (REPO / "README.md").read_text()
-    paragraph = readme[readme.index("2. **The exit code**"):]
+    docs = REPO / "docs"
+    architecture = (docs / "architecture.md").read_text()
+    paragraph = architecture[architecture.index("2. **The exit code**"):]
     paragraph = paragraph[:paragraph.index("\n\n")]
     listed = {int(n): words.strip() for n, words in re.findall(r"`(\d+)` ([a-z][a-z ]+)", paragraph)}
     expected = {contract.ExitCode.OK: "success", contract.ExitCode.NOT_BLESSED: "not blessed",
@@ -119,5 +120,6 @@ def test_readme_s_exit_codes_are_the_contract_s_numbers():
     assert listed == expected
     assert (contract.ExitCode.OK, contract.ExitCode.NOT_BLESSED, contract.ExitCode.BAD_INPUT,
             contract.ExitCode.DIVERGED, contract.ExitCode.DIRS_NOT_READY) == (0, 10, 11, 12, 13)
-    # the two other places README names a code by number
-    assert "training diverged (exit 12)" in readme and "(exit 12, no retry)" in readme
+    # the two other places the docs name a code by number
+    pages = " ".join(" ".join(page.read_text().split()) for page in docs.glob("*.md"))
+    assert "training diverged (exit 12)" in pages and "(exit 12, no retry)" in pages
