@@ -562,19 +562,16 @@ def test_sharded_prep_runs_its_shards_on_two_engines_that_share_the_volumes(stac
 
 
 
-def test_a_stage_in_of_many_objects_forks_its_download_processes_in_a_celery_task(stack, rest, gcs_emulator,
-                                                                                   monkeypatch):
-    """A batch of 64 objects or more downloads in processes forked from the task process: here a
-    Celery worker's task process (the stage-in alone, from the Cloud Storage emulator), onto the GPU
-    host's data volume through the TLS engine. Every file arrives intact, owned by the stage's user."""
+def test_a_stage_in_of_many_objects_runs_in_a_celery_task(stack, rest, gcs_emulator, monkeypatch):
+    """80 objects download in the transfer manager's threads of a Celery worker's task process (the
+    stage-in alone, from the Cloud Storage emulator), onto the GPU host's data volume through the
+    TLS engine. Every file arrives intact, owned by the stage's user."""
     from google.cloud import storage
-
-    from tfpipe.gcs import sync
 
     dag_id = "tfpipe_stack_stage_in"
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
     bucket = storage.Client(project="test").create_bucket(f"tfpipe-stack-{os.urandom(6).hex()}")
-    bodies = {f"many/part-{i:03d}.bin": os.urandom(8192 + i) for i in range(sync.PROCESS_MIN_OBJECTS + 16)}
+    bodies = {f"many/part-{i:03d}.bin": os.urandom(8192 + i) for i in range(80)}
     for name, body in bodies.items():
         bucket.blob(name).upload_from_string(body)
     target = stack.volumes / "data" / "stage_in_many"
@@ -584,8 +581,7 @@ def test_a_stage_in_of_many_objects_forks_its_download_processes_in_a_celery_tas
     run = rest.wait_for_run(dag_id, run_id, timeout=300)
     log = rest.task_log(dag_id, run_id, "stage_in", 1)
     assert run["state"] == "success", log[-4000:]
-    forked = re.search(r"downloading batches of \d+ objects or more in (\d+) forked processes", log)
-    assert forked and int(forked[1]) >= 2, log[-4000:]
+    assert re.search(r"downloading 80 object\(s\), [\d.]+ MB, in \d+ threads", log), log[-4000:]
     assert rest.xcom(dag_id, run_id, "stage_in")["downloaded"] == len(bodies)
     for name, body in bodies.items():
         staged = target / name[len("many/"):]

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import io
 import json
 import socket
 import struct
-import tarfile
 import threading
 import time
 from pathlib import Path
@@ -77,38 +75,10 @@ def test_one_object_replaces_the_data_file(tmp_path, trainer_image, bucket):
     assert (tmp_path / "data" / "digits" / f".digits.csv{MANIFEST_NAME}").is_file()
 
 
-def _in_processes(monkeypatch) -> None:
-    """Every batch downloads in forked worker processes, as large batches do; a download in this
-    process's threads fails the test."""
-    import tfpipe.gcs.sync
-
-    def no_threads(*args, **kwargs):
-        raise AssertionError("a batch downloaded in the worker's threads, not in the download processes")
-
-    monkeypatch.setattr(tfpipe.gcs.sync, "PROCESS_MIN_OBJECTS", 1)
-    monkeypatch.setattr(tfpipe.gcs.sync, "DOWNLOAD_PROCESSES", 2)
-    monkeypatch.setattr(tfpipe.gcs.sync, "_download", no_threads)
-    # Parts of at most 1,500 bytes: a batch of a 1- and a 701-byte object goes as one part, bigger
-    # ones split, so the stream takes parts of one batch from several download processes.
-    monkeypatch.setattr(tfpipe.gcs.sync, "PROCESS_PART_BYTES", 1500)
-
-
-@pytest.mark.parametrize("where", ["threads", "processes"])
-def test_many_batches_in_memory_and_spooled_arrive_intact(tmp_path, trainer_image, bucket, monkeypatch, where):
-    """Batches of two objects (each goes into the volume while the next downloads); objects past
-    IN_MEMORY_BYTES wait on the worker's disk, smaller ones in memory: every byte arrives, whether
-    the batches download in the worker's threads or (large batches) in download processes."""
-    import tfpipe.gcs.plan
-    import tfpipe.gcs.sync
-
-    if where == "processes":
-        _in_processes(monkeypatch)
-    else:  # batches below PROCESS_MIN_OBJECTS never fork, even where processes could run
-        monkeypatch.setattr(tfpipe.gcs.sync, "DOWNLOAD_PROCESSES", 2)
-        monkeypatch.setattr(tfpipe.gcs.sync, "ProcessPoolExecutor", None)
-    monkeypatch.setattr(tfpipe.gcs.plan, "BATCH_OBJECTS", 2)
-    monkeypatch.setattr(tfpipe.gcs.sync, "IN_MEMORY_BYTES", 1000)
-    bodies = {f"raw/d/{'deep/' * (i % 3)}part-{i}.bin": bytes([i]) * (i * 700 + 1) for i in range(7)}
+def test_objects_in_nested_folders_arrive_intact_owned_by_the_stage_user(tmp_path, trainer_image, bucket):
+    """Objects of several sizes (empty to a few kB), some in nested folders: every byte arrives, each
+    file and each directory the tar made belongs to the stage user, and the manifest lists them all."""
+    bodies = {f"raw/d/{'deep/' * (i % 3)}part-{i}.bin": bytes([i]) * (i * 700) for i in range(7)}
     for name, body in bodies.items():
         bucket.blob(name).upload_from_string(body)
     result = _operator(tmp_path, trainer_image, "d/", source_uri=f"gs://{bucket.name}/raw/d").execute(
@@ -119,20 +89,19 @@ def test_many_batches_in_memory_and_spooled_arrive_intact(tmp_path, trainer_imag
         staged = target / name[len("raw/d/"):]
         assert staged.read_bytes() == body, name
         assert (staged.stat().st_uid, staged.stat().st_gid) == (1000, 1000)
-    assert (target / "deep" / "deep").stat().st_uid == 1000, "directories the tar made belong to the stage user"
+    for made in ("deep", "deep/deep"):
+        st = (target / made).stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (1000, 1000, 0o755), made
     assert sorted(json.loads((target / MANIFEST_NAME).read_text())["objects"]) == sorted(
         n[len("raw/d/"):] for n in bodies)
 
 
-
-def test_a_daemonic_task_process_still_downloads_in_processes(tmp_path, trainer_image, bucket, monkeypatch):
+def test_a_daemonic_task_process_stages_in(tmp_path, trainer_image, bucket):
     """A Celery worker's pool processes are daemonic, and so is the task process Airflow forks from
-    one; multiprocessing refuses children to a daemonic process. The stage-in runs here in a daemonic
-    process (as in a Celery deployment; `tests/deployment` runs it in a real one): its batches still
-    download in the download processes, every byte arrives, and the process is daemonic again after."""
+    one; multiprocessing refuses children to a daemonic process. The stage-in downloads in threads,
+    so it runs there as anywhere: every byte arrives, and the process is still daemonic after."""
     import multiprocessing
 
-    _in_processes(monkeypatch)
     bodies = {f"raw/many/part-{i}.bin": bytes([i]) * (i * 300 + 1) for i in range(6)}
     for name, body in bodies.items():
         bucket.blob(name).upload_from_string(body)
@@ -158,19 +127,13 @@ def test_a_daemonic_task_process_still_downloads_in_processes(tmp_path, trainer_
         assert (tmp_path / "data" / "many" / name[len("raw/many/"):]).read_bytes() == body, name
 
 
-@pytest.mark.parametrize("where", ["threads", "processes"])
 def test_an_object_deleted_after_listing_is_named_and_no_manifest_is_written(tmp_path, trainer_image, bucket,
-                                                                             monkeypatch, where):
+                                                                             monkeypatch):
     """An object is deleted between the listing and its download: the task fails with an
     error naming the object (retried: the next try lists again), and the manifest, written last, is
-    not there, so the half-staged directory never passes for a complete sync. The same from a
-    download process."""
+    not there, so the half-staged directory never passes for a complete sync."""
     import tfpipe.gcs.sync
     from tfpipe.hooks.gcs import GcsTransferError
-
-    if where == "processes":
-        _in_processes(monkeypatch)
-        monkeypatch.setattr(tfpipe.gcs.sync, "PROCESS_PART_BYTES", 1)  # one object per part: part-2 is the third
 
     for i in range(4):
         bucket.blob(f"raw/d/part-{i}.csv").upload_from_string(f"x,label\n{i},0\n".encode())
@@ -189,8 +152,8 @@ def test_an_object_deleted_after_listing_is_named_and_no_manifest_is_written(tmp
 
 
 def test_a_folder_onto_a_data_file_fails_naming_both_and_leaves_the_file(tmp_path, trainer_image, bucket):
-    """The engine's survey finds the data path is a file while the first objects already download:
-    the task fails without retry, saying what to change, and the file is left as it was."""
+    """The engine's survey finds the data path is a file while the objects download: the task fails
+    without retry, saying what to change, and the file is left as it was."""
     from tfpipe.exceptions import StageInError
 
     for i in range(3):
@@ -203,11 +166,12 @@ def test_a_folder_onto_a_data_file_fails_naming_both_and_leaves_the_file(tmp_pat
     assert (tmp_path / "data" / "d").read_text() == "mine"
 
 
-def test_a_new_target_directory_is_made_by_a_tar_without_the_survey_helper(tmp_path, trainer_image, bucket,
-                                                                           monkeypatch):
-    """A target directory that does not exist yet holds nothing to list or delete: it and its missing
-    parents are made through the archive API, owned by the stage user, and no helper program runs;
-    the next sync, into a directory that exists, surveys it first. A file on the way is refused."""
+def test_a_new_target_directory_is_made_for_the_stage_user_and_later_syncs_move_only_changes(
+        tmp_path, trainer_image, bucket, monkeypatch):
+    """A target directory that does not exist yet is made with its missing parents, owned by the
+    stage user (an existing parent keeps its owner). A second sync downloads nothing; after an
+    object's deletion the third only deletes its file and writes the manifest on its own. A file on
+    the way to the target directory fails the task and is left as it was."""
     from tfpipe.exceptions import StageFailedError
     from tfpipe.hooks.docker import VolumeHelper
 
@@ -224,20 +188,20 @@ def test_a_new_target_directory_is_made_by_a_tar_without_the_survey_helper(tmp_p
     (tmp_path / "data" / "a").mkdir(parents=True)
     op = _operator(tmp_path, trainer_image, "a/b/c/", source_uri=f"gs://{bucket.name}/raw/d")
     first = op.execute(fake_context("stage_in"))
-    assert first["downloaded"] == 3 and programs == [], "no helper program for a new directory"
+    assert first["downloaded"] == 3 and programs == ["list_dir"]
     for made in ("a/b", "a/b/c", "a/b/c/sub"):
         st = (tmp_path / "data" / made).stat()
-        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (1000, 1000, 0o755), made
+        assert (st.st_uid, st.st_gid) == (1000, 1000), made
     assert (tmp_path / "data" / "a").stat().st_uid == 0, "an existing parent keeps its owner"
     assert (tmp_path / "data" / "a/b/c/sub/part-1.csv").read_bytes() == b"x,label\n1,0\n"
     assert (tmp_path / "data" / "a/b/c" / MANIFEST_NAME).is_file()
 
     second = op.execute(fake_context("stage_in"))
-    assert (second["downloaded"], second["unchanged"], programs) == (0, 3, ["list_dir"])
-    # only a deletion: no tar stream, so the manifest goes in on its own
+    assert (second["downloaded"], second["unchanged"], programs[1:]) == (0, 3, ["list_dir"])
+    # only a deletion: no files to stream, so the manifest goes in on its own
     bucket.blob("raw/d/part-0.csv").delete()
     third = op.execute(fake_context("stage_in"))
-    assert (third["downloaded"], third["deleted"], programs[1:]) == (0, 1, ["list_dir", "delete_files"])
+    assert (third["downloaded"], third["deleted"], programs[2:]) == (0, 1, ["list_dir", "delete_files"])
     assert sorted(json.loads((tmp_path / "data" / "a/b/c" / MANIFEST_NAME).read_text())["objects"]) == [
         "part-2.csv", "sub/part-1.csv"]
 
@@ -248,34 +212,27 @@ def test_a_new_target_directory_is_made_by_a_tar_without_the_survey_helper(tmp_p
     assert (tmp_path / "data" / "f").read_text() == "mine"
 
 
-@pytest.mark.parametrize("where", ["threads", "processes"])
-def test_a_refused_stream_into_a_new_target_directory_fails_with_the_engine_error(tmp_path, trainer_image, bucket,
-                                                                                monkeypatch, where):
-    """A new target directory's directories lead the tar stream into the deepest one that exists:
-    when the engine refuses that stream, the task fails with the engine's error (not a broken
-    stream's), and nothing is staged."""
+def test_a_refused_tar_stream_fails_with_the_engine_error_and_writes_no_manifest(tmp_path, trainer_image, bucket,
+                                                                                monkeypatch):
+    """When the engine refuses the tar stream, the task fails with the engine's error (not a broken
+    stream's), and no file and no manifest is staged."""
     from tfpipe.exceptions import StageFailedError
     from tfpipe.hooks.docker import VolumeHelper
 
-    if where == "processes":
-        _in_processes(monkeypatch)
     for i in range(5):
         bucket.blob(f"raw/d/part-{i}.csv").upload_from_string(f"x,label\n{i},0\n".encode())
     seen = []
 
     def refused(helper, path, data):
-        seen.append((path, next(iter(data))))  # the stream's first piece: the missing directories
-        time.sleep(0.5)  # the downloads are under way by now
+        seen.append(path)
         raise StageFailedError(f"the Docker engine refused to extract an archive into {path}", exit_code=None)
 
     monkeypatch.setattr(VolumeHelper, "put_archive", refused)
-    with pytest.raises(StageFailedError, match="refused to extract an archive into /"):
+    with pytest.raises(StageFailedError, match="refused to extract an archive into /vol/a/b"):
         _operator(tmp_path, trainer_image, "a/b/", source_uri=f"gs://{bucket.name}/raw/d").execute(
             fake_context("stage_in"))
-    assert not (tmp_path / "data" / "a").exists()
-    assert len(seen) == 1 and seen[0][0] == "/vol"  # into the mount, led by "a" and "a/b" (the user's)
-    with tarfile.open(fileobj=io.BytesIO(seen[0][1] + tarfile.NUL * 1024)) as lead:
-        assert [(m.name, m.isdir(), m.uid, m.gid) for m in lead] == [("a", True, 1000, 1000), ("a/b", True, 1000, 1000)]
+    assert seen == ["/vol/a/b"], "one tar stream, into the target directory"
+    assert list((tmp_path / "data" / "a" / "b").iterdir()) == [], "the survey made the directory; nothing is in it"
 
 
 def test_no_uri_skips(tmp_path, trainer_image):

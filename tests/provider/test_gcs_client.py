@@ -7,7 +7,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from google.cloud.storage import _opentelemetry_tracing as tracing
 
-from tfpipe.hooks.gcs import http_settings, settle_environment
+from tfpipe.hooks.gcs import settle_environment
 
 pytestmark = pytest.mark.gcs
 
@@ -22,25 +22,59 @@ def test_without_traces_the_client_reads_no_bucket_metadata(monkeypatch):
     assert settle_environment(_client())._bucket_metadata_cache is None
 
 
-def test_settings_handed_over_replace_what_the_environment_says_now(monkeypatch, tmp_path):
-    """A stage-in's download processes are forked after the task's client was made: they take that
-    client's proxies and CA bundle, not those of the environment they inherit at the fork."""
+def test_the_proxy_and_ca_bundle_are_read_when_the_client_is_settled_and_kept(monkeypatch, tmp_path):
+    """The environment's proxy and CA bundle for the storage endpoint are read once, when the hook
+    settles its client, and kept on its session: requests reads the environment no more."""
     bundle = tmp_path / "ca.pem"
     bundle.write_text("not read here\n")
     for name in ("NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "CURL_CA_BUNDLE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
-    task_client = settle_environment(_client())
-    settings = http_settings(task_client)
-    assert settings == ({"https": "http://127.0.0.1:3128"}, str(bundle)), settings
+    session = settle_environment(_client())._http
+    assert (session.proxies, session.verify, session.trust_env) == (
+        {"https": "http://127.0.0.1:3128"}, str(bundle), False)
 
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
     monkeypatch.delenv("REQUESTS_CA_BUNDLE")
-    assert http_settings(settle_environment(_client())) == ({"https": "http://127.0.0.1:9"}, True), "read anew"
-    child = settle_environment(_client(), settings)
-    assert http_settings(child) == settings
-    assert child._http.trust_env is False, "requests must not read the environment again per request"
+    assert (session.proxies, session.verify) == ({"https": "http://127.0.0.1:3128"}, str(bundle)), "kept"
+    again = settle_environment(_client())._http
+    assert (again.proxies, again.verify) == ({"https": "http://127.0.0.1:9"}, True), "a new client reads anew"
+
+
+@pytest.mark.parametrize("error, retried", [
+    ("503", True), ("429", True), ("reset", True), ("timeout", True),
+    ("404", False), ("403", False), ("certificate", False),
+])
+def test_the_listing_retries_transient_errors_only(error, retried):
+    """The listing's retry (the library's default, less a refused certificate) tries again after a
+    server error, a throttle, a reset or a timeout, and gives up at once on a missing bucket, a
+    refused permission or a certificate the client does not trust (a setting to fix)."""
+    import requests
+    from google.api_core import exceptions as api
+
+    from tfpipe.hooks.gcs import _listing_retry
+
+    first = {"503": api.ServiceUnavailable("busy"), "429": api.TooManyRequests("slow down"),
+             "reset": requests.exceptions.ConnectionError("Connection reset by peer"),
+             "timeout": requests.exceptions.ReadTimeout("read timed out"),
+             "404": api.NotFound("no such bucket"), "403": api.Forbidden("denied"),
+             "certificate": requests.exceptions.SSLError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")}
+    calls = []
+
+    def listing():
+        calls.append(1)
+        if len(calls) == 1:
+            raise first[error]
+        return "listed"
+
+    wrapped = _listing_retry().with_delay(initial=0.001, maximum=0.001)(listing)
+    if retried:
+        assert wrapped() == "listed" and len(calls) == 2
+    else:
+        with pytest.raises(type(first[error])):
+            wrapped()
+        assert len(calls) == 1
 
 
 @pytest.mark.parametrize("has_opentelemetry", [True, False])

@@ -120,7 +120,7 @@ print(ConnectionResponse(connection_id="gcs_keyed", conn_type="google_cloud_plat
 
 
 def test_key_json_as_text_is_shown_in_clear_unless_named_sensitive():
-    """README's warning, both ways: ``key_json`` given as text reaches the connection page as it is,
+    """The Cloud Storage page's warning, both ways: ``key_json`` given as text reaches the connection page as it is,
     and ``[core] sensitive_var_conn_names = key_json`` hides it (a fresh api-server-like process
     each, since Airflow reads that list once)."""
     text = json.dumps(service_account_key())
@@ -133,7 +133,7 @@ def test_key_json_as_text_is_shown_in_clear_unless_named_sensitive():
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout.splitlines()[-1])
 
-    assert shown() == {"key_json": text, "project": "acme-ml"}, "in clear, as README warns"
+    assert shown() == {"key_json": text, "project": "acme-ml"}, "in clear, as the docs warn"
     assert shown(AIRFLOW__CORE__SENSITIVE_VAR_CONN_NAMES="key_json") == {"key_json": "***", "project": "acme-ml"}
 
 

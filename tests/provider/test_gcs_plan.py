@@ -15,7 +15,7 @@ from tfpipe.config import PipelineConfig
 from tfpipe.exceptions import TfpipeConfigError
 from tfpipe.hooks.gcs import GcsAccessError, GcsUri, TfpipeGcsHook
 from tfpipe.exceptions import StageInError
-from tfpipe.gcs.plan import MANIFEST_NAME, batches, changed_since, plan_layout, plan_sync
+from tfpipe.gcs.plan import MANIFEST_NAME, changed_since, plan_layout, plan_sync
 from tfpipe.gcs.publish import version_uri
 from tfpipe.operators.gcs import GcsPublishOperator, GcsStageInOperator
 
@@ -166,44 +166,6 @@ def test_objects_without_crc32c_are_compared_by_generation():
     # before the directory is listed, the generation alone already shows what changed
     assert [o.rel for o in changed_since(objects, manifest)] == ["never-synced.csv", "new-generation.csv",
                                                                  "no-generation-recorded.csv"]
-
-
-def test_batches_bound_bytes_and_count():
-    objs = plan_layout(GcsUri.parse("gs://b-1/r/"), [blob(f"r/{i}", size=s) for i, s in
-                                                    enumerate([5, 5, 20, 1, 1, 1])], "d").objects
-    sizes = [[o.size for o in b] for b in batches(sorted(objs.values(), key=lambda o: int(o.rel)), 10, 2)]
-    assert sizes == [[5, 5], [20], [1, 1], [1]]
-
-
-
-def test_readme_s_stage_in_sizes_are_the_code_s():
-    """The batch, part and process sizes README's Cloud Storage section gives are the ones the sync
-    uses, and a 200 MB bucket of 400 kB objects splits into batches that respect them."""
-    import re
-
-    from tfpipe.gcs import plan as planner
-    from tfpipe.gcs import sync
-
-    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
-    mb = 1024 * 1024
-    said = {"batch": r"in batches of at most (\d+) MB \(and (\d+) objects\)",
-            "processes": r"a batch of (\d+) objects or more downloads in forked worker processes \(one per core, at most (\d+),",
-            "part": r"in parts of about (\d+) MB", "first": r"the first part \(about (\d+) MB\)",
-            "plain": r"one up to (\d+) MB is one plain `GET`"}
-    found = {name: re.search(pattern, readme) for name, pattern in said.items()}
-    assert all(found.values()), {name: bool(m) for name, m in found.items()}
-    assert (int(found["batch"][1]) * mb, int(found["batch"][2])) == (planner.BATCH_BYTES, planner.BATCH_OBJECTS)
-    assert int(found["processes"][1]) == sync.PROCESS_MIN_OBJECTS
-    assert sync.DOWNLOAD_PROCESSES == min(int(found["processes"][2]), os.cpu_count() or 1)
-    assert int(found["part"][1]) * mb == sync.PROCESS_PART_BYTES
-    assert int(found["first"][1]) * mb == sync.FIRST_PART_BYTES
-    assert int(found["plain"][1]) * mb == sync.IN_MEMORY_BYTES
-
-    objs = plan_layout(GcsUri.parse("gs://b-1/r/"), [blob(f"r/{i:03d}", size=400 * 1024) for i in range(500)],
-                       "d").objects
-    split = batches(sorted(objs.values(), key=lambda o: o.rel))
-    assert [len(b) for b in split] == [81] * 6 + [14], "81 objects of 400 kB fill 32 MB, the 82nd would not"
-    assert all(sum(o.size for o in b) <= planner.BATCH_BYTES for b in split)
 
 
 # -- prep never reads the manifest ------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 - :mod:`tfpipe.gcs.plan`: where a bucket's objects go and what a sync must do (pure);
 - :mod:`tfpipe.gcs.sync`: the stage-in sync, through helper containers on the Docker engine;
-- :mod:`tfpipe.gcs.media`: the stage-in's reads of small objects, one plain ``GET`` each;
 - :mod:`tfpipe.gcs.publish`: uploading an exported version and its ``_COMPLETE`` marker.
 
 The operators that use them are in :mod:`tfpipe.operators.gcs`; the client and credentials in

@@ -17,9 +17,6 @@ from tfpipe.hooks.gcs import GcsUri
 
 MANIFEST_NAME = ".tfpipe-gcs-manifest.json"
 MANIFEST_SCHEMA = 1
-#: Objects are downloaded and handed to the engine in batches of at most this many bytes/objects.
-BATCH_BYTES = 32 * 1024 * 1024
-BATCH_OBJECTS = 200
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
@@ -156,20 +153,3 @@ def changed_since(objects: Mapping[str, RemoteObject], manifest: Mapping[str, An
     """
     entries = (manifest or {}).get("objects") or {}
     return plan_sync(objects, manifest, {rel: entry.get("size") for rel, entry in entries.items()}).download
-
-
-def batches(objects: list[RemoteObject], max_bytes: int = BATCH_BYTES,
-            max_objects: int = BATCH_OBJECTS) -> list[list[RemoteObject]]:
-    """Split ``objects`` into batches of at most ``max_bytes`` (one bigger object alone) and ``max_objects``."""
-    out: list[list[RemoteObject]] = []
-    current: list[RemoteObject] = []
-    size = 0
-    for obj in objects:
-        if current and (size + obj.size > max_bytes or len(current) >= max_objects):
-            out.append(current)
-            current, size = [], 0
-        current.append(obj)
-        size += obj.size
-    if current:
-        out.append(current)
-    return out

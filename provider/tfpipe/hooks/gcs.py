@@ -378,17 +378,36 @@ def _certificate_reason(err: BaseException) -> str:
 
 def _listing_retry() -> Any:
     """google-cloud-storage's default retry, less a refused certificate, which it would retry for
-    two minutes before any error reached the task."""
+    two minutes before any error reached the task.
+
+    The transient errors are those of Cloud Storage's retry strategy (429, 408, 5xx, connection
+    resets and timeouts), named here because the library keeps its own predicate private.
+    """
+    import http.client
+
+    import requests
+    import urllib3
+    from google.api_core import exceptions as api
+    from google.auth import exceptions as auth
     from google.cloud.storage.retry import DEFAULT_RETRY
 
-    try:  # the library's own predicate; an older or newer one without it: api_core's transient errors
-        from google.cloud.storage.retry import _should_retry as transient
-    except ImportError:
-        from google.api_core.retry import if_transient_error as transient
+    retried = (api.TooManyRequests, api.InternalServerError, api.BadGateway, api.ServiceUnavailable,
+               api.GatewayTimeout, ConnectionError, requests.ConnectionError, requests.exceptions.ChunkedEncodingError,
+               requests.exceptions.Timeout, http.client.BadStatusLine, http.client.IncompleteRead,
+               http.client.ResponseNotReady, urllib3.exceptions.PoolError, urllib3.exceptions.ProtocolError,
+               urllib3.exceptions.SSLError, urllib3.exceptions.TimeoutError)
+
+    def transient(err: BaseException) -> bool:
+        if isinstance(err, auth.TransportError) and err.args and isinstance(err.args[0], BaseException):
+            return transient(err.args[0])
+        if isinstance(err, api.GoogleAPICallError):
+            return err.code in (408, 429, 500, 502, 503, 504)
+        return isinstance(err, retried)
+
     return DEFAULT_RETRY.with_predicate(lambda err: transient(err) and not _certificate_refused(err))
 
 
-def settle_environment(client: Any, settings: tuple[dict[str, str], Any] | None = None) -> Any:
+def settle_environment(client: Any) -> Any:
     """Have ``client`` (a ``google.cloud.storage.Client``) read the environment's HTTP settings once.
 
     A ``requests`` session that trusts the environment looks up the proxy variables (walking all
@@ -399,33 +418,25 @@ def settle_environment(client: Any, settings: tuple[dict[str, str], Any] | None 
     endpoint are taken once and kept on the session. ``~/.netrc`` is not read: the only
     authorization Cloud Storage takes is the credentials' token header, which a netrc entry for
     the host would replace. Token refreshes use a session of their own and are unchanged.
-    ``settings`` (:func:`http_settings` of a client settled before) are taken instead of the
-    environment: a stage-in's download processes keep the settings of the task's client, even when
-    the environment changed between that client's making and their fork.
 
     The client's bucket-metadata cache is switched off unless the library's OpenTelemetry traces
     are on (``ENABLE_GCS_PYTHON_CLIENT_OTEL_TRACES``). On a client's first use of a bucket,
     google-cloud-storage starts a thread that reads the bucket's metadata (a ``GET`` of the bucket,
     retried for up to two minutes on network errors), only to label trace spans. Without traces
-    nothing reads that label. The read is one more request per client, and so per download
-    process. It also needs ``storage.buckets.get``, which a key that may only read objects lacks.
+    nothing reads that label. The read is one more request per client. It also needs
+    ``storage.buckets.get``, which a key that may only read objects lacks.
     Returns ``client``.
+
+    The library offers no public setting for either, so this sets the client's session and cache
+    attributes.
     """
     session = client._http
-    if settings is None:
-        url = client._connection.get_api_base_url_for_mtls()
-        merged = session.merge_environment_settings(url, {}, None, None, None)
-        settings = merged["proxies"], merged["verify"]
-    session.proxies, session.verify = dict(settings[0]), settings[1]
+    merged = session.merge_environment_settings(client._connection.get_api_base_url_for_mtls(), {}, None, None, None)
+    session.proxies, session.verify = dict(merged["proxies"]), merged["verify"]
     session.trust_env = False
     if getattr(client, "_bucket_metadata_cache", None) is not None and not _storage_traces_on():
         client._bucket_metadata_cache = None  # the library tests it for truth before every use
     return client
-
-
-def http_settings(client: Any) -> tuple[dict[str, str], Any]:
-    """The proxies and CA-bundle choice (``verify``) a :func:`settle_environment`-d ``client`` uses."""
-    return dict(client._http.proxies), client._http.verify
 
 
 def _storage_traces_on() -> bool:

@@ -147,9 +147,9 @@ class GcsStageInOperator(_GcsTransferOperator):
 
     Runs before prep. Objects are listed and downloaded **on the worker** (only new or changed ones:
     a manifest of generations and CRC32Cs stays next to the files) with the transfer manager of
-    ``google-cloud-storage``, and handed to the engine as one tar stream (``put_archive``) through a
-    helper container of ``image`` that mounts the data volume, batch by batch while the next batch
-    downloads; files of objects deleted from the bucket are removed. When neither the run's
+    ``google-cloud-storage`` (threads) into a temporary directory, then handed to the engine as one
+    tar stream (``put_archive``) through a helper container of ``image`` that mounts the data
+    volume, the manifest last; files of objects deleted from the bucket are removed. When neither the run's
     Param ``uri_param`` nor ``source_uri`` is set, the task skips itself.
 
     :param data_volume: the data volume: a directory on the Docker engine's host.
@@ -163,7 +163,7 @@ class GcsStageInOperator(_GcsTransferOperator):
         Credentials; anonymous with ``STORAGE_EMULATOR_HOST``).
     :param docker_url: the Docker engine, local or remote.
     :param user: ``uid:gid`` that owns the staged files and directories.
-    :param max_workers: parallel downloads.
+    :param max_workers: parallel downloads (threads).
     :param allow_floating_tag: accept an unpinned ``image``.
     :param kwargs: passed to ``BaseOperator`` (``task_id``, ``retries``, ...).
     """
