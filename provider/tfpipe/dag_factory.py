@@ -239,7 +239,7 @@ def training_pipeline(cfg: PipelineConfig, **dag_kwargs: Any) -> DAG:
     Extra keyword arguments go to ``DAG``, in place of tfpipe's own choice where they name the same
     argument (``catchup=False``, ``max_active_runs=1``, the doc, the tags, ...). ``default_args`` reach
     every task built here, which is how Airflow's callbacks and notifiers are attached to a pipeline
-    (README: Alerts when a run fails).
+    (the monitoring guide: "Alerts when a run fails").
     """
     if not isinstance(cfg, PipelineConfig):
         cfg = PipelineConfig.from_dict(cfg)

@@ -44,8 +44,6 @@ LOG = logging.getLogger(__name__)
 #: Where a helper program's payload and result live inside its container.
 HELPER_IN = "/tmp/tfpipe-helper-in.json"
 HELPER_OUT = "/tmp/tfpipe-helper-out.json"
-#: The directory bit of a Go ``os.FileMode``, as the engine's path stat reports the mode.
-_GO_MODE_DIR = 1 << 31
 #: Label that says what a container is for (``stage`` containers have none).
 ROLE_LABEL = "tfpipe.role"
 
@@ -276,22 +274,6 @@ class VolumeHelper:
         except NotFound:
             return None
         return stream
-
-    def is_dir(self, path: str) -> bool | None:
-        """Whether ``path`` is a directory (``None``: it does not exist), from the engine's stat of it.
-
-        A ``HEAD`` of the archive API: the engine stats the path and sends no tar, however big it is.
-        """
-        from docker.errors import NotFound
-        from docker.utils import decode_json_header
-
-        cli = self.hook.api_client
-        response = cli.head(cli._url("/containers/{0}/archive", self._archive_container()), params={"path": path})
-        try:
-            cli._raise_for_status(response)
-        except NotFound:
-            return None
-        return bool(decode_json_header(response.headers["X-Docker-Container-Path-Stat"])["mode"] & _GO_MODE_DIR)
 
     def read_file(self, path: str) -> bytes | None:
         """The bytes of one (small) file, or ``None`` when it does not exist."""

@@ -25,7 +25,7 @@ stage's JSON result is read from the end of the pod's log, as the Docker operato
 
 What was not run here: no cluster exists on the machine this was built on. The tests build the
 ``V1Pod`` these operators send with the provider's own pod-building code and check it as the
-Kubernetes client serialises it, and check the exit mapping on pod statuses; the README says so.
+Kubernetes client serialises it, and check the exit mapping on pod statuses; the Kubernetes guide says so.
 """
 
 from __future__ import annotations
