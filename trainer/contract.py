@@ -72,6 +72,10 @@ OPTIMIZERS = ("adam", "sgd", "rmsprop")
 LEARNING_RATE_SCHEDULES = ("constant", "cosine")
 DATA_FORMATS = ("csv", "images")
 FEATURE_TYPES = ("float", "int")
+#: ``data.columns`` values: a CSV column's type, overriding what prep infers from the train split.
+COLUMN_TYPES = ("numeric", "categorical", "boolean", "ignore")
+#: ``data.na_values`` default: the cell texts (after stripping) that mean a missing value.
+NA_VALUES = ("", "NA", "NaN", "null", "None")
 #: ``training.cache``: where parsed training examples are kept between epochs. ``auto``: in memory
 #: when they fit a budget derived from the container's memory limit, else in a file on the work
 #: volume; ``memory``, ``file``: always there; ``none``: the shards are parsed again every epoch.
@@ -112,6 +116,23 @@ SECTIONS = {
         "shards": {"kind": "int", "default": 1, "minimum": 1, "parse_maximum": 1024,
                    "doc": "prep tasks (csv): 1 = one prep task; N = N mapped prep_shard tasks, each over "
                           "its slice of the input files, then a prep_merge task"},
+        "columns": {"kind": "dict", "default": {},
+                    "doc": "per-column type overrides (csv), column name -> numeric, categorical, boolean or "
+                           "ignore; other columns get the type prep infers from the train split"},
+        "na_values": {"kind": "list?", "default": list(NA_VALUES),
+                      "doc": "cell texts that mean a missing value (csv; an empty cell always does); "
+                             "null = only empty cells"},
+        "drop_missing_labels": {"kind": "bool", "default": False,
+                                "doc": "drop (and count) rows whose label is missing instead of failing (csv)"},
+        "max_vocabulary": {"kind": "int", "default": 1000, "minimum": 1, "parse_maximum": 1000000,
+                           "doc": "most frequent values a text column keeps (csv); the rest share the "
+                                  "out-of-vocabulary bucket"},
+        "min_frequency": {"kind": "int", "default": 1, "minimum": 1,
+                          "doc": "train-split count a text value needs to enter the vocabulary (csv)"},
+        "hash_threshold": {"kind": "int", "default": 10000, "minimum": 1, "parse_maximum": 10000000,
+                           "doc": "a text column with more distinct train values is hashed instead (csv)"},
+        "hash_bins": {"kind": "int", "default": 1024, "minimum": 2, "parse_maximum": 1000000,
+                      "doc": "buckets of a hashed text column (csv); one more holds missing values"},
     },
     "training": {
         "model": {"kind": "str", "default": "mlp", "override": "param",
@@ -244,6 +265,23 @@ class ExitCode:
     KILLED = 137
 
     NO_RETRY = (BAD_INPUT, DIVERGED, DIRS_NOT_READY)
+
+    #: What usually resolves each code (the docs' exit-code reference is generated from it).
+    FIXES = {
+        OK: "",
+        NOT_BLESSED: "Nothing, when the candidate is worse: the current model stays. If good models are refused, "
+                     "compare evaluation.metric, threshold and tolerance with the run report.",
+        BAD_INPUT: "Read the end of the task log: it names the field, file or line. Correct the data or the "
+                   "pipeline config, then clear the task.",
+        DIVERGED: "Lower training.learning_rate, set training.gradient_clip_norm or a warm-up "
+                  "(training.learning_rate_warmup_epochs), and look for extreme or missing values in the data.",
+        DIRS_NOT_READY: "Make the work and models volumes writable by resources.user, or let tfpipe prepare them "
+                        "(the Docker backend always does; Kubernetes: kubernetes.prepare_volumes).",
+        KILLED: "Usually the out-of-memory killer: raise resources.mem_limit or lower training.batch_size. The "
+                "task is retried and training resumes from its last checkpoint.",
+        143: "The container was stopped (docker stop, a task timeout, a cleared or marked task); training "
+             "checkpoints first. The task is retried and training resumes from that checkpoint.",
+    }
 
     @classmethod
     def describe(cls, code):

@@ -1,4 +1,4 @@
-"""One schema for the stage config: the provider's dataclasses, its trigger-form Params and the
+"""One schema for the stage config: the provider's models, its trigger-form Params and the
 trainer's config resolution all read ``contract.SECTIONS``; these tests fail on any drift.
 
 The trainer's ``config`` module is standard library only, so the host imports it directly.
@@ -7,7 +7,6 @@ The trainer's ``config`` module is standard library only, so the host imports it
 from __future__ import annotations
 
 import ast
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -49,7 +48,7 @@ def test_both_wings_read_the_same_file():
 
 def test_provider_sections_have_exactly_the_contract_fields():
     for section, kind in STAGE_SECTIONS.items():
-        assert [f.name for f in dataclasses.fields(kind)] == list(contract.SECTIONS[section]), section
+        assert list(kind.model_fields) == list(contract.SECTIONS[section]), section
 
 
 DEFAULTED = [(s, n) for s, n in FIELDS if (s, n) != ("data", "path")]
@@ -65,7 +64,7 @@ def test_defaults_agree_on_both_sides(section, name):
 
 def test_data_path_defaults_to_none_which_a_pipeline_must_replace():
     assert contract.SECTIONS["data"]["path"]["default"] is None
-    assert dataclasses.fields(STAGE_SECTIONS["data"])[0].default is None
+    assert STAGE_SECTIONS["data"].model_fields["path"].default is None
     with pytest.raises(TfpipeConfigError, match="data.path.*Fix:"):
         STAGE_SECTIONS["data"].from_dict({})
     template = config_template(PipelineConfig.from_dict(GOOD), "prep")
@@ -180,16 +179,19 @@ def test_form_params_take_type_bounds_and_choices_from_the_contract():
 
 
 def test_no_stage_config_default_is_written_outside_the_contract():
-    """Neither reader declares a literal default for a stage-config field (the drift this removed)."""
+    """Neither reader declares a stage-config field itself (the drift this removed): the provider's
+    section models get every field, with its default, bounds and choices, from the contract."""
     provider = ast.parse((REPO / "provider" / "tfpipe" / "config.py").read_text())
+    names = {kind.__name__: section for section, kind in STAGE_SECTIONS.items()}
     for node in ast.walk(provider):
-        if isinstance(node, ast.ClassDef) and node.name in {k.__name__ for k in STAGE_SECTIONS.values()}:
-            for item in node.body:
-                fields = contract.SECTIONS[node.name[:-len("Config")].lower()]
-                if isinstance(item, ast.AnnAssign) and item.target.id in fields:
-                    call = item.value
-                    assert isinstance(call, ast.Call) and getattr(call.func, "id", "") == "schema_default", (
-                        f"{node.name}.{item.target.id} has a default of its own")
+        if isinstance(node, ast.ClassDef) and node.name in names:
+            fields = contract.SECTIONS[names[node.name]]
+            declared = [item.target.id for item in node.body if isinstance(item, ast.AnnAssign)
+                        and isinstance(item.target, ast.Name) and item.target.id in fields]
+            assert declared == [], f"{node.name} declares {declared} itself"
+    for section, kind in STAGE_SECTIONS.items():
+        for name, spec in contract.SECTIONS[section].items():
+            assert kind.model_fields[name].description == spec["doc"], f"{section}.{name}"
     trainer_source = (REPO / "trainer" / "config.py").read_text()
     for section, fields in contract.SECTIONS.items():
         for name in fields:

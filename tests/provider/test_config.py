@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import date, datetime, timezone
 
 import pytest
+from pydantic import ValidationError
 
-from tfpipe.config import PipelineConfig, TrainingConfig, check_image_ref
+from tfpipe.config import (
+    DataConfig,
+    ExportConfig,
+    ImageConfig,
+    PipelineConfig,
+    TrainingConfig,
+    VolumesConfig,
+    check_image_ref,
+    check_name,
+)
 from tfpipe.exceptions import TfpipeConfigError
 
 GOOD = {
@@ -47,8 +56,27 @@ def test_good_config_builds_with_defaults():
 
 def test_config_is_frozen():
     cfg = PipelineConfig.from_dict(GOOD)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.training.epochs = 3  # type: ignore[misc]
+    with pytest.raises(ValidationError, match="frozen"):
+        cfg.dag_id = "other"  # type: ignore[misc]
+
+
+def test_sections_may_be_given_as_models_or_as_mappings():
+    """``PipelineConfig(...)`` takes each section as its model or as a plain mapping, alike."""
+    as_models = PipelineConfig(dag_id="digits", image=ImageConfig(ref="tfpipe/trainer:0.1.0"),
+                               volumes=VolumesConfig(**GOOD["volumes"]), data=DataConfig(path="digits/digits.csv"),
+                               training=TrainingConfig(epochs=3), export=ExportConfig(model_name="digits"))
+    as_mappings = PipelineConfig(**{**GOOD, "training": {"epochs": 3}, "export": {"model_name": "digits"}})
+    assert as_models == as_mappings and as_models.training.epochs == 3
+    assert as_models.export.to_dict() == {"model_name": "digits", "keep_versions": 5}
+
+
+def test_keyword_construction_errors_read_like_from_dict_ones():
+    with pytest.raises(TfpipeConfigError, match=r"^training\.epoch: unknown key\. Fix: remove it \(did you mean "):
+        PipelineConfig(**{**GOOD, "training": {"epoch": 3}})
+    with pytest.raises(TfpipeConfigError, match=r"^data\.shards: must be a whole number >= 1"):
+        DataConfig(path="x.csv", shards=0)
 
 
 # (mutation, substrings the message must contain: the field and the fix)
@@ -118,7 +146,8 @@ BAD_CONFIGS = [
     (with_("retries", -1), ["retries", "0..20"]),
     (with_("data_asset", "not-a-uri"), ["data_asset", "URI"]),
     (with_("docker_url", "localhost"), ["docker_url", "unix://"]),
-    (with_("volumes.models", DELETE), ["volumes.models: is not set", "'/srv/tfpipe/models'"]),
+    (with_("volumes.models", DELETE), ["volumes.models: is missing", "'/srv/tfpipe/models'"]),
+    (with_("volumes.data", ""), ["volumes.data: is not set", "'/srv/tfpipe/data'"]),
     (with_("volumes.work", 7), ["volumes.work", "absolute host path", "'/srv/tfpipe/work'"]),
     (with_("gpu_pool", ""), ["gpu_pool", "e.g. 'gpu'"]),
     (with_("tags", "ml"), ["tags", "list of tag strings", "got 'ml'"]),
@@ -209,26 +238,39 @@ def test_floating_tag_opt_in():
 
 
 def test_training_tunables_are_fields():
-    names = {f for f in TrainingConfig.__dataclass_fields__}
-    assert set(TrainingConfig.TUNABLE) <= names
+    assert set(TrainingConfig.TUNABLE) <= set(TrainingConfig.model_fields)
 
 
-def test_fast_cron_check_never_accepts_what_croniter_rejects():
-    """Plain cron schedules are checked without importing croniter (DAG files parse faster);
-    the fast path must be a strict subset of what croniter (Airflow's own parser) accepts."""
-    import random
+@pytest.mark.parametrize("schedule", ["0 3 * * *", "*/15 1-5 * * MON-FRI", "0 0 L * *", "30 2 * JAN,JUL 1#2",
+                                      "@daily", None])
+def test_schedules_croniter_accepts_are_taken(schedule):
+    assert PipelineConfig.from_dict(with_("schedule", schedule)).schedule == schedule
 
-    from croniter import croniter
 
-    from tfpipe.config import _CRON_BOUNDS, _plain_cron_field
+@pytest.mark.parametrize("schedule", ["0 3 * * * *", "0 3 * *", "60 * * * *", "* 24 * * *", "*/0 * * * *",
+                                      "0 3 * * FUNDAY"])
+def test_schedules_croniter_refuses_or_with_other_than_five_fields_are_refused(schedule):
+    with pytest.raises(TfpipeConfigError, match=r"^schedule: .* is not a valid 5-field cron expression\. Fix: "):
+        PipelineConfig.from_dict(with_("schedule", schedule))
 
-    tokens = ["*", "*/5", "0", "59", "60", "1-5", "5-1", "0-59/15", "1,2,3", "*/0", "7", "31", "32", "12",
-              "13", "0-7", "L", "MON", "1#2", "x"]
-    rng = random.Random(7)
-    accepted = 0
-    for _ in range(3000):
-        expr = " ".join(rng.choice(tokens) for _ in range(5))
-        if all(_plain_cron_field(f, lo, hi) for f, (lo, hi) in zip(expr.split(), _CRON_BOUNDS)):
-            accepted += 1
-            assert croniter.is_valid(expr), expr
-    assert accepted > 20  # the fast path is exercised
+
+@pytest.mark.parametrize("value", ["digits\n", "\u0661\u0662", "a b", ""])
+def test_a_name_with_a_final_newline_a_non_ascii_digit_or_a_space_is_refused(value):
+    """Names become file and container names: ASCII letters, digits, '.', '_' and '-' only, to the end."""
+    with pytest.raises(TfpipeConfigError, match="must be a name"):
+        check_name("model_name", value)
+    with pytest.raises(TfpipeConfigError, match="^export.model_name: must be a name"):
+        PipelineConfig.from_dict(with_("export.model_name", value))
+
+
+@pytest.mark.parametrize("key,value", [("user", "1000\n"), ("user", "\u0661\u0662"), ("mem_limit", "2g\n"),
+                                       ("shm_size", "\u0662g"), ("user", "1000:"), ("mem_limit", "1.g")])
+def test_a_user_or_size_that_docker_would_misread_is_refused(key, value):
+    with pytest.raises(TfpipeConfigError, match=f"^resources.{key}: must be"):
+        PipelineConfig.from_dict(with_(f"resources.{key}", value))
+
+
+@pytest.mark.parametrize("key,value", [("user", "1000"), ("user", "0:0"), ("mem_limit", "1.5G"), ("shm_size", "512m"),
+                                       ("shm_size", "1024")])
+def test_users_and_sizes_in_docker_form_are_taken(key, value):
+    assert getattr(PipelineConfig.from_dict(with_(f"resources.{key}", value)).resources, key) == value

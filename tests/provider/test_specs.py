@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from docker.types import DeviceRequest
 
@@ -42,7 +40,7 @@ def test_retries_and_pool_only_on_training(cfg):
     # no pool unless one is configured: a task in a pool that does not exist is never scheduled
     assert all(s.pool is None for s in by_stage.values())
     assert by_stage["train"].retries == 4 and by_stage["prep"].retries == 1
-    pooled = {s.stage: s for s in plan_pipeline(dataclasses.replace(cfg, gpu_pool="gpu"))}
+    pooled = {s.stage: s for s in plan_pipeline(cfg.model_copy(update={"gpu_pool": "gpu"}))}
     assert pooled["train"].pool == "gpu" and pooled["prep"].pool is None
 
 
