@@ -39,6 +39,7 @@ help:
 	@echo "make check                       the quick tier: ruff, unit, contract and provider tests (no image, about 3 min)"
 	@echo "make lint                        ruff check (part of make test)"
 	@echo "make docs                        build the documentation site (mkdocs --strict) into .cache/site"
+	@echo "make reference                   write the generated reference pages again (after a config change)"
 	@echo "make test-compat AIRFLOW_VERSION=X.Y.Z  the provider's tests on another Airflow 3 release"
 	@echo "make image                       build (or reuse) the GPU-ready trainer image (TFPIPE_IMAGE_VARIANT=cpu: no CUDA)"
 	@echo "make bench                       side-by-side speed ratios (not a test)"
@@ -88,8 +89,8 @@ demo:
 
 run: venv image airflow-db image-variable data
 	@echo '[run] $(DAG) with conf $(CONF) on image '"$(IMAGE_REF)"
-	@$(PY) -m tfpipe.cli run $(DAG) --conf '$(CONF)' 2> >(tee $(CACHE)/last-run.log >&2) \
-	  || (echo "[run] $(DAG) did not succeed; full log: $(CACHE)/last-run.log" >&2; exit 1)
+	@$(PY) -m tfpipe.cli run $(DAG) --conf '$(CONF)' \
+	  || (echo "[run] $(DAG) did not succeed: its error is above; Airflow's log is in the file named there" >&2; exit 1)
 
 test:
 	@$(MAKE) --no-print-directory -j2 venv image
@@ -104,10 +105,16 @@ check: venv airflow-db
 	@$(VENV)/bin/ruff check --quiet .
 	@$(PY) -m pytest -q -n 2 -m "not integration" tests/contract tests/provider $(wildcard tests/bench) $(PYTEST_ARGS)
 
-.PHONY: docs
+.PHONY: docs reference
+# The reference pages (configuration, run parameters, exit codes) are generated from the config
+# models and the contract: `make reference` writes them again after a change there.
+reference: venv
+	@$(PY) scripts/gen_reference.py
+
 # The documentation site (mkdocs.yml, docs/): --strict fails on a broken link, a page left out of the
 # nav or a missing snippet. The site goes to .cache/site (mkdocs.yml's site_dir).
 docs: venv
+	@$(PY) scripts/gen_reference.py --check
 	@echo "[docs] mkdocs build --strict"
 	@NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict 2> >(grep -v '^INFO' >&2)
 
@@ -170,7 +177,7 @@ shell: venv image airflow-db image-variable
 	@$(PY) -m tfpipe.cli shell $(DAG) $(TASK) --run '$(RUN)' $(ARGS)
 
 clean:
-	rm -rf $(AIRFLOW_HOME) $(TFPIPE_HOME)/work $(TFPIPE_HOME)/models $(CACHE)/last-run.log
+	rm -rf $(AIRFLOW_HOME) $(TFPIPE_HOME)/work $(TFPIPE_HOME)/models
 
 # A real deployment on this machine (deploy/stack.py): PostgreSQL, Redis, the api-server, scheduler,
 # dag-processor, triggerer, two Celery workers, a registry and a TLS "GPU host" engine, all on

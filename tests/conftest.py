@@ -245,7 +245,8 @@ def dag_command(dag_id: str, conf: dict | None, *, home: Path, image: str, extra
     env = {**os.environ, "TFPIPE_HOME": str(home), "TFPIPE_IMAGE": image, "AIRFLOW_VAR_TFPIPE_IMAGE": image,
            "TFPIPE_RETRY_DELAY": "1",
            "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    cmd = [sys.executable, "-m", "tfpipe.cli", "run", dag_id, "--conf", json.dumps(conf or {})]
+    # --verbose: the tests read Airflow's task log (the containers' lines) from the command's output
+    cmd = [sys.executable, "-m", "tfpipe.cli", "run", dag_id, "--verbose", "--conf", json.dumps(conf or {})]
     if dags_folder:  # dag.test() syncs the configured bundle, so point Airflow at it too
         cmd += ["--dags-folder", str(dags_folder)]
         env["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags_folder)

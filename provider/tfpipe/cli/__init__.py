@@ -2,8 +2,9 @@
 
 The ``tfpipe`` command (also ``python -m tfpipe.cli``), one module per sub-command.
 
-* ``tfpipe run DAG_ID [--conf JSON | --rerun RUN_ID]`` (:mod:`tfpipe.cli.run`) runs one DAG run
-  through Airflow's ``dag.test()`` and prints its summary as one JSON line.
+* ``tfpipe run DAG_ID [--conf JSON | --rerun RUN_ID] [-v]`` (:mod:`tfpipe.cli.run`) runs one DAG run
+  through Airflow's ``dag.test()``, shows its stages, training's epochs and the result on stderr
+  (Airflow's own log in a file it names; ``-v``: on stderr) and prints its summary as one JSON line.
 
 Seeing and reproducing a run (:mod:`tfpipe.cli.tensorboard`, :mod:`tfpipe.cli.shell`, built by :mod:`tfpipe.reproduce`):
 

@@ -12,31 +12,125 @@ from typing import Any
 
 
 def load_dag(dag_id: str, dags_folder: str, *, for_test: bool = False):
-    """The DAG ``dag_id`` of ``dags_folder``; ``for_test``: written to the DB as ``dag.test()`` needs it."""
+    """The DAG ``dag_id`` of ``dags_folder``; ``for_test``: written to the DB as ``dag.test()`` needs it
+    (and the metadata DB created first when it is a SQLite file that does not exist yet)."""
     from tfpipe.compat import DagBag, write_dags_for_test
 
+    if for_test:
+        check_metadata_db(create=True)
     bag = DagBag(dag_folder=dags_folder)
     if bag.import_errors:
         for path, err in bag.import_errors.items():
             print(f"tfpipe: DAG import error in {path}:\n{err}", file=sys.stderr)
-    dag = bag.get_dag(dag_id)
+    # get_dag() also asks the metadata DB whether the DAG expired; the debug commands need only the
+    # file's DAG, and work without a DB (from the run dirs alone)
+    dag = bag.get_dag(dag_id) if for_test else bag.dags.get(dag_id)
     if dag is None:
         known = ", ".join(sorted(bag.dag_ids)) or "none"
-        raise SystemExit(f"tfpipe: no DAG {dag_id!r} in {dags_folder} (found: {known})")
+        raise SystemExit(f"tfpipe: no DAG {dag_id!r} in {dags_folder} (found: {known})"
+                         + skipped_by_safe_mode(dags_folder))
     if for_test:
         write_dags_for_test(bag)
     return dag
 
 
+def skipped_by_safe_mode(dags_folder: str) -> str:
+    """Why a DAG file of the user's may not have been read at all, and the fix ('' when none applies).
+
+    With ``[core] dag_discovery_safe_mode`` on (the default), Airflow opens only the Python files
+    whose text has both "airflow" and "dag" in it; a file that builds its DAG with
+    ``from tfpipe import training_pipeline`` alone has neither, and is skipped without a word.
+    """
+    from airflow.configuration import conf
+    from airflow.utils.file import list_py_file_paths, might_contain_dag
+
+    if not conf.getboolean("core", "dag_discovery_safe_mode", fallback=True):
+        return ""
+    skipped = []
+    for path in list_py_file_paths(dags_folder, safe_mode=False):
+        try:
+            text = Path(path).read_bytes().lower()
+        except OSError:
+            continue
+        if b"tfpipe" in text and not might_contain_dag(path, safe_mode=True):
+            skipped.append(os.path.relpath(path, dags_folder) if os.path.isdir(dags_folder) else path)
+    if not skipped:
+        return ""
+    return (f". Airflow did not read {', '.join(sorted(skipped))}: it uses tfpipe, but Airflow's DAG discovery "
+            "safe mode reads only files whose text names both \"airflow\" and \"dag\". Fix: add the line "
+            "`from airflow.sdk import DAG  # noqa: F401` (or a comment naming airflow and dag) to the file, "
+            "or set AIRFLOW__CORE__DAG_DISCOVERY_SAFE_MODE=False")
+
+
+def metadata_db_url() -> str:
+    """The metadata DB's ``sql_alchemy_conn``, its password (if any) written ``***``."""
+    from airflow.configuration import conf
+    from sqlalchemy.engine import make_url
+
+    raw = conf.get("database", "sql_alchemy_conn")
+    try:
+        return make_url(raw).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 -- not a URL SQLAlchemy reads: show only its scheme
+        return raw.split(":", 1)[0] + ":***"
+
+
+def check_metadata_db(*, create: bool) -> None:
+    """Stop with the fix when the metadata DB has no Airflow tables; ``create``: make a SQLite one instead.
+
+    Without the check a shell whose ``AIRFLOW_HOME`` has never seen ``airflow db migrate`` ends in
+    ``sqlite3.OperationalError: no such table: dag``, which names neither the DB nor the fix. An empty
+    SQLite file (SQLite creates it on the first connection) is created with the log line below, as
+    ``airflow db migrate`` would; a server DB (PostgreSQL, MySQL) is never migrated behind its
+    operator's back, nor a SQLite DB that holds tables of something else.
+    """
+    from airflow import settings
+    from sqlalchemy import inspect
+
+    url = metadata_db_url()
+    try:
+        tables = set(inspect(settings.engine).get_table_names())
+    except Exception as err:  # noqa: BLE001 -- any driver's error: name the DB and what was said
+        raise SystemExit(f"tfpipe: cannot read Airflow's metadata DB at {url} ({type(err).__name__}: {err}). "
+                         "Fix: check [database] sql_alchemy_conn (AIRFLOW__DATABASE__SQL_ALCHEMY_CONN) and "
+                         "that the DB server answers.") from err
+    if {"dag", "dag_run", "alembic_version"} <= tables:
+        return
+    if create and not tables and settings.engine.url.get_backend_name() == "sqlite":
+        note(f"Airflow's metadata DB at {url} is empty (a new AIRFLOW_HOME): creating it, as "
+             "`airflow db migrate` does (once; a few seconds)")
+        from airflow.utils.db import upgradedb
+
+        upgradedb()
+        return
+    home = os.environ.get("AIRFLOW_HOME", "~/airflow")
+    raise SystemExit(f"tfpipe: Airflow's metadata DB at {url} (AIRFLOW_HOME={home}) has no Airflow tables"
+                     + (f" (it has {len(tables)} other tables)" if tables else "")
+                     + ". Fix: run `airflow db migrate` with this AIRFLOW_HOME, or point AIRFLOW_HOME / "
+                     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN at the DB you migrated.")
+
+
+#: Where :func:`quiet_stdout` sends file descriptor 1 now: stderr, or the file of Airflow's log.
+_STDOUT_SINKS = [2]
+
+
 @contextlib.contextmanager
-def quiet_stdout():
-    """Send whatever Airflow prints while loading DAGs or reading the DB to stderr."""
+def quiet_stdout(to: int | None = None):
+    """Send whatever Airflow prints while loading DAGs or reading the DB (its log goes to stdout) to
+    stderr, or to the file descriptor ``to``; nested, to where the enclosing one sends it.
+
+    It moves file descriptor 1 itself, not ``sys.stdout``: Airflow's log handlers keep the
+    ``sys.stdout`` object they found, and the task's C libraries and subprocesses write to the
+    descriptor.
+    """
+    target = _STDOUT_SINKS[-1] if to is None else to
     saved = os.dup(1)
     sys.stdout.flush()
-    os.dup2(2, 1)
+    os.dup2(target, 1)
+    _STDOUT_SINKS.append(target)
     try:
         yield
     finally:
+        _STDOUT_SINKS.pop()
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)

@@ -8,6 +8,12 @@ behave as in a deployment. The last line printed is::
 
 ``model_dir`` is the exported version as a path on the engine's host; ``published`` its
 ``gs://`` URI when the run published it. The exit status is 0 only when the run succeeded.
+
+That line is all it prints on stdout. On stderr it shows the stages as they start and end,
+training's epochs and the result (:mod:`tfpipe.cli.console`), while Airflow's own log goes to a
+file under ``$AIRFLOW_HOME/logs/tfpipe-run/`` that it names; ``-v`` prints Airflow's log on stderr
+instead. Before the run it checks the metadata DB (a new SQLite one is created, as ``airflow db
+migrate`` does) and, for a DAG it cannot find, names the files Airflow's safe mode skipped.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tfpipe.cli.common import load_dag, quiet_stdout
+from tfpipe.cli.common import load_dag, note, quiet_stdout
+from tfpipe.cli.console import RunConsole, airflow_log_path
 
 
 def ensure_pools(dag: Any) -> None:
@@ -116,17 +123,21 @@ def run_dag_test(dag: Any, conf: dict[str, Any] | None) -> Any:
 
 
 def run(dag_id: str, conf: dict[str, Any] | None, dags_folder: str, rerun: str | None = None,
-        tasks: list[str] | None = None, only_failed: bool = False) -> dict[str, Any]:
+        tasks: list[str] | None = None, only_failed: bool = False, *,
+        console: RunConsole | None = None) -> dict[str, Any]:
     """Run one DAG run of ``dag_id`` with ``conf`` (or re-run run ``rerun``) and return its summary.
 
     A re-run is the UI's Clear (:mod:`tfpipe.rerun`): the same run, its history kept, new try
     numbers for the cleared ``tasks`` (default all) and their downstream tasks.
 
-    Airflow's logs (task logs included) go to stderr, so stdout carries only the summary line.
+    Airflow's logs (task logs included) go to stderr, or where an enclosing :func:`quiet_stdout`
+    sends them, so stdout carries only the summary line. ``console`` is told when the DAG is loaded.
     """
     with quiet_stdout():
         dag = load_dag(dag_id, dags_folder, for_test=True)
         ensure_pools(dag)
+        if console is not None:
+            console.loaded(dags_folder)
         if rerun:
             from tfpipe.rerun import clear_run, drive_run
 
@@ -151,11 +162,20 @@ def add_parser(sub: Any) -> None:
     run_p.add_argument("--task", dest="tasks", action="append", metavar="TASK_ID",
                        help="with --rerun: clear only this task and its downstream tasks (repeatable)")
     run_p.add_argument("--only-failed", action="store_true", help="with --rerun: clear only failed tasks")
+    run_p.add_argument("-v", "--verbose", action="store_true",
+                       help="print Airflow's own log on stderr, as Airflow does (without -v it goes to a file "
+                       "under $AIRFLOW_HOME/logs/tfpipe-run/ and stderr shows the stages, training's epochs and "
+                       "the result)")
     run_p.set_defaults(handler=command)
 
 
 def command(args: argparse.Namespace) -> int:
-    """``tfpipe run``: print the summary line; 0 when the run succeeded, 2 for rejected parameters."""
+    """``tfpipe run``: print the summary line; 0 when the run succeeded, 2 for rejected parameters.
+
+    Without ``--verbose`` Airflow's log goes to the file of :func:`~tfpipe.cli.console.airflow_log_path`
+    (moved there before Airflow is first imported, so it sets its logging up on that file) and
+    stderr shows the :class:`~tfpipe.cli.console.RunConsole`.
+    """
     try:
         conf = json.loads(args.conf or "{}")
     except json.JSONDecodeError as err:
@@ -164,18 +184,45 @@ def command(args: argparse.Namespace) -> int:
         args.parser.error("--conf must be a JSON object such as '{\"epochs\": 5}'")
     if (args.tasks or args.only_failed) and not args.rerun:
         args.parser.error("--task and --only-failed choose what --rerun RUN_ID clears; add --rerun")
+    console = None
+    if not args.verbose:
+        try:
+            console = RunConsole(args.dag_id, airflow_log_path(args.dag_id))
+        except OSError as err:  # a read-only AIRFLOW_HOME: the run still runs, its log shown here
+            note(f"cannot keep Airflow's log in a file ({err}); printing it here, as -v does")
+    if console is None:
+        summary = _run_summary(args, conf, None)
+    else:
+        console.begin(conf)
+        with open(console.log_path, "a", buffering=1) as log_file, quiet_stdout(to=log_file.fileno()):
+            try:
+                summary = _run_summary(args, conf, console)
+            except BaseException:  # its error reaches the terminal in full; the log holds what led to it
+                console.name_log()
+                raise
+    if summary is None:
+        return 2
+    print(json.dumps(summary, sort_keys=False, default=str), flush=True)
+    return 0 if summary["state"] == "success" else 1
+
+
+def _run_summary(args: argparse.Namespace, conf: dict[str, Any], console: RunConsole | None) -> dict[str, Any] | None:
+    """The run's summary, or None when the DAG rejected the run parameters (said on stderr)."""
     from airflow.providers.common.compat.sdk import ParamValidationError
 
     from tfpipe.compat import is_param_rejection
 
+    if console is not None:
+        console.install()
     try:
         summary = run(args.dag_id, conf, args.dags_folder, rerun=args.rerun, tasks=args.tasks,
-                      only_failed=args.only_failed)
+                      only_failed=args.only_failed, console=console)
     except (ParamValidationError, ValueError) as err:  # rejected before a run starts, as the trigger form does
         if not is_param_rejection(err):
             raise
         print(f"tfpipe: {args.dag_id} rejected the run parameters: {err}. Fix: pass values its Params "
               "accept (the trigger form shows them).", file=sys.stderr)
-        return 2
-    print(json.dumps(summary, sort_keys=False, default=str), flush=True)
-    return 0 if summary["state"] == "success" else 1
+        return None
+    if console is not None:
+        console.finish(summary)
+    return summary
