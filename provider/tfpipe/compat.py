@@ -16,11 +16,8 @@ tfpipe takes these names from here: a difference between releases lives in this 
   returns None. What tfpipe does then is the README's "Supported Airflow versions".
 * :func:`doubling_backoff`: ``retry_exponential_backoff`` is a multiplier (a number) from 3.2 on
   and a bool before; both double the wait after each failed try, written differently.
-* :func:`dag_test_seams`: where ``dag.test()`` gets its run (``get_or_create_dagrun`` in
-  ``airflow.models.dagrun``, or ``_get_or_create_dagrun`` in ``airflow.models.dag`` on 3.0) and
-  whose ``clear_dags`` it calls first (the scheduler's ``SerializedDAG`` from
-  ``airflow.serialization.definitions.dag`` or, on 3.1, ``serialized_objects``; on 3.0
-  ``airflow.models.dag.DAG``): ``tfpipe run --rerun`` hands it an existing run there.
+* :func:`run_scheduled_task`: the in-process task runner of ``dag.test()`` and ``airflow tasks
+  test`` takes the task beside the task instance from 3.1 on, and reads it from the instance on 3.0.
 * :func:`xcom_query`: ``XComModel.get_many`` takes a ``session`` on 3.0 and opens and closes the
   thread's scoped session itself when it gets none; later releases take no session.
 
@@ -45,13 +42,7 @@ _HOMES: dict[str, tuple[tuple[str, str], ...]] = {
                          ("airflow.serialization.serialized_objects", "SerializedDAG")),
 }
 
-#: Where ``dag.test()`` looks up the function that finds or creates its run, newest first.
-_RUN_MAKERS = (("airflow.models.dagrun", "get_or_create_dagrun"), ("airflow.models.dag", "_get_or_create_dagrun"))
-#: The classes whose ``clear_dags`` ``dag.test()`` calls before it runs, newest first.
-_DAG_CLEARERS = (("airflow.serialization.definitions.dag", "SerializedDAG"),
-                 ("airflow.serialization.serialized_objects", "SerializedDAG"), ("airflow.models.dag", "DAG"))
-
-__all__ = ["dag_test_seams", "doubling_backoff", "has_resumable_jobs", "task_state_store", "write_dags_for_test",
+__all__ = ["doubling_backoff", "has_resumable_jobs", "run_scheduled_task", "task_state_store", "write_dags_for_test",
            "xcom_query", *_HOMES]
 
 
@@ -134,39 +125,22 @@ def xcom_query(session: Any, *, run_id: str, dag_id: str, key: str | None = None
     return XComModel.get_many(**kwargs)
 
 
-def dag_test_seams() -> tuple[list[tuple[Any, str]], list[Any]]:
-    """``(run makers, dag clearers)`` of this Airflow's ``dag.test()``: each ``(module, name)`` of a
-    function it may call to find or create its run, and each class whose ``clear_dags`` it may call.
+def run_scheduled_task(ti: Any, task: Any) -> None:
+    """Run one scheduled task instance ``ti`` of the SDK operator ``task`` in this process, to its
+    end state in the metadata DB, with the runner ``dag.test()`` and ``airflow tasks test`` use
+    (a deferred task's trigger runs in line).
 
-    Every one that exists is returned (a release that keeps an old one beside the new one has both):
-    a caller replaces them all for the length of one ``dag.test()``. Raises ImportError naming what
-    was looked for when this Airflow has none of either.
+    That runner takes the task as an argument from 3.1 on; on 3.0 it reads it from ``ti.task``.
     """
-    def defined(module_name: str, attr: str) -> tuple[Any, Any]:
-        # The module's own names only: a module-level __getattr__ that forwards a moved name (and
-        # warns about it) is not what dag.test() calls.
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            return None, None
-        return module, vars(module).get(attr)
+    import inspect
 
-    makers = []
-    for module_name, attr in _RUN_MAKERS:
-        module, function = defined(module_name, attr)
-        if callable(function):
-            makers.append((module, attr))
-    clearers = []
-    for module_name, attr in _DAG_CLEARERS:
-        _, cls = defined(module_name, attr)
-        if callable(getattr(cls, "clear_dags", None)) and cls not in clearers:  # one class, two homes
-            clearers.append(cls)
-    if not makers or not clearers:
-        looked = ", ".join(f"{m}.{a}" for m, a in (_RUN_MAKERS if not makers else _DAG_CLEARERS))
-        raise ImportError(f"this Airflow's dag.test() has none of {looked}, so `tfpipe run --rerun` cannot "
-                          "hand it an existing run. Fix: clear the tasks in the UI (or POST "
-                          "/api/v2/dags/{dag_id}/clearTaskInstances) on a deployment with a scheduler")
-    return makers, clearers
+    from airflow.sdk.definitions.dag import _run_task
+
+    if "task" in inspect.signature(_run_task).parameters:
+        _run_task(ti=ti, task=task, run_triggerer=True)
+    else:
+        ti.task = task
+        _run_task(ti=ti, run_triggerer=True)
 
 
 def write_dags_for_test(bag: Any) -> None:

@@ -18,7 +18,7 @@ def get_provider_info() -> dict:
             }
         ],
         "operators": [{"integration-name": "tfpipe",
-                       "python-modules": ["tfpipe.operators.docker", "tfpipe.operators.sharded", "tfpipe.operators.gcs"]}],
+                       "python-modules": ["tfpipe.operators.docker", "tfpipe.operators.gcs"]}],
         "extra-links": ["tfpipe.links.RunReportLink", "tfpipe.links.TensorBoardLink"],
         "hooks": [{"integration-name": "tfpipe", "python-modules": ["tfpipe.hooks.docker", "tfpipe.hooks.gcs"]}],
     }

@@ -4,12 +4,14 @@
 try numbers. It clears the chosen task instances with Airflow's own ``clear_task_instances`` (the
 function behind the REST API's ``POST /api/v2/dags/{dag_id}/clearTaskInstances`` and the UI's Clear
 button): each cleared try is recorded in the task instance history and the next try gets the next
-try number. Then the cleared run is driven to its end in this process by ``dag.test()``'s loop.
+try number. Then :func:`drive_run` runs the cleared run to its end in this process, as the
+scheduler would: the run's own dependency check (``DagRun.update_state``) says which tasks are
+ready, and each runs here with the in-process runner of ``dag.test()`` and ``airflow tasks test``.
 
-``dag.test()`` alone cannot do this: it deletes a run with the same logical date and creates a new
-one, so the run's history, its try numbers and its ``task_state_store`` (which holds the id of a
-training container a retry can re-attach to) would be lost. Here ``dag.test()`` is handed the
-cleared run instead of making one.
+``dag.test()`` cannot be handed the run: on every Airflow 3 release (3.0 to 3.3) it deletes the run
+at the logical date it is given and creates a new one, so the run's history, its try numbers and
+its ``task_state_store`` (which holds the id of a training container a retry can re-attach to)
+would be lost.
 
 In a deployment with a scheduler, use the REST API's clear (or the UI) instead; the scheduler then
 runs the cleared tasks on the workers.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 #: Task states that mean "a worker was running this": after the worker died they stay so until the
@@ -75,37 +78,49 @@ def _serialized_dag(dag_id: str, session: Any) -> Any:
 
 
 def drive_run(dag: Any, run_id: str) -> Any:
-    """Run the tasks of an existing (cleared) run of ``dag`` to the run's end, in this process.
+    """Run the tasks of an existing (cleared) run of ``dag`` to the run's end, in this process; return the run.
 
-    ``dag.test()`` does the running (its dependency loop, the in-process task runner); only its
-    "find or create the run" step is replaced by handing it this run, set running as the scheduler
-    would, and its own clearing by date (which would also clear other runs without a logical date)
-    is left out: :func:`clear_run` cleared what the user asked for.
+    The loop is ``dag.test()``'s: the run, set running as the scheduler sets a queued one, says
+    which of its task instances are ready (``update_state``, the scheduler's own check); each ready
+    one gets its next try number and runs here (:func:`tfpipe.compat.run_scheduled_task`), until
+    the run has an end state.
     """
-    from contextlib import ExitStack
-    from unittest import mock
+    import logging
+    import time
 
+    from airflow import settings
     from airflow.models.dagrun import DagRun
-    from airflow.utils.session import create_session
-    from airflow.utils.state import DagRunState
+    from airflow.utils.state import DagRunState, TaskInstanceState
     from sqlalchemy import select
 
-    from tfpipe.compat import dag_test_seams
+    from tfpipe.compat import DagSerialization, run_scheduled_task
 
-    def existing_run(*, dag: Any, session: Any, **_: Any) -> DagRun:
-        run = session.scalar(select(DagRun).where(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id))
-        run.dag = dag  # as create_dagrun does: update_state needs it
-        run.state = DagRunState.RUNNING
+    log = logging.getLogger(__name__)
+    scheduler_dag = DagSerialization.from_dict(DagSerialization.to_dict(dag))
+    # The serialized DAG records only that the DAG has run callbacks; update_state calls them from
+    # it, as dag.test() sets them there too.
+    scheduler_dag.on_success_callback = dag.on_success_callback
+    scheduler_dag.on_failure_callback = dag.on_failure_callback
+    session = settings.Session()  # the thread's scoped session, which the task runner also uses
+    run = session.scalar(select(DagRun).where(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id))
+    run.dag = scheduler_dag
+    run.set_state(DagRunState.RUNNING)
+    session.commit()
+    while run.state == DagRunState.RUNNING:
+        session.expire_all()
+        ready, _ = run.update_state(session=session)
+        for ti in ready:
+            if ti.state != TaskInstanceState.UP_FOR_RESCHEDULE:  # a reschedule goes on in the same try
+                ti.try_number += 1
+            ti.state = TaskInstanceState.SCHEDULED
+            ti.scheduled_dttm = datetime.now(timezone.utc)
         session.commit()
-        return run
-
-    with create_session() as session:
-        found = session.scalar(select(DagRun).where(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id))
-        logical_date, run_after = found.logical_date, found.run_after
-    makers, clearers = dag_test_seams()
-    with ExitStack() as seams:
-        for module, name in makers:
-            seams.enter_context(mock.patch.object(module, name, existing_run))
-        for cls in clearers:
-            seams.enter_context(mock.patch.object(cls, "clear_dags", classmethod(lambda cls, *a, **k: 0)))
-        return dag.test(logical_date=logical_date, run_after=run_after)
+        scheduled = [ti for ti in run.get_task_instances(session=session) if ti.state == TaskInstanceState.SCHEDULED]
+        if not scheduled and run.state == DagRunState.RUNNING:
+            time.sleep(1)  # nothing ready yet (a task waits to be rescheduled)
+        for ti in scheduled:
+            try:
+                run_scheduled_task(ti, dag.task_dict[ti.task_id])
+            except Exception:  # the task failed: its state says so, and the run goes on as a scheduler's would
+                log.exception("tfpipe: %s failed", ti)
+    return run

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from docker.errors import NotFound
 
 from tfpipe.operators import TrainOperator
 from tfpipe.specs import config_template
@@ -62,5 +63,5 @@ def test_an_unwatched_container_that_exited_0_gives_its_result(operator, docker_
     assert operator.is_job_succeeded(status)
     operator._result = None
     assert operator.get_job_result(container.id, _context()) == {"epochs": 3}
-    with pytest.raises(Exception):
+    with pytest.raises(NotFound):
         container.reload()  # collected: removed once its result was read

@@ -171,6 +171,43 @@ def test_rerun_only_failed_reruns_the_failed_task_and_its_upstream_failed_ones_o
         assert _runs(marks, kept) == 1, f"{kept} succeeded before and must not run again"
 
 
+def _history(dag_id: str, run_id: str) -> dict[str, list[tuple[int, str]]]:
+    """Each task's earlier tries in the run's task instance history: ``[(try_number, state), ...]``."""
+    from airflow.models.taskinstancehistory import TaskInstanceHistory
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.scalars(select(TaskInstanceHistory).where(
+            TaskInstanceHistory.dag_id == dag_id, TaskInstanceHistory.run_id == run_id))
+        history: dict[str, list[tuple[int, str]]] = {}
+        for row in rows:
+            history.setdefault(row.task_id, []).append((row.try_number, str(getattr(row.state, "value", row.state))))
+    return {task: sorted(tries) for task, tries in history.items()}
+
+
+def test_a_rerun_of_the_whole_run_keeps_its_id_and_history_and_gives_every_task_its_next_try(tmp_path):
+    """``--rerun RUN_ID`` alone clears every task of the run: the same run, each cleared try kept in
+    the task instance history (the upstream-failed one's try 0 too, as the UI's Clear keeps it),
+    every task run again as try 2 (the one that never ran as try 1)."""
+    dag_id = "tfpipe_cli_rerun_all"
+    dags, marks = _tiny_dag(tmp_path, dag_id)
+    first, log, code = _tfpipe_run(dag_id, dags)
+    assert code == 1 and first["tasks"]["flaky"]["state"] == "failed", log[-4000:]
+    assert _history(dag_id, first["run_id"]) == {}
+
+    (marks / "fixed").write_text("")
+    again, log, code = _tfpipe_run(dag_id, dags, "--rerun", first["run_id"])
+    assert code == 0 and again["state"] == "success", log[-4000:]
+    assert again["run_id"] == first["run_id"], "the same run, not a new one"
+    assert {task: info["try_number"] for task, info in again["tasks"].items()} == {
+        "steady": 2, "flaky": 2, "beside": 2, "after_flaky": 1}
+    assert _history(dag_id, first["run_id"]) == {
+        "steady": [(1, "success")], "flaky": [(1, "failed")], "beside": [(1, "success")],
+        "after_flaky": [(0, "upstream_failed")]}
+    assert [_runs(marks, task) for task in ("steady", "flaky", "beside", "after_flaky")] == [2, 2, 2, 1]
+
+
 EXIT_DAG = '''"""A DAG of one Python task that marks, per process, how the process ends."""
 import atexit
 import os

@@ -119,35 +119,6 @@ def test_the_main_venv_s_lock_is_the_newest_release_s_lock_as_readme_says():
     assert pins(REPO / "requirements" / "host.lock") == pins(REPO / "requirements" / twin)
 
 
-def test_dag_test_seams_are_what_this_airflows_dag_test_calls():
-    """``tfpipe run --rerun`` replaces, for one ``dag.test()``, the function it finds or creates its
-    run with and the ``clear_dags`` it calls first. Read from ``dag.test()``'s own source on the
-    installed release (the compat run checks 3.0 too): if a release moves either, this fails
-    instead of a re-run quietly making a new run."""
-    import ast
-    import textwrap
-
-    from airflow.sdk.definitions.dag import DAG
-
-    tree = ast.parse(textwrap.dedent(inspect.getsource(DAG.test)))
-    imported = {alias.asname or alias.name: (node.module, alias.name)
-                for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
-    called = {node.func.id for node in ast.walk(tree)
-              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
-    cleared_on = {node.func.value.id for node in ast.walk(tree)
-                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                  and node.func.attr == "clear_dags" and isinstance(node.func.value, ast.Name)}
-    makers, clearers = compat.dag_test_seams()
-    run_makers = [imported[name] for name in called if name in imported and "get_or_create_dagrun" in name]
-    assert run_makers, "dag.test() no longer calls a *get_or_create_dagrun function"
-    for module, attr in run_makers:
-        assert any(m.__name__ == module and a == attr for m, a in makers), (module, attr, makers)
-    assert cleared_on, "dag.test() no longer calls clear_dags"
-    for name in cleared_on:
-        module, attr = imported[name]
-        assert getattr(importlib.import_module(module), attr) in clearers, (module, attr, clearers)
-
-
 def test_a_params_rejection_is_recognised_in_both_forms_and_nothing_else_is():
     """3.2 refuses a conf its Params reject with a plain ValueError while creating the run; the other
     releases with ParamValidationError (raised here by this release's own Param)."""

@@ -1,6 +1,5 @@
-"""A stage operator's construction skips the redundant Params merges of the ``__init__`` wrappers of
-the mixin (Airflow 3.3) and of ``DockerOperator``, and still behaves as ``ResumableJobMixin`` +
-``DockerOperator`` say.
+"""A stage operator takes the arguments ``ResumableJobMixin`` + ``DockerOperator`` + ``BaseOperator``
+take, from the task or from ``default_args``, keeps their defaults, and does no I/O when constructed.
 
 Runs on the newest and the oldest supported Airflow (``make test``), where the mixin is Airflow's
 own or the ``common.compat`` stand-in.
@@ -9,13 +8,13 @@ own or the ``common.compat`` stand-in.
 from __future__ import annotations
 
 import datetime
+import sys
 import warnings
 
 from airflow.providers.common.compat.sdk import DAG, Param, ResumableJobMixin
-
-from tfpipe import PipelineConfig
 from airflow.providers.docker.operators.docker import DockerOperator
 
+from tfpipe import PipelineConfig
 from tfpipe.operators.docker import TrainOperator
 from tfpipe.specs import plan_pipeline
 
@@ -48,7 +47,7 @@ def test_durable_comes_from_default_args():
         assert TrainOperator(task_id="train", **SPEC_ARGS).durable is False
 
 
-def test_params_are_merged_once_per_task_as_before():
+def test_each_task_gets_the_dags_params_with_its_own_param_winning():
     """The DAG's Params, with a task's own Param winning, each task holding its own copies."""
     with _dag():
         a = TrainOperator(task_id="a", params={"epochs": Param(7, type="integer")}, **SPEC_ARGS)
@@ -59,9 +58,9 @@ def test_params_are_merged_once_per_task_as_before():
     assert a.params.get_param("gpus") is not a.dag.params.get_param("gpus")
 
 
-def test_dockeroperators_own_arguments_still_come_from_default_args():
-    """What DockerOperator's wrapper did for its own arguments: fill them from default_args, unless
-    the task gives them."""
+def test_dockeroperators_own_arguments_come_from_default_args():
+    """DockerOperator's own arguments (``extra_hosts``, ``dns``) and BaseOperator's (``retries``) are
+    filled from default_args, unless the task gives them."""
     hosts = {"registry.internal": "10.0.0.5"}
     with _dag(default_args={"extra_hosts": hosts, "dns": ["10.0.0.2"], "retries": 4}), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -73,26 +72,36 @@ def test_dockeroperators_own_arguments_still_come_from_default_args():
     assert from_defaults.retries == 4  # BaseOperator's own, by its wrapper
 
 
-def test_the_mixins_and_dockeroperators_wrappers_are_skipped():
-    """The mixin's and DockerOperator's __init__ run unwrapped; the operator's own wrapper and those
-    below DockerOperator still run: as many Params merges as for a DockerOperator of its own (two, or
-    three where the Docker provider builds on ``airflow.models.BaseOperator``, as with Airflow 3.0)."""
-    import airflow.sdk.bases.operator as operator_module
+#: Audit events (``sys.addaudithook``) of network and process I/O, recorded while _RECORDING is set.
+_IO_EVENTS = ("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "urllib.Request")
+_RECORDING: list[list[str]] = []
 
-    calls = []
-    merged = operator_module.get_merged_defaults
 
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return merged(*args, **kwargs)
+def _record_io(event: str, args: tuple) -> None:
+    if _RECORDING and event.startswith(_IO_EVENTS):
+        _RECORDING[-1].append(event)
 
-    operator_module.get_merged_defaults = counting
+
+sys.addaudithook(_record_io)  # an audit hook cannot be removed: it records only inside the test below
+
+
+def test_constructing_a_stage_operator_opens_no_connection_or_process():
+    """DAG files parse offline: building every stage's operator, sharded prep's mapped one included,
+    against an engine that does not exist and with no image Variable, touches no socket or process."""
+    from tfpipe.operators import OPERATORS, PrepShardOperator
+
+    specs = {spec.stage: spec for spec in plan_pipeline(PipelineConfig.from_dict({
+        "dag_id": "init_layers", "image": {"ref": None}, "data": {"path": "digits/digits.csv", "shards": 2},
+        "volumes": {"data": "/srv/data", "work": "/srv/work", "models": "/srv/models"}}))}
+    events: list[str] = []
+    _RECORDING.append(events)
     try:
         with _dag():
-            TrainOperator(task_id="train", **SPEC_ARGS)
-            ours = len(calls)
-            DockerOperator(task_id="plain", image="tfpipe/trainer:0.1.0")
+            made = [OPERATORS[stage](task_id=stage, spec=spec, docker_url="tcp://engine.invalid:2376")
+                    for stage, spec in specs.items() if stage != "prep_shard"]
+            PrepShardOperator.partial(task_id="prep_shard", spec=specs["prep_shard"],
+                                      docker_url="tcp://engine.invalid:2376").expand(shard_index=[0, 1])
     finally:
-        operator_module.get_merged_defaults = merged
-    assert ours >= 2, "the counting missed the wrappers: this test would prove nothing"
-    assert ours == len(calls) - ours
+        _RECORDING.pop()
+    assert {op.stage for op in made} == {"prep_merge", "train", "evaluate", "export"}
+    assert events == []

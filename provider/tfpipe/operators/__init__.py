@@ -1,8 +1,8 @@
 """Operators of the tfpipe provider, one module per backend or concern.
 
 - :mod:`tfpipe.operators.docker`: the stage operators (``PrepOperator``, ``TrainOperator``,
-  ``EvaluateOperator``, ``ExportOperator``) on a Docker engine;
-- :mod:`tfpipe.operators.sharded`: ``PrepShardOperator`` and ``PrepMergeOperator`` for sharded prep;
+  ``EvaluateOperator``, ``ExportOperator``, and sharded prep's ``PrepShardOperator`` and
+  ``PrepMergeOperator``) on a Docker engine;
 - :mod:`tfpipe.operators.gcs`: Google Cloud Storage stage-in and publish.
 
 The stage operators are importable from here too (``from tfpipe.operators import TrainOperator``),
@@ -19,8 +19,8 @@ _LAZY = {
     "TrainOperator": "tfpipe.operators.docker",
     "EvaluateOperator": "tfpipe.operators.docker",
     "ExportOperator": "tfpipe.operators.docker",
-    "PrepShardOperator": "tfpipe.operators.sharded",
-    "PrepMergeOperator": "tfpipe.operators.sharded",
+    "PrepShardOperator": "tfpipe.operators.docker",
+    "PrepMergeOperator": "tfpipe.operators.docker",
     "OPERATORS": "tfpipe.operators.docker",
     "stage_operator": "tfpipe.operators.docker",
     "GcsStageInOperator": "tfpipe.operators.gcs",

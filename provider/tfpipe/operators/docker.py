@@ -1,5 +1,5 @@
 """The Docker backend: one thin ``DockerOperator`` subclass per pipeline stage, built from a
-:class:`~tfpipe.specs.StageSpec`.
+:class:`~tfpipe.specs.StageSpec` (sharded prep's ``prep_shard`` and ``prep_merge`` included).
 
 Construction only stores the spec and hands Docker's arguments to ``DockerOperator`` (no I/O:
 DAG files parse fast and offline). ``execute()`` then, against the Docker engine at ``docker_url``:
@@ -63,39 +63,6 @@ _NO_BIND_SOURCE = "bind source path does not exist"
 PREPARE_ROLE = "prepare-volumes"
 #: Upstream stages whose results a stage's OpenLineage event names (dataset dir, model, blessing).
 _LINEAGE_STAGES = ("prep", "prep_merge", "train", "evaluate")
-#: ``durable`` left out: the mixin's own default applies (True from Airflow 3.3; the stand-in's below).
-_DURABLE_UNSET: Any = object()
-#: The mixin's ``__init__`` without the argument-defaults wrapper Airflow 3.3 puts around it. That
-#: wrapper deep-copies and merges the DAG's Params, as the wrappers of this class's, DockerOperator's
-#: and BaseOperator's ``__init__`` each do again: a fourth merge per stage operator, about an eighth
-#: of what a tfpipe DAG file's parse spends beyond the same DAG written by hand. This class's own
-#: wrapper fills ``durable`` from ``default_args`` instead (it is a named argument below). The
-#: stand-in below Airflow 3.3 has no wrapper: it is used as it is.
-_MIXIN_INIT = getattr(ResumableJobMixin.__init__, "__wrapped__", ResumableJobMixin.__init__)
-#: DockerOperator's ``__init__`` without its wrapper, for the same reason: the merge that wrapper
-#: makes is made again, with the same result, by BaseOperator's below it (this class's above it
-#: made the first). What else the wrapper does for DockerOperator's own arguments, filling them
-#: from ``default_args``, :class:`_DockerOperatorBody` does.
-_DOCKER_INIT = getattr(DockerOperator.__init__, "__wrapped__", DockerOperator.__init__)
-_DOCKER_ARGS = frozenset(_DOCKER_INIT.__code__.co_varnames[
-    1:_DOCKER_INIT.__code__.co_argcount + _DOCKER_INIT.__code__.co_kwonlyargcount])
-
-
-class _DockerOperatorBody(DockerOperator):
-    """``DockerOperator`` whose ``__init__`` is the unwrapped one, next after the mixin in a stage
-    operator's MRO (see :data:`_DOCKER_INIT`); not an operator of its own."""
-
-
-def _docker_init(self: Any, **kwargs: Any) -> None:
-    defaults = kwargs.get("default_args")
-    if defaults:
-        for name in _DOCKER_ARGS.intersection(defaults).difference(kwargs):
-            kwargs[name] = defaults[name]
-    _DOCKER_INIT(self, **kwargs)
-
-
-# Assigned after the class is made: Airflow's metaclass wraps only an ``__init__`` in the class body.
-_DockerOperatorBody.__init__ = _docker_init  # type: ignore[method-assign]
 
 
 def docker_mount(mount: MountSpec) -> Any:
@@ -110,7 +77,7 @@ def device_requests(gpus: GpuRequest | None) -> list | None:
     return gpus.to_docker() if gpus else None
 
 
-class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
+class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
     """Run one tfpipe stage (``python3 -m trainer <stage>``) in the trainer image.
 
     Built from a :class:`~tfpipe.specs.StageSpec` (:func:`tfpipe.dag_factory.training_pipeline`
@@ -142,15 +109,15 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
     :param network_mode: Docker network; ``"none"`` cuts the stage off the network.
     :param environment: extra environment variables (templated).
     :param private_environment: secrets for the container; never rendered or logged.
-    :param durable: ``False`` starts a new container on every try instead of re-attaching to the
-        one an earlier try started (Airflow 3.3's ``ResumableJobMixin``; below 3.3 every try starts
-        a new container, and a given value only warns that it has no effect).
-    :param kwargs: passed to ``BaseOperator`` (``task_id``, ``retries``, ``pool``, ...).
+    :param kwargs: passed on to ``ResumableJobMixin`` (``durable``: ``False`` starts a new container
+        on every try instead of re-attaching to the one an earlier try started; below Airflow 3.3
+        every try starts a new container, and a given value only warns that it has no effect), to
+        ``DockerOperator`` (``extra_hosts``, ``dns``, ...) and to ``BaseOperator`` (``task_id``,
+        ``retries``, ``pool``, ...); each of them also takes its own from ``default_args``.
     """
 
     stage: ClassVar[str] = ""
-    #: The slice of the input a prep_shard task prepares
-    #: (:class:`~tfpipe.operators.sharded.PrepShardOperator`); None elsewhere.
+    #: The slice of the input a prep_shard task prepares (:class:`PrepShardOperator`); None elsewhere.
     shard_index: int | None = None
     #: Whether docker_url came from the pipeline's ``shard_docker_urls`` (a ``prep_shard`` task
     #: only): a ``tcp://`` one then presents the deployment's TLS files
@@ -184,11 +151,10 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
         cpus: float | None = None,
         timezone: str = "UTC",
         jemalloc: bool = True,
-        durable: bool = _DURABLE_UNSET,
         **kwargs: Any,
     ) -> None:
         if not self.stage:
-            raise TypeError("use one of PrepOperator, TrainOperator, EvaluateOperator, ExportOperator")
+            raise TypeError("use the operator of a stage: " + ", ".join(op.__name__ for op in OPERATORS.values()))
         if spec is None:
             spec = stage_spec(
                 self.stage, task_id=kwargs.get("task_id", self.stage), image=image, stage_config=stage_config,
@@ -206,10 +172,7 @@ class TfpipeStageOperator(ResumableJobMixin, _DockerOperatorBody):
         self.prepare_volumes = prepare_volumes
         self.allow_floating_tag = allow_floating_tag
         self.nano_cpus = None if spec.cpus is None else int(round(spec.cpus * 1e9))
-        if durable is not _DURABLE_UNSET:
-            kwargs["durable"] = durable
-        _MIXIN_INIT(  # = super().__init__, minus two redundant passes of Airflow's defaults wrapper
-            self,
+        super().__init__(
             image=spec.image,
             command=list(spec.command),
             docker_url=docker_url,
@@ -650,19 +613,36 @@ class ExportOperator(TfpipeStageOperator):
     operator_extra_links = (RunReportLink(), TensorBoardLink())
 
 
-#: The operator of each stage of an unsharded pipeline; sharded prep's two are in
-#: :mod:`tfpipe.operators.sharded` (:func:`stage_operator` finds either).
+class PrepShardOperator(TfpipeStageOperator):
+    """Prep one slice of the input files (``data.shards`` > 1); mapped over the slice indexes.
+
+    :param shard_index: the slice, 0 .. ``data.shards`` - 1 (``.expand(shard_index=range(n))``).
+    :param engine_from_shard_list: ``docker_url`` is one of the pipeline's ``shard_docker_urls``; a
+        ``tcp://`` one then presents the deployment's ``[tfpipe] tls_*`` files.
+    """
+
+    stage = "prep_shard"
+
+    def __init__(self, *, shard_index: int, engine_from_shard_list: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.shard_index = shard_index
+        self.engine_from_shard_list = engine_from_shard_list
+
+
+class PrepMergeOperator(TfpipeStageOperator):
+    """Merge the prep_shard parts into the one data set train and evaluate read (cached)."""
+
+    stage = "prep_merge"
+
+
+#: The operator of each stage (``contract.RUNNABLE_STAGES``: an unsharded pipeline's four and
+#: sharded prep's two).
 OPERATORS: dict[str, type[TfpipeStageOperator]] = {
-    op.stage: op for op in (PrepOperator, TrainOperator, EvaluateOperator, ExportOperator)
+    op.stage: op for op in (PrepOperator, PrepShardOperator, PrepMergeOperator, TrainOperator, EvaluateOperator,
+                            ExportOperator)
 }
 
 
 def stage_operator(stage: str) -> type[TfpipeStageOperator]:
     """The operator class of ``stage`` (any of ``contract.RUNNABLE_STAGES``)."""
-    if stage in contract.SHARDED_PREP_STAGES:
-        # Imported only for a sharded pipeline: most have none, and every parse of a DAG file
-        # would otherwise make their two operator classes.
-        from tfpipe.operators.sharded import SHARDED_OPERATORS
-
-        return SHARDED_OPERATORS[stage]
     return OPERATORS[stage]
