@@ -314,7 +314,7 @@ _UNITS_FIRST = ("tests/deployment/", "tests/reliability/test_soak.py", "tests/ui
 _LONG_MODULES = ("tests/integration/test_resume.py", "tests/integration/test_retention.py",
                  "tests/reliability/test_faults.py", "tests/integration/test_sharded_prep.py",
                  "tests/integration/test_pipeline.py", "tests/integration/test_gcs_pipeline.py",
-                 "tests/provider/test_cli_run.py")
+                 "tests/provider/test_cli_run.py", "tests/integration/test_outside_client.py")
 _CONTAINER_DIRS = ("tests/integration/", "tests/reliability/")
 
 
