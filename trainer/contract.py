@@ -133,6 +133,15 @@ SECTIONS = {
                            "doc": "a text column with more distinct train values is hashed instead (csv)"},
         "hash_bins": {"kind": "int", "default": 1024, "minimum": 2, "parse_maximum": 1000000,
                       "doc": "buckets of a hashed text column (csv); one more holds missing values"},
+        "window_days": {"kind": "int", "default": 0, "minimum": 0, "parse_maximum": 36600,
+                        "doc": "read only the date partitions (data.path/<partition_key>=YYYY-MM-DD/) of the N whole "
+                               "days (UTC) before the run's data interval end (csv); 0 = every CSV file under "
+                               "data.path"},
+        "partition_key": {"kind": "str", "default": "dt", "pattern": r"^[A-Za-z0-9_]+$",
+                          "doc": "name of the date partition folders (<partition_key>=YYYY-MM-DD) a window reads"},
+        "min_partitions": {"kind": "int", "default": 0, "minimum": 0,
+                           "doc": "partitions a window needs; a missing one is an error below it (0 = every day "
+                                  "of the window must be there)"},
     },
     "training": {
         "model": {"kind": "str", "default": "mlp", "override": "param",
@@ -324,6 +333,9 @@ _REQUIRED = {
     "paths": dict,
 }
 _RUN_KEYS = ("dag_id", "run_id", "task_id", "try_number")
+#: Optional key of the config's ``run`` section: where a date window ends (``data.window_days``), an
+#: ISO 8601 UTC time: the run's data interval end, or the time a run without one was triggered.
+WINDOW_END_KEY = "data_interval_end"
 _PATH_KEYS = ("data", "work", "models", "run_dir")
 
 

@@ -1,18 +1,9 @@
 """Pipeline configuration: frozen pydantic models, one per concern, validated when constructed.
 
-Everything here runs at DAG-parse time, so it does no I/O: it checks shapes, types and ranges
-and raises :class:`TfpipeConfigError` with a message that names the field and says how to fix it.
-Paths are paths **on the Docker engine's host** (the engine may not be the worker's host), so they
-are checked for form only, never for existence.
-
-Build a config from keyword arguments (sections as models or plain mappings), or from a plain
-mapping (YAML/JSON) with :meth:`PipelineConfig.from_dict`; both reject unknown keys.
-
-The stage-config sections (``data``, ``training``, ``evaluation``, ``export``) are generated from
-the contract's schema (:data:`tfpipe.contract.SECTIONS`), which the trainer reads too: every field,
-default, bound, choice and description comes from there, and this module adds only the checks the
-schema cannot express. The models' fields are what ``docs/reference/configuration.md`` is
-generated from (``scripts/gen_reference.py``).
+Runs at DAG-parse time, so no I/O: errors name the field and the fix (:class:`TfpipeConfigError`).
+Paths are on the Docker engine's host and checked for form only. The stage sections (``data``,
+``training``, ``evaluation``, ``export``) are generated from the contract's schema
+(:data:`tfpipe.contract.SECTIONS`); this module adds only the checks the schema cannot express.
 """
 
 from __future__ import annotations
@@ -42,11 +33,8 @@ from tfpipe import contract
 class TfpipeConfigError(ValueError):
     """A pipeline or operator argument is wrong; the message names the field and the fix.
 
-    Raised at DAG-parse time, so a bad config shows up as a DAG import error in the UI
-    instead of a failed run. Defined here, with the checks that raise it, rather than with the
-    exceptions a running task raises (:mod:`tfpipe.exceptions`, which exports it too): those build
-    on Airflow's, and a DAG file's parse, which the DAG processor repeats every few seconds,
-    needs none of them.
+    Raised at DAG-parse time, so a bad config shows up as a DAG import error in the UI instead of
+    a failed run.
     """
 
 
@@ -62,8 +50,7 @@ TAG_MAX_LEN = 100
 CRON_PRESETS = frozenset({"@once", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly",
                           "@annually", "@midnight", "@continuous"})
 
-# ``re.fullmatch`` with these: explicit ASCII classes, since Docker reads ASCII digits only, and no
-# ``$`` that would let a trailing newline into a name.
+# For ``re.fullmatch``: ASCII classes (Docker reads ASCII digits only), no ``$`` (it lets a trailing newline in).
 _NAME = re.compile(contract.NAME_PATTERN)
 _SIZE = re.compile(r"[0-9]+(\.[0-9]+)?[bkmgBKMG]?")
 _USER = re.compile(r"[0-9]+(:[0-9]+)?")
@@ -539,6 +526,13 @@ class DataConfig(contract_fields("data")):
         if self.shards > 1 and self.format != "csv":
             raise config_error("data.shards", f"sharded prep reads CSV files, data.format is {self.format!r}",
                                "set data.shards to 1 for image folders")
+        if self.window_days and self.format != "csv":
+            raise config_error("data.window_days", f"date windows read CSV partitions, data.format is {self.format!r}",
+                               "set data.window_days to 0 for image folders")
+        if self.min_partitions > self.window_days:
+            raise config_error("data.min_partitions", f"{self.min_partitions} is above data.window_days "
+                               f"{self.window_days}: the window never holds that many partitions",
+                               f"set it to at most {self.window_days} (0: every day of the window)")
         return self
 
 
@@ -754,12 +748,6 @@ class ResourcesConfig(_Section):
             raise config_error("resources.timezone", f"unknown time zone {name!r}",
                                "use an IANA name such as 'UTC', 'Europe/Berlin' or 'Asia/Shanghai'") from None
         return name
-
-    @property
-    def uid_gid(self) -> tuple[int, int]:
-        """The numeric user and group."""
-        uid, _, gid = self.user.partition(":")
-        return int(uid), int(gid or uid)
 
 
 class KubernetesConfig(_Section):

@@ -10,8 +10,9 @@ The chain a lineage tool (Marquez, DataHub, ...) shows for one DAG run::
 Volume paths are files on the Docker engine's host: namespace ``file`` for a local engine,
 ``file://<host>`` for a remote one; ``gs://`` URIs follow OpenLineage's naming (namespace
 ``gs://<bucket>``, name the object path). Facets (``tfpipe_*``): the data fingerprint on the raw
-data and the dataset dir; metrics and the image on the trained model; metrics and the blessing on
-``evaluation.json``; all three on the exported and published model.
+data and the dataset dir, and the date window's partitions read on the raw data; metrics and the
+image on the trained model; metrics and the blessing on ``evaluation.json``; all three on the
+exported and published model.
 
 :func:`stage_lineage` is pure (plain dicts); :func:`to_operator_lineage` turns its answer into the
 provider's ``OperatorLineage``, importing OpenLineage only then (the extra ``openlineage``).
@@ -87,6 +88,14 @@ def fingerprint_facet(fingerprint: str | None) -> dict[str, Any] | None:
     return {"fingerprint": fingerprint} if fingerprint else None
 
 
+def window_facet(window: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The date window prep read (``data.window_days``): its days, end and the partitions read."""
+    if not window:
+        return None
+    return {key: window.get(key) for key in ("partition_key", "days", "end", "first", "last", "partitions",
+                                             "missing")}
+
+
 def metrics_facet(metrics: Mapping[str, Any] | None) -> dict[str, Any] | None:
     numbers = {k: float(v) for k, v in (metrics or {}).items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -133,7 +142,7 @@ def stage_lineage(stage: str, *, volumes: Any, docker_url: str | None, image: st
     if stage in ("prep", "prep_merge"):
         fingerprint = fingerprint_facet(result.get("fingerprint"))
         inputs.append(at(f"{contract.CONTAINER_DATA}/{data_path}" if data_path else None,
-                         tfpipe_fingerprint=fingerprint))
+                         tfpipe_fingerprint=fingerprint, tfpipe_window=window_facet(result.get("window"))))
         outputs.append(at(result.get("dataset_dir"), tfpipe_fingerprint=fingerprint))
     elif stage == "train":
         inputs.append(at(prep.get("dataset_dir"), tfpipe_fingerprint=fingerprint_facet(prep.get("fingerprint"))))

@@ -1,8 +1,4 @@
-"""tfpipe's custom OpenLineage dataset facets (``tfpipe_fingerprint``, ``tfpipe_metrics``, ...).
-
-Imported only when OpenLineage sends events (``pip install 'airflow-provider-tfpipe[openlineage]'``):
-it needs ``openlineage-python``.
-"""
+"""tfpipe's custom OpenLineage dataset facets; imported only when OpenLineage sends events (needs ``openlineage-python``)."""
 
 from __future__ import annotations
 
@@ -23,6 +19,24 @@ class TfpipeFingerprintDatasetFacet(DatasetFacet):
     @staticmethod
     def _get_schema() -> str:
         return _SCHEMA + "tfpipe_fingerprint"
+
+
+@attr.define
+class TfpipeWindowDatasetFacet(DatasetFacet):
+    """The date window prep read (``data.window_days``): its first and last day, its end, and the
+    partitions read and missing (``<partition_key>=YYYY-MM-DD``)."""
+
+    partition_key: str
+    days: int
+    end: str
+    first: str
+    last: str
+    partitions: list[str]
+    missing: list[str]
+
+    @staticmethod
+    def _get_schema() -> str:
+        return _SCHEMA + "tfpipe_window"
 
 
 @attr.define
@@ -67,6 +81,7 @@ class TfpipeImageDatasetFacet(DatasetFacet):
 
 FACETS: dict[str, Any] = {
     "tfpipe_fingerprint": TfpipeFingerprintDatasetFacet,
+    "tfpipe_window": TfpipeWindowDatasetFacet,
     "tfpipe_metrics": TfpipeMetricsDatasetFacet,
     "tfpipe_blessing": TfpipeBlessingDatasetFacet,
     "tfpipe_image": TfpipeImageDatasetFacet,

@@ -224,15 +224,19 @@ def resolve_stage_config(
     image: str,
     overrides: Mapping[str, Any] | None = None,
     image_identity: Mapping[str, Any] | None = None,
+    data_interval_end: str | None = None,
 ) -> dict[str, Any]:
     """The full stage config for one try: template + overrides + run identity + container paths.
 
     ``image_identity`` (``image_id``, ``image_repo_digest``: see :func:`image_identity`) is what
     the engine says the image is; the trainer records it in the exported model's metadata.
+    ``data_interval_end`` (ISO 8601, UTC) is where a date window (``data.window_days``) ends.
     """
     config = apply_overrides(template, overrides)
     config["run"] = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id,
                      "try_number": int(try_number), "image": image, **(image_identity or {})}
+    if data_interval_end is not None:
+        config["run"][contract.WINDOW_END_KEY] = data_interval_end
     config["paths"] = {
         "data": contract.CONTAINER_DATA,
         "work": contract.CONTAINER_WORK,

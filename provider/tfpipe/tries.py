@@ -8,6 +8,7 @@ try: only running tasks, the shell tooling and the bench import this module.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from tfpipe import contract
@@ -54,9 +55,11 @@ def resolve_try(spec: StageSpec, ti: Any, params: Mapping[str, Any] | None = Non
     params = dict(params or {})
     map_index = getattr(ti, "map_index", -1)
     map_index = -1 if map_index is None else map_index
+    windowed = bool(spec.config["data"].get("window_days"))
     config = resolve_stage_config(
         {**spec.config, "stage": spec.stage}, dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
-        try_number=ti.try_number, image=image or spec.image, overrides=params)
+        try_number=ti.try_number, image=image or spec.image, overrides=params,
+        data_interval_end=window_end(ti) if windowed else None)
     if spec.stage == "prep_shard" or shard_index is not None:
         config[contract.SHARD_INDEX_KEY] = check_shard_index(spec, shard_index)
     gpus = spec.gpus
@@ -68,6 +71,32 @@ def resolve_try(spec: StageSpec, ti: Any, params: Mapping[str, Any] | None = Non
                                 try_number=ti.try_number, stage=spec.stage, map_index=map_index),
         writable_dirs=writable_dirs(spec.stage, config, config["paths"]["run_dir"]),
     )
+
+
+def window_end(ti: Any) -> str | None:
+    """Where a date window of ``ti``'s run ends (ISO 8601, UTC): the run's data interval end, or,
+    for a run without a data interval (a manual run triggered without a logical date), the time
+    it was triggered (``run_after``); None when ``ti`` knows neither.
+
+    ``ti`` is a running task instance (its template context has the run's interval) or a
+    :class:`TryIdentity` (its ``data_interval_end``).
+    """
+    end = getattr(ti, "data_interval_end", None)
+    if end is None and callable(getattr(ti, "get_template_context", None)):
+        context = ti.get_template_context()
+        end = context.get("data_interval_end") or getattr(context.get("dag_run"), "run_after", None)
+    return utc_iso(end)
+
+
+def utc_iso(moment: Any) -> str | None:
+    """A datetime (naive: UTC) or an ISO 8601 text as ISO 8601 in UTC; None stays None."""
+    if moment is None:
+        return None
+    if isinstance(moment, str):
+        moment = datetime.fromisoformat(moment.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).isoformat()
 
 
 def check_shard_index(spec: StageSpec, shard_index: Any) -> int:
@@ -91,6 +120,8 @@ class TryIdentity:
     task_id: str
     try_number: int = 1
     map_index: int = -1
+    #: where a date window ends (:func:`window_end`): a datetime or ISO 8601 text, or None
+    data_interval_end: Any = None
 
 
 def image_identity(reference: str, inspected: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import random
 import sys
 import time
 import traceback
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -107,24 +108,26 @@ def lost_sync_race(err: BaseException) -> bool:
     return False
 
 
-def run_dag_test(dag: Any, conf: dict[str, Any] | None) -> Any:
+def run_dag_test(dag: Any, conf: dict[str, Any] | None, logical_date: datetime | None = None) -> Any:
     """``dag.test(run_conf=conf)``, once more when its DAG sync lost a race with another
     ``tfpipe run`` (:func:`lost_sync_race`): by then the other process has committed the rows, so
-    the second sync only reads them. Nothing ran yet, so nothing is done twice."""
+    the second sync only reads them. Nothing ran yet, so nothing is done twice. ``logical_date``:
+    the run's logical date (its data interval follows from the DAG's schedule), else now."""
+    dated = {"logical_date": logical_date} if logical_date is not None else {}
     try:
-        return dag.test(run_conf=conf or None)
+        return dag.test(run_conf=conf or None, **dated)
     except Exception as err:
         if not lost_sync_race(err):
             raise
         print(f"tfpipe: another process wrote DAG {dag.dag_id!r} to the metadata DB at the same moment "
               f"({type(err).__name__}); writing it again", file=sys.stderr)
     time.sleep(random.uniform(0.2, 1.0))  # apart from a third run that lost the same race
-    return dag.test(run_conf=conf or None)
+    return dag.test(run_conf=conf or None, **dated)
 
 
 def run(dag_id: str, conf: dict[str, Any] | None, dags_folder: str, rerun: str | None = None,
         tasks: list[str] | None = None, only_failed: bool = False, *,
-        console: RunConsole | None = None) -> dict[str, Any]:
+        console: RunConsole | None = None, logical_date: datetime | None = None) -> dict[str, Any]:
     """Run one DAG run of ``dag_id`` with ``conf`` (or re-run run ``rerun``) and return its summary.
 
     A re-run is the UI's Clear (:mod:`tfpipe.rerun`): the same run, its history kept, new try
@@ -146,7 +149,7 @@ def run(dag_id: str, conf: dict[str, Any] | None, dags_folder: str, rerun: str |
                   file=sys.stderr)
             dag_run = drive_run(dag, rerun)
         else:
-            dag_run = run_dag_test(dag, conf)
+            dag_run = run_dag_test(dag, conf, logical_date)
         return summarize(dag, dag_run)
 
 
@@ -155,6 +158,10 @@ def add_parser(sub: Any) -> None:
     run_p = sub.add_parser("run", help="run one DAG run and print a JSON summary line")
     run_p.add_argument("dag_id")
     run_p.add_argument("--conf", default="{}", help="run parameters as a JSON object")
+    run_p.add_argument("--logical-date", type=logical_date_arg, metavar="DATE",
+                       help="the run's logical date (ISO 8601: 2026-12-06 or 2026-12-06T00:00:00+00:00, UTC "
+                       "when no offset is given); its data interval follows from the DAG's schedule. A run of "
+                       "a past date is a backfill of it; default: now")
     run_p.add_argument("--dags-folder", default=os.environ.get("AIRFLOW__CORE__DAGS_FOLDER", str(Path("dags"))))
     run_p.add_argument("--rerun", metavar="RUN_ID",
                        help="clear an existing run as the UI's Clear does and run it again: same run, history "
@@ -167,6 +174,16 @@ def add_parser(sub: Any) -> None:
                        "under $AIRFLOW_HOME/logs/tfpipe-run/ and stderr shows the stages, training's epochs and "
                        "the result)")
     run_p.set_defaults(handler=command)
+
+
+def logical_date_arg(text: str) -> datetime:
+    """``--logical-date``: an ISO 8601 date or time, UTC when it names no offset."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 date or time such as 2026-12-06 "
+                                         "or 2026-12-06T00:00:00+00:00") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
 
 
 def command(args: argparse.Namespace) -> int:
@@ -184,6 +201,8 @@ def command(args: argparse.Namespace) -> int:
         args.parser.error("--conf must be a JSON object such as '{\"epochs\": 5}'")
     if (args.tasks or args.only_failed) and not args.rerun:
         args.parser.error("--task and --only-failed choose what --rerun RUN_ID clears; add --rerun")
+    if getattr(args, "logical_date", None) is not None and args.rerun:
+        args.parser.error("--logical-date dates a new run; a --rerun keeps its run's date: drop one of them")
     console = None
     if not args.verbose:
         try:
@@ -216,7 +235,8 @@ def _run_summary(args: argparse.Namespace, conf: dict[str, Any], console: RunCon
         console.install()
     try:
         summary = run(args.dag_id, conf, args.dags_folder, rerun=args.rerun, tasks=args.tasks,
-                      only_failed=args.only_failed, console=console)
+                      only_failed=args.only_failed, console=console,
+                      logical_date=getattr(args, "logical_date", None))
     except (ParamValidationError, ValueError) as err:  # rejected before a run starts, as the trigger form does
         if not is_param_rejection(err):
             raise
