@@ -10,15 +10,13 @@ steps per call, the calls cut at the epoch ends by ``Loop.loop_length`` as in ``
   ``cache()``, shuffle, batch, prefetch -- concatenated into one iterator, without tf.data's
   autotuning thread) and ``Loop._run_loop``, which calls the compiled loop that takes each
   batch with ``next(iterator)`` inside the graph. The untimed warm-up fills the cache, so A is
-  the steady state of epochs 2+ (``--uncached`` adds an arm C over a base data set that is not
-  cached, which re-reads and parses the TFRecords every epoch, as with ``training.cache:
-  false``; C/B is reported as a detail). Each sample builds its own iterator, as ``Loop.fit``
+  the steady state of epochs 2+. Each sample builds its own iterator, as ``Loop.fit``
   does every ``EPOCHS_PER_ITERATOR`` epochs, so A pays that set-up more often than training does.
 - **B**: the same batches, materialised once as eager tensors in memory, handed to a compiled
   function that runs the same training step once per tensor pair, with the same number of steps
   per call: no iterator, no loop in the graph.
 
-A and B alternate (A, B[, C], A, B[, C], ...); every sample is ``--epochs`` epochs; the result is the
+A and B alternate (A, B, A, B, ...); every sample is ``--epochs`` epochs; the result is the
 per-step seconds of each sample.
 """
 
@@ -40,8 +38,6 @@ def main():
     parser.add_argument("--steps-per-loop", type=int, default=10,
                         help="training.steps_per_loop of both arms (the automatic length is about 8 "
                              "at this step time)")
-    parser.add_argument("--uncached", action="store_true",
-                        help="also time arm C: the pipeline with training.cache false")
     args = parser.parse_args()
 
     from trainer import common, config as config_mod, data
@@ -59,7 +55,6 @@ def main():
     strategy = common.setup_tensorflow(training)
     loop = Loop(config, strategy, schema, stats, dataset_dir)
     cached = loop.base_train
-    uncached = data.base_dataset(dataset_dir, schema, "train", cache=False) if args.uncached else None
     spe = loop.spe
     next_epoch = [1]  # epoch 0's order is B's batches; every sample of A or C trains later epochs
 
@@ -72,15 +67,11 @@ def main():
             step += lengths[-1]
         return lengths
 
-    def pipeline_sample(base):
+    def pipeline_sample():
         """``args.epochs`` epochs fed as Loop.fit feeds them; returns the steps trained."""
         first = next_epoch[0]
         next_epoch[0] += args.epochs
-        loop.base_train = base  # train_iterator builds its datasets over this base
-        try:
-            iterator = loop.train_iterator(first, first + args.epochs, 0)
-        finally:
-            loop.base_train = cached
+        iterator = loop.train_iterator(first, first + args.epochs, 0)
         lengths = calls(first * spe, (first + args.epochs) * spe)
         for steps in lengths:
             loop._run_loop(iterator, steps)
@@ -122,26 +113,12 @@ def main():
         return run
 
     def warmup():
-        pipeline_sample(cached)  # traces the loop, fills the cache
+        pipeline_sample()  # traces the loop, fills the cache
         memory_sample()  # traces each chunk's shape once
-        if uncached is not None:
-            pipeline_sample(uncached)
-
-    def pipeline_alone():
-        """Seconds per batch of A's iterator with no training step (what it costs by itself)."""
-        first = next_epoch[0]
-        next_epoch[0] += args.epochs
-        started = time.perf_counter()
-        batches = sum(1 for _ in loop.train_iterator(first, first + args.epochs, 0))
-        return (time.perf_counter() - started) / batches
 
     started = time.time()
-    arms = [("A", timed(lambda: pipeline_sample(cached))), ("B", timed(memory_sample))]
-    if uncached is not None:
-        arms.append(("C", timed(lambda: pipeline_sample(uncached))))
-    samples = util.interleave(args.pairs, arms, warmup=warmup)
-    alone = sorted(pipeline_alone() for _ in range(3))[1]
-    util.emit(dict(samples, unit="seconds per step", pipeline_alone_s_per_batch=alone, steps_per_epoch=spe,
+    samples = util.interleave(args.pairs, [("A", timed(pipeline_sample)), ("B", timed(memory_sample))], warmup=warmup)
+    util.emit(dict(samples, unit="seconds per step", steps_per_epoch=spe,
                    epochs_per_sample=args.epochs, batch_size=training["batch_size"],
                    steps_per_loop=args.steps_per_loop, calls_per_epoch=len(calls(0, spe)),
                    image_shape=list(in_memory[0][0].shape[1:]),

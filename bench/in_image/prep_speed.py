@@ -1,13 +1,12 @@
 """prep_rows_per_s: tfpipe's prep stage against a crude vectorised baseline, in the trainer image.
 
-    python3 bench/in_image/prep_speed.py --root /bench --pairs 5 --rows 1000000 --scan 20000,200000,1000000
+    python3 bench/in_image/prep_speed.py --root /bench --pairs 5 --rows 1000000
 
 The input is the digits CSV (64 integer pixel features and a label) repeated to ``--rows`` rows.
 A: ``python3 -m trainer prep`` on it (a fresh work volume each time, so never a cache hit).
 B: the crude vectorised path: ``numpy.loadtxt`` of the whole file, then batches of 1,000 rows
 serialised with ``tf.io.serialize_tensor`` into a TFRecord file (no validation, split, stats or
-fingerprint, and the whole table in memory). Each side runs in its own process; A, B, A, B, ...
-``--scan``: prep and one training epoch (mlp, batch 256) at each size, to show how each grows.
+fingerprint, and the whole table in memory). Each side runs in its own process; A B, B A, ...
 """
 
 import argparse
@@ -90,32 +89,11 @@ def one(side, root, rows):
     return wall, cpu, detail
 
 
-def scan(root, sizes):
-    """Prep, then one training epoch, at each size (in this process)."""
-    from trainer import prep, train
-
-    rows = []
-    for size in sizes:
-        base = fresh_volumes(root, "scan", make_csv(root, size))
-        start = time.monotonic()
-        prep.run(stage_config(base, "prep", "bench", "scan", {"path": "table.csv"}))
-        prep_s = time.monotonic() - start
-        start = time.monotonic()
-        train.run(stage_config(base, "train", "bench", "scan", {"path": "table.csv"},
-                               {"epochs": 1, "batch_size": 256, "checkpoint_every_steps": 0}))
-        train_s = time.monotonic() - start
-        log("scan %d rows: prep %.1f s, one epoch %.1f s", size, prep_s, train_s)
-        rows.append({"rows": size, "prep_s": round(prep_s, 2), "epoch_s": round(train_s, 2)})
-        shutil.rmtree(base, ignore_errors=True)
-    return rows
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", required=True)
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--rows", type=int, default=1000000)
-    parser.add_argument("--scan", default="")
     parser.add_argument("--side")
     parser.add_argument("--base")
     args = parser.parse_args()
@@ -130,7 +108,7 @@ def main():
               "a_workers_rss_mb": [], "rows": args.rows, "unit": "s per %d rows" % args.rows}
     make_csv(args.root, args.rows)
     for pair in range(args.pairs):
-        for side in ("a", "b"):
+        for side in ("a", "b") if pair % 2 == 0 else ("b", "a"):
             wall, cpu, detail = one(side, args.root, args.rows)
             result[side].append(wall)
             result[side + "_cpu"].append(cpu)
@@ -139,8 +117,6 @@ def main():
                 result["a_workers_rss_mb"].append(detail["workers_peak_rss_mb"])
             log("pair %d %s: %.1f s (%.0f rows/s), CPU %.1f s, peak RSS %.0f MiB", pair + 1, side,
                 wall, args.rows / wall, cpu, detail["peak_rss_mb"])
-    if args.scan:
-        result["scan"] = scan(args.root, [int(v) for v in args.scan.split(",")])
     emit(result)
 
 

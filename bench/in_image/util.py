@@ -69,7 +69,7 @@ def find_dataset(root):
 
 
 def interleave(pairs, arms, warmup=None):
-    """Run ``warmup`` (untimed), then the arms in turn, ``pairs`` rounds: A, B, A, B, ...
+    """Run ``warmup`` (untimed), then the arms in turn, ``pairs`` rounds, the order alternating: A B, B A, ...
 
     ``arms`` is a list of ``(name, fn)``; ``fn(i)`` returns the sample's value (seconds), or
     None to use the seconds the call took. Returns ``{"a": [...], "b": [...], ...}`` keyed by
@@ -83,7 +83,7 @@ def interleave(pairs, arms, warmup=None):
         out[name.lower()] = []
         out[name.lower() + "_cpu"] = []
     for i in range(pairs):
-        for name, fn in arms:
+        for name, fn in arms if i % 2 == 0 else arms[::-1]:
             started, cpu = time.perf_counter(), time.process_time()
             value = fn(i)
             cpu = time.process_time() - cpu
