@@ -12,7 +12,7 @@ from pathlib import Path
 
 # Named here so Airflow's DAG processor imports tfpipe (and the Docker provider under it) once,
 # before it forks the process that parses this file ([dag_processor] parsing_pre_import_modules, on
-# by default; only airflow.* imports count), instead of in every parse (bench/README.md).
+# by default; only airflow.* imports count), instead of in every parse (docs/deploying.md, "The DAG processor's pre-import").
 import airflow.providers.tfpipe  # noqa: F401
 from tfpipe import PipelineConfig, training_pipeline
 
