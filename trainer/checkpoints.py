@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 
-from trainer import common
+from trainer import columns, common
 from trainer.common import LOG
 from trainer.errors import BadInput
 from trainer.sources import show_names
@@ -378,23 +378,38 @@ def read_weights(model, prefix, what):
                        % (what, prefix, str(error).splitlines()[0][:300]))
 
 
-def warm_start(model, models_root, class_names):
+def warm_start(model, models_root, class_names, features=None):
     """Load the weights of the newest exported version that has them; return its info or None.
 
     None too when that version was trained on other classes than ``class_names`` (the data set's):
     its output ``i`` means another class, or there are more or fewer outputs. Training then starts
     from scratch, with a warning that names both lists; ``data.classes`` keeps the list fixed.
+    Likewise when the version's table columns (``features``, the schema's) differ in what the
+    model's inputs mean (:func:`trainer.columns.input_layout`): a changed vocabulary moves the
+    rows of one-hot and embedding weights to other values, which no shape check would notice.
     """
     for version in reversed(common.list_versions(models_root)):
         prefix = os.path.join(models_root, str(version), "variables_ckpt", "model")
         if os.path.exists(prefix + ".index"):
-            trained_on = common.version_class_names(common.read_version_metadata(models_root, version))
+            metadata = common.read_version_metadata(models_root, version)
+            trained_on = common.version_class_names(metadata)
             if trained_on is not None and trained_on != list(class_names):
                 LOG.warning("warm start: version %d was trained on the classes [%s], this data set has [%s], so "
                             "its outputs mean other classes; random initialisation instead. Fix: list the "
                             "classes in data.classes so every night numbers them alike",
                             version, show_names(trained_on), show_names(list(class_names)))
                 return None
+            old = ((metadata or {}).get("data") or {}).get("features")
+            if features is not None and old is not None:
+                changed = [a[0] for a, b in zip(columns.input_layout(features), columns.input_layout(old)) if a != b]
+                if changed or len(features) != len(old):
+                    LOG.warning("warm start: version %d was trained on other table columns than this data set's "
+                                "(%s: type, vocabulary, hash buckets or missing values differ), so its input "
+                                "weights would stand for other values; random initialisation instead. Fix: pin "
+                                "the columns with data.columns, data.max_vocabulary and data.min_frequency so "
+                                "nights share a vocabulary, or accept a fresh start",
+                                version, show_names(changed or ["the column list"]))
+                    return None
             read_weights(model, prefix, "warm start from version %d" % version)
             return {"version": version, "path": prefix}
     LOG.info("warm start: no exported version with weights under %s; random initialisation", models_root)

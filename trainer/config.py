@@ -118,6 +118,13 @@ def _check_data(data):
         twice = sorted({name for name in classes if name in seen or seen.add(name)})
         _require(not twice, "data.classes", "a list of distinct names (%s repeated)" % ", ".join(map(repr, twice)),
                  classes)
+    for name, kind in sorted(data["columns"].items()):
+        _require(kind in contract.COLUMN_TYPES, "data.columns[%r]" % name,
+                 "one of " + ", ".join(contract.COLUMN_TYPES), kind)
+    na_values = data["na_values"]
+    if na_values is not None:
+        for i, text in enumerate(na_values):
+            _require(isinstance(text, str), "data.na_values[%d]" % i, "a string (a cell text)", text)
     features = data["features"]
     if features is not None:
         _require(isinstance(features, list) and features, "data.features",

@@ -29,16 +29,34 @@ import tensorflow as tf  # noqa: E402
 AUTOTUNE = tf.data.AUTOTUNE
 
 
+def split_features(schema):
+    """``(numeric, categorical)``: the schema's feature entries stored as floats (numeric and
+    boolean columns: the ``features`` vector) and as texts (the ``categories`` vector)."""
+    features = schema["features"]
+    return ([f for f in features if f.get("type") != "categorical"],
+            [f for f in features if f.get("type") == "categorical"])
+
+
 def input_spec(schema):
     """What a model receives: ``kind``, ``shape`` (without batch), ``dtype`` and names.
 
-    CSV: ``float32 [num_features]`` raw feature values in schema order. Images: ``uint8
-    [height, width, channels]`` raw pixels.
+    CSV: ``float32 [len(feature_names)]`` raw values of the numeric and boolean columns (1.0/0.0)
+    in schema order, NaN where a value is missing. With categorical columns the model takes a
+    dict instead: ``features`` (that vector) and ``categories``, ``string [len(categorical_names)]``
+    (the texts, ``""`` where missing); ``inputs`` then describes both. ``columns`` is the
+    schema's entry of every feature (type, missing counts, vocabulary or hash buckets).
+    Images: ``uint8 [height, width, channels]`` raw pixels.
     """
     base = {"class_names": list(schema["class_names"])}
     if schema["format"] == "csv":
-        names = [f["name"] for f in schema["features"]]
-        base.update(kind="tabular", shape=[len(names)], dtype="float32", feature_names=names)
+        numeric, categorical = split_features(schema)
+        names = [f["name"] for f in numeric]
+        base.update(kind="tabular", shape=[len(names)], dtype="float32", feature_names=names,
+                    categorical_names=[f["name"] for f in categorical],
+                    columns=[dict(f) for f in schema["features"]])
+        if categorical:
+            base["inputs"] = {"features": {"shape": [len(names)], "dtype": "float32"},
+                              "categories": {"shape": [len(categorical)], "dtype": "string"}}
     else:
         image = schema["image"]
         base.update(kind="image", shape=[image["height"], image["width"], image["channels"]],
@@ -53,6 +71,14 @@ def parse_fn(schema):
         width = spec["shape"][0]
         description = {"features": tf.io.FixedLenFeature([width], tf.float32),
                        "label": tf.io.FixedLenFeature([], tf.int64)}
+        texts = len(spec["categorical_names"])
+        if texts:
+            description["categories"] = tf.io.FixedLenFeature([texts], tf.string)
+
+            def parse(serialized):
+                parsed = tf.io.parse_single_example(serialized, description)
+                return {"features": parsed["features"], "categories": parsed["categories"]}, parsed["label"]
+            return parse
 
         def parse(serialized):
             parsed = tf.io.parse_single_example(serialized, description)
@@ -89,6 +115,8 @@ def cached_bytes(schema):
     item = 4 if spec["dtype"] == "float32" else 1
     for dim in spec["shape"]:
         item *= dim
+    if spec.get("categorical_names"):  # a string tensor more, its texts short: about 32 bytes each
+        item += _CACHED_OVERHEAD // 2 + 32 * len(spec["categorical_names"])
     return sum(schema["counts"].values()) * (item + 8 + _CACHED_OVERHEAD)
 
 

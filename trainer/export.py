@@ -204,7 +204,9 @@ def run(config):
             "image": image_provenance(run_info),
             "data": {"fingerprint": schema["fingerprint"], "format": schema["format"],
                      "counts": schema["counts"], "class_names": schema["class_names"],
-                     "features": schema["features"], "image": schema["image"]},
+                     "features": schema["features"], "image": schema["image"],
+                     # this run's date window: a data set reused from another run says another end
+                     "window": (atomic.read_json(os.path.join(run_dir, "dataset.json")) or {}).get("window")},
             "hyperparameters": config["training"],
             "evaluation": {"metrics": evaluation.get("metrics", {}), "blessing": blessing,
                            "per_class": evaluation.get("per_class")},

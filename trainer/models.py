@@ -2,9 +2,14 @@
 
 Built-ins (``training.model``), with their ``training.model_kwargs``:
 
-- ``mlp`` (CSV data): ``hidden_units=[64, 32]``, ``dropout=0.0``, ``l2=0.0``. A ``Normalization`` layer
-  initialised from the train split's mean/variance in ``stats.json`` sits inside the model, so the
-  model takes raw feature values.
+- ``mlp`` (CSV data): ``hidden_units=[64, 32]``, ``dropout=0.0``, ``l2=0.0``, ``one_hot_max=16``,
+  ``embedding_dim=8``. A ``Normalization`` layer initialised from the train split's mean/variance in
+  ``stats.json`` sits inside the model, so the model takes raw feature values; a missing number
+  (NaN) becomes the train mean there, and each numeric column with missing train values adds a
+  missing-indicator input (1.0 where missing). A categorical column is looked up in its
+  vocabulary (``StringLookup``: unseen values share one bucket, the missing value has its own)
+  or hashed (``Hashing``, the missing value in bucket 0), then one-hot encoded when it has at most
+  ``one_hot_max`` positions, else embedded in ``embedding_dim`` dimensions.
 - ``cnn`` (images): ``filters=[16, 32]``, ``dense_units=64``, ``dropout=0.0``, ``l2=0.0``;
   ``Rescaling(1/255)`` inside the model.
 - ``resnet50`` (images at least 32x32): ``tf.keras.applications.ResNet50(weights=None)`` behind a
@@ -20,11 +25,14 @@ A user's model: ``training.model = "package.module:function"``, importable from
     def function(input_spec: dict, num_classes: int, stats: dict, **model_kwargs) -> tf.keras.Model
 
 ``input_spec`` is :func:`trainer.data.input_spec`: ``{"kind": "tabular"|"image", "shape": [...],
-"dtype": "float32"|"uint8", "feature_names": [...], "class_names": [...]}``. The model takes the
-RAW inputs (float32 feature vectors in schema order, or uint8 pixels ``[H, W, C]``) and must
-return LOGITS of shape ``[batch, num_classes]`` (no softmax). ``stats`` is ``stats.json`` (per
-feature or per channel count/mean/std/min/max). Under mixed precision a float16 output is cast to
-float32 by an extra layer.
+"dtype": "float32"|"uint8", "feature_names": [...], "class_names": [...]}``, for tables also
+``categorical_names`` and ``columns`` (each feature's type, missing counts, vocabulary or hash
+buckets, from ``schema.json``). The model takes the RAW inputs (float32 feature vectors in schema
+order, NaN where missing, or uint8 pixels ``[H, W, C]``; with categorical columns a dict of
+``features`` and ``categories``, string ``[len(categorical_names)]``, ``""`` where missing) and
+must return LOGITS of shape ``[batch, num_classes]`` (no softmax). ``stats`` is ``stats.json``
+(per feature or per channel count/mean/std/min/max, and per table column ``missing``). Under
+mixed precision a float16 output is cast to float32 by an extra layer.
 """
 
 import importlib
@@ -46,16 +54,88 @@ def _l2(l2):
     return tf.keras.regularizers.l2(float(l2)) if l2 else None
 
 
-def mlp(input_spec, num_classes, stats, hidden_units=(64, 32), dropout=0.0, l2=0.0):
-    """A multi-layer perceptron over normalised tabular features (``l2``: the kernels' penalty)."""
+class ImputingNormalization(layers.Normalization):
+    """``Normalization`` that first replaces a missing value (NaN) by its column's mean, so it
+    comes out as 0. A subclass rather than a layer of its own: the model keeps the layers and
+    weights it had before missing values were read, so older weights still load into it."""
+
+    def call(self, inputs):
+        inputs = tf.convert_to_tensor(inputs)
+        return super(ImputingNormalization, self).call(
+            tf.where(tf.math.is_nan(inputs), tf.cast(self.mean, inputs.dtype), inputs))
+
+
+class MissingIndicator(layers.Layer):
+    """1.0 where the columns ``columns`` of a float matrix are missing (NaN), else 0.0."""
+
+    def __init__(self, columns, **kwargs):
+        super(MissingIndicator, self).__init__(**kwargs)
+        self.columns = [int(c) for c in columns]
+
+    def call(self, inputs):
+        return tf.cast(tf.math.is_nan(tf.gather(inputs, self.columns, axis=-1)), self.compute_dtype)
+
+    def get_config(self):
+        return dict(super(MissingIndicator, self).get_config(), columns=self.columns)
+
+
+class TextColumn(layers.Layer):
+    """Column ``index`` of a string matrix, as ``[batch, 1]``."""
+
+    def __init__(self, index, **kwargs):
+        super(TextColumn, self).__init__(**kwargs)
+        self.index = int(index)
+
+    def call(self, inputs):
+        return inputs[:, self.index:self.index + 1]
+
+    def get_config(self):
+        return dict(super(TextColumn, self).get_config(), index=self.index)
+
+
+def encode_categorical(texts, position, column, one_hot_max, embedding_dim):
+    """The float encoding ``[batch, n]`` of categorical column ``column`` (a schema entry), the
+    ``position``-th of the string matrix ``texts``; see the module docstring."""
+    x = TextColumn(position, name="text_%d" % position)(texts)
+    if column.get("encoding") == "hash":
+        depth = int(column["hash_bins"]) + 1
+        x = layers.Hashing(num_bins=depth, mask_value="", name="hash_%d" % position)(x)
+    else:
+        # index 0 (num_oov_indices=1) takes unseen values, the "" entry (index 1) missing ones
+        vocabulary = [""] + list(column.get("vocabulary") or [])
+        depth = len(vocabulary) + 1
+        x = layers.StringLookup(vocabulary=vocabulary, num_oov_indices=1, name="lookup_%d" % position)(x)
+    if depth <= one_hot_max:
+        return layers.CategoryEncoding(num_tokens=depth, output_mode="one_hot", name="one_hot_%d" % position)(x)
+    x = layers.Embedding(depth, int(embedding_dim), name="embed_%d" % position)(x)
+    return layers.Flatten(name="flat_%d" % position)(x)
+
+
+def mlp(input_spec, num_classes, stats, hidden_units=(64, 32), dropout=0.0, l2=0.0, one_hot_max=16,
+        embedding_dim=8):
+    """A multi-layer perceptron over normalised tabular features and encoded categorical ones
+    (``l2``: the kernels' penalty)."""
     if input_spec["kind"] != "tabular":
         raise BadInput("training.model mlp needs CSV data (data.format csv); use cnn or resnet50 "
                        "for images")
     names = input_spec["feature_names"]
+    columns = {c["name"]: c for c in input_spec.get("columns") or []}
+    categorical = input_spec.get("categorical_names") or []
     mean = [stats["features"][n]["mean"] for n in names]
     variance = [stats["features"][n]["std"] ** 2 or 1.0 for n in names]
     inputs = tf.keras.Input(shape=input_spec["shape"], dtype="float32", name="features")
-    x = layers.Normalization(axis=-1, mean=mean, variance=variance, name="normalize")(inputs)
+    parts = []
+    if names:
+        parts.append(ImputingNormalization(axis=-1, mean=mean, variance=variance, name="normalize")(inputs))
+        missing = [i for i, n in enumerate(names) if (columns.get(n, {}).get("missing") or {}).get("train")]
+        if missing:
+            parts.append(MissingIndicator(missing, name="missing")(inputs))
+    if categorical:
+        texts = tf.keras.Input(shape=[len(categorical)], dtype="string", name="categories")
+        parts += [encode_categorical(texts, i, columns[n], one_hot_max, embedding_dim)
+                  for i, n in enumerate(categorical)]
+        inputs = {"features": inputs, "categories": texts}
+    x = parts[0] if len(parts) == 1 else layers.Concatenate(name="inputs")(parts)
     for i, units in enumerate(hidden_units):
         x = layers.Dense(int(units), activation="relu", name="dense_%d" % i,
                          kernel_regularizer=_l2(l2))(x)
@@ -134,7 +214,8 @@ def _as_float32(model, name):
     output = getattr(model, "outputs", None)
     if output and len(output) == 1 and output[0].dtype != tf.float32:
         cast = layers.Activation("linear", dtype="float32", name="float32_logits")(output[0])
-        return tf.keras.Model(model.inputs, cast, name=model.name)
+        # model.input keeps a dict of inputs a dict (the tables with text columns)
+        return tf.keras.Model(model.inputs if len(model.inputs) == 1 else model.input, cast, name=model.name)
     if not output:
         raise BadInput("training.model %r must return a functional tf.keras.Model with one "
                        "output (built with tf.keras.Input)" % name)

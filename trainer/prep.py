@@ -7,8 +7,18 @@ either complete or absent. The fingerprint is the sha256 of the input files (rel
 bytes) and of the prep-relevant config; a data set with that fingerprint is reused ("cache hit").
 
 Record layout (``tf.train.Example``): ``label`` int64, ``key`` bytes (the split key); CSV:
-``features`` float list in schema order; images: ``image`` raw uint8 bytes of shape
+``features`` float list of the numeric and boolean columns in schema order (NaN: missing), and,
+when the table has categorical columns, ``categories`` bytes list of their stripped texts in
+schema order (``""``: missing); images: ``image`` raw uint8 bytes of shape
 ``[height, width, channels]``.
+
+CSV column types, missing values and vocabularies (:mod:`trainer.columns`): every feature of
+``schema.json``'s ``features`` has its ``name``, ``type`` (``float``, ``int``, ``boolean`` or
+``categorical``), ``source`` (``inferred``, ``data.columns`` or ``data.features``), ``missing``
+(``{"train": n, "eval": n}`` cells), and, when categorical, ``encoding`` (``vocabulary`` with
+``vocabulary``, ``distinct`` and ``oov_train``, or ``hash`` with ``hash_bins``). Columns typed
+``ignore`` are listed in ``ignored``; rows dropped for a missing label are counted in
+``dropped_rows``.
 
 CSV inputs are read as a stream of batches (a few MiB of rows each, :func:`sources.csv_batches`)
 that worker processes, one per CPU the container may use, parse, validate, split and encode
@@ -26,7 +36,7 @@ import multiprocessing
 import os
 import time
 
-from trainer import atomic, common, records, sources
+from trainer import atomic, columns, common, contract, partitions, records, sources
 from trainer.common import LOG
 from trainer.errors import BadInput, WorkerDied
 
@@ -51,6 +61,13 @@ def prep_settings(data):
         settings["classes"] = data["classes"]
     if data["format"] == "images":
         settings.update(image_size=data["image_size"], channels=data["channels"])
+    if data["format"] == "csv":
+        # only when set: the data sets of configs without them keep their fingerprints
+        defaults = contract.section_defaults("data")
+        for key in ("columns", "na_values", "drop_missing_labels", "max_vocabulary", "min_frequency",
+                    "hash_threshold", "hash_bins"):
+            if data.get(key, defaults[key]) != defaults[key]:
+                settings[key] = data[key]
     settings["prep_version"] = PREP_VERSION
     return settings
 
@@ -153,7 +170,8 @@ class Moments(object):
     """Count, mean, standard deviation, min and max per column, merged batch by batch.
 
     Batches combine with Chan et al.'s pairwise update, which keeps the variance as accurate
-    as a single pass over all rows held in memory.
+    as a single pass over all rows held in memory. NaN cells (missing values) are left out:
+    ``count`` is then one count per column instead of one for all.
     """
 
     def __init__(self, width):
@@ -168,8 +186,18 @@ class Moments(object):
     @staticmethod
     def of(matrix):
         """The moments of the rows of a float64 matrix ``[n, width]``."""
+        import numpy as np
+
         part = Moments(matrix.shape[1])
-        if len(matrix):
+        missing = np.isnan(matrix)
+        if missing.any():
+            present = ~missing
+            part.count = present.sum(axis=0)
+            part.mean = np.where(present, matrix, 0.0).sum(axis=0) / np.maximum(part.count, 1)
+            part.m2 = np.where(present, (matrix - part.mean) ** 2, 0.0).sum(axis=0)
+            part.min = np.where(present, matrix, np.inf).min(axis=0)
+            part.max = np.where(present, matrix, -np.inf).max(axis=0)
+        elif len(matrix):
             part.count = len(matrix)
             part.mean = matrix.mean(axis=0)
             part.m2 = ((matrix - part.mean) ** 2).sum(axis=0)
@@ -180,19 +208,24 @@ class Moments(object):
         """Add another batch's moments to these."""
         import numpy as np
 
-        if not other.count:
+        if not np.any(other.count):
             return
         total = self.count + other.count
+        share = np.where(total > 0, total, 1).astype(np.float64)  # per column when NaNs were left out
         delta = other.mean - self.mean
-        self.mean = self.mean + delta * (other.count / float(total))
-        self.m2 = self.m2 + other.m2 + delta ** 2 * (self.count * other.count / float(total))
+        self.mean = self.mean + delta * (other.count / share)
+        self.m2 = self.m2 + other.m2 + delta ** 2 * (self.count * other.count / share)
         self.count = total
         self.min, self.max = np.minimum(self.min, other.min), np.maximum(self.max, other.max)
 
     def summary(self, i):
-        """``{count, mean, std, min, max}`` of column ``i``."""
-        return {"count": int(self.count), "mean": float(self.mean[i]),
-                "std": float(math.sqrt(max(self.m2[i], 0.0) / self.count)),
+        """``{count, mean, std, min, max}`` of column ``i`` (its non-missing cells; a column
+        without any has mean and std 0, min and max None)."""
+        count = int(self.count if not hasattr(self.count, "__len__") else self.count[i])
+        if not count:
+            return {"count": 0, "mean": 0.0, "std": 0.0, "min": None, "max": None}
+        return {"count": count, "mean": float(self.mean[i]),
+                "std": float(math.sqrt(max(self.m2[i], 0.0) / count)),
                 "min": float(self.min[i]), "max": float(self.max[i])}
 
 
@@ -237,25 +270,74 @@ def prepare_batch(task):
                                                     plan["classes"]))
     label_ids = np.asarray(label_ids, dtype=np.int64)
     held_out = np.array([is_eval(key, plan["seed"], plan["fraction"]) for key in rows.keys],
-                        dtype=bool)
+                        dtype=bool).reshape(len(rows.keys))
     encoder = records.ExampleEncoder("floats")
     packed = rows.values.astype("<f4")
+    texts = rows.texts
     out = {"train": [], "eval": []}
     for i, key in enumerate(rows.keys):
         out["eval" if held_out[i] else "train"].append(
-            encoder.encode(packed[i].tobytes(), int(label_ids[i]), key))
+            encoder.encode(packed[i].tobytes(), int(label_ids[i]), key, None if texts is None else texts[i]))
     out["moments"] = Moments.of(rows.values[~held_out])
     out["hist"] = {"train": np.bincount(label_ids[~held_out]),
                    "eval": np.bincount(label_ids[held_out])}
     out["labels"] = set(rows.labels)
     out["lines"] = rows.physical_lines
+    out["missing"], out["counts"] = _missing_and_counts(rows, plan["layout"], held_out)
+    out["dropped"] = rows.dropped
     return out
 
 
-def scan_labels(task):
-    """In a worker: the distinct label texts of one CSV batch (validating it on the way)."""
-    batch, layout = task
-    return set(sources.parse_batch(batch, layout).labels)
+def _missing_and_counts(rows, layout, held_out):
+    """Per split, the missing cells of each feature (schema order); per categorical column, the
+    counts of its train values."""
+    import numpy as np
+
+    width = len(layout["index"])
+    missing = {"train": np.zeros(width, np.int64), "eval": np.zeros(width, np.int64)}
+    numeric, categorical = layout["numeric"], layout["categorical"]
+    nan = np.isnan(rows.values)
+    for split, rows_of in (("train", ~held_out), ("eval", held_out)):
+        if numeric:
+            missing[split][numeric] = nan[rows_of].sum(axis=0)
+    counts = [collections.Counter() for _ in categorical]
+    if categorical:
+        for row, out in zip(rows.texts, held_out):
+            split = "eval" if out else "train"
+            for c, text in enumerate(row):
+                if text == "":
+                    missing[split][categorical[c]] += 1
+                elif split == "train":
+                    counts[c][text] += 1
+    return missing, counts
+
+
+def scan_batch(task):
+    """In a worker: the distinct label texts of one CSV batch, and per ``auto`` column a
+    :class:`~trainer.columns.Profile` of its train cells. Rows with a missing label or the wrong
+    column count are passed over: the write pass drops or refuses them."""
+    batch, plan = task
+    layout = plan["layout"]
+    rel, rows, _ = sources.batch_rows(batch)
+    na, ncols = layout["na"], layout["ncols"]
+    auto = [(col, name) for col, kind, name in layout["index"] if kind == "auto"]
+    profiles = {name: columns.Profile() for _, name in auto}
+    labels = set()
+    for _, row in rows:
+        if len(row) != ncols:
+            continue
+        label = row[layout["label_at"]].strip()
+        if label in na:
+            continue
+        labels.add(label)
+        key = "%s:%s" % (rel, ",".join(row)) if layout["key_at"] is None else row[layout["key_at"]]
+        if is_eval(key, plan["seed"], plan["fraction"]):
+            continue
+        for col, name in auto:
+            text = row[col].strip()
+            if text not in na:
+                profiles[name].add(text)
+    return labels, profiles
 
 
 def usable_cpus():
@@ -377,13 +459,23 @@ def _prep_csv(config, files, scans, tmp):
         try:
             return _write_csv(pool, batches(), plan, layout, data, scans, tmp, plan["classes"])
         except LabelsNeedScan:
-            pass
-        LOG.info("prep: labels are not all class ids: reading every label first")
-        distinct = set()
-        for labels in pool.map(scan_labels, ((b, layout) for b in batches())):
+            LOG.info("prep: labels are not all class ids: reading every label first")
+        except sources.TypesNeedScan:
+            LOG.info("prep: a column holds cells that are not numbers: inferring the column types "
+                     "from the train split first")
+        distinct, profiles = set(), {}
+        for labels, found in pool.map(scan_batch, ((b, plan) for b in batches())):
             distinct |= labels
-        class_names, plan["ids"] = sources.label_mapping(distinct)
-        plan["labels_known"] = True
+            for name, profile in found.items():
+                profiles.setdefault(name, columns.Profile()).merge(profile)
+        types = {name: columns.infer_type(profile) for name, profile in profiles.items()}
+        plan["layout"] = layout = sources.with_types(layout, types)
+        LOG.info("prep: column types: %s", ", ".join(
+            "%s %s" % (name, kind) for name, kind in zip(layout["feature_names"], layout["feature_types"])))
+        class_names = plan["classes"]
+        if not plan["labels_known"]:
+            class_names, plan["ids"] = sources.label_mapping(distinct) if distinct else ([], None)
+            plan["labels_known"] = True
         for name in os.listdir(tmp):  # the shards the first attempt began
             os.remove(os.path.join(tmp, name))
         return _write_csv(pool, batches(), plan, layout, data, scans, tmp, class_names)
@@ -410,9 +502,10 @@ def _write_csv(pool, batches, plan, layout, data, scans, tmp, class_names=None):
     # at most one example per data line; the exact total is known at the end
     writing = common.Progress("prep: wrote", lines - headers, "examples")
     writers = {split: ShardWriter(tmp, split, data["shard_size"]) for split in ("train", "eval")}
-    moments = Moments(len(layout["index"]))
+    moments = Moments(len(layout["numeric"]))
     hist = {"train": np.zeros(0, np.int64), "eval": np.zeros(0, np.int64)}
     distinct = set()
+    profile = ColumnProfile(layout, data)
     try:
         for result in pool.map(prepare_batch, ((b, plan) for b in batches)):
             for split, writer in writers.items():
@@ -420,6 +513,7 @@ def _write_csv(pool, batches, plan, layout, data, scans, tmp, class_names=None):
                 hist[split] = merge_hist(hist[split], result["hist"][split])
             moments.merge(result["moments"])
             distinct |= result["labels"]
+            profile.add(result)
             reading.add(result["lines"])
             writing.add(len(result["train"]) + len(result["eval"]))
     except BaseException:
@@ -432,10 +526,44 @@ def _write_csv(pool, batches, plan, layout, data, scans, tmp, class_names=None):
     counts = {split: writer.count for split, writer in writers.items()}
     shards = {split: writer.close() for split, writer in writers.items()}
     return finish_csv(layout, ", ".join(sorted(scans)), counts, shards, hist, moments, distinct,
-                      class_names)
+                      class_names, profile)
 
 
-def finish_csv(layout, where, counts, shards, hist, moments, distinct, class_names=None):
+class ColumnProfile(object):
+    """Missing cells per feature and split, vocabulary counts and dropped rows, over all batches."""
+
+    def __init__(self, layout, data):
+        import numpy as np
+
+        self.layout, self.data = layout, data
+        width = len(layout["index"])
+        self.missing = {"train": np.zeros(width, np.int64), "eval": np.zeros(width, np.int64)}
+        self.counts = columns.Counts(len(layout["categorical"]), data["hash_threshold"])
+        self.dropped, self.dropped_lines = 0, []
+
+    def add(self, result):
+        """Add one :func:`prepare_batch` result."""
+        for split in self.missing:
+            self.missing[split] += result["missing"][split]
+        self.counts.merge(result["counts"])
+        self.dropped += len(result["dropped"])
+        self.dropped_lines.extend(result["dropped"][:max(0, 10 - len(self.dropped_lines))])
+
+    def features(self):
+        """The schema's ``features`` entries (see the module docstring)."""
+        layout, out = self.layout, []
+        where = {j: c for c, j in enumerate(layout["categorical"])}
+        for j, (_, kind, name) in enumerate(layout["index"]):
+            entry = {"name": name, "type": "float" if kind == "auto" else kind,
+                     "source": layout["sources"][j],
+                     "missing": {split: int(m[j]) for split, m in self.missing.items()}}
+            if kind == "categorical":
+                entry.update(self.counts.entry(where[j], self.data))
+            out.append(entry)
+        return out
+
+
+def finish_csv(layout, where, counts, shards, hist, moments, distinct, class_names=None, profile=None):
     """The class names, checks and stats of a CSV data set whose shards are written.
 
     ``hist`` maps each split to its label-id histogram, ``moments`` is the train split's
@@ -450,11 +578,25 @@ def finish_csv(layout, where, counts, shards, hist, moments, distinct, class_nam
         raise BadInput("the data set is empty: %s contain(s) a header but no data rows" % where)
     hist = {split: merge_hist(np.zeros(len(class_names), np.int64), part) for split, part in hist.items()}
     sources.check_classes(class_names, list(hist["train"] + hist["eval"]), where)
+    names = layout["feature_names"]
     stats = {"class_histogram": {s: [int(c) for c in h] for s, h in hist.items()},
-             "features": {name: moments.summary(i)
-                          for i, name in enumerate(layout["feature_names"])}}
-    parsed = {"class_names": class_names, "feature_names": layout["feature_names"],
-              "feature_types": layout["feature_types"]}
+             "features": {names[j]: moments.summary(i) for i, j in enumerate(layout["numeric"])}}
+    parsed = {"class_names": class_names, "feature_names": names,
+              "feature_types": [("float" if kind == "auto" else kind) for kind in layout["feature_types"]]}
+    if profile is not None:
+        parsed["features"] = profile.features()
+        parsed["ignored"] = layout["ignored"]
+        parsed["na_values"] = sorted(layout["na"])
+        parsed["dropped_rows"] = {"count": profile.dropped, "first_lines": profile.dropped_lines}
+        for feature in parsed["features"]:
+            summary = stats["features"].setdefault(feature["name"], {})
+            summary["missing"] = feature["missing"]["train"]
+            if feature["type"] == "categorical":
+                summary.update(count=counts["train"] - feature["missing"]["train"],
+                               distinct=feature.get("distinct"))
+        if profile.dropped:
+            LOG.warning("prep: dropped %d row(s) without a label (data.drop_missing_labels), e.g. line(s) %s",
+                        profile.dropped, ", ".join(map(str, profile.dropped_lines)))
     return parsed, counts, shards, stats
 
 
@@ -492,14 +634,20 @@ def _prep_images(config, tmp):
     return {"class_names": parsed["class_names"]}, counts, shards, stats
 
 
-def _result(fp, dataset_dir, schema, cache_hit):
-    return {"fingerprint": fp, "dataset_dir": dataset_dir, "cache_hit": cache_hit,
-            "examples": dict(schema["counts"]), "num_classes": schema["num_classes"]}
+def _result(fp, dataset_dir, schema, cache_hit, window=None):
+    result = {"fingerprint": fp, "dataset_dir": dataset_dir, "cache_hit": cache_hit,
+              "examples": dict(schema["counts"]), "num_classes": schema["num_classes"]}
+    if window:
+        result["window"] = window
+    return result
 
 
-def _use(config, fp, dataset_dir):
-    atomic.write_json(os.path.join(config["paths"]["run_dir"], "dataset.json"),
-                      {"fingerprint": fp, "dataset_dir": dataset_dir, "created": common.now_iso()})
+def _use(config, fp, dataset_dir, window=None):
+    # the run's own record of what it read: a cache hit's data set may have been made by another run
+    pointer = {"fingerprint": fp, "dataset_dir": dataset_dir, "created": common.now_iso()}
+    if window:
+        pointer["window"] = window
+    atomic.write_json(os.path.join(config["paths"]["run_dir"], "dataset.json"), pointer)
 
 
 def run(config):
@@ -510,7 +658,8 @@ def run(config):
     scans = {}
     fp, inputs = fingerprint(data, files, scans if data["format"] == "csv" else None)
     LOG.info("prep: %d input file(s), fingerprint %s", len(files), fp)
-    hit = reuse_cached(config, fp)
+    window = window_read(config, files)
+    hit = reuse_cached(config, fp, window)
     if hit is not None:
         return hit
     root = common.datasets_root(config)
@@ -519,13 +668,24 @@ def run(config):
             parsed, counts, shards, stats = _prep_csv(config, files, scans, tmp)
         else:
             parsed, counts, shards, stats = _prep_images(config, tmp)
-        return commit_dataset(config, fp, inputs, tmp, (parsed, counts, shards, stats))
+        return commit_dataset(config, fp, inputs, tmp, (parsed, counts, shards, stats), window=window)
 
 
-def reuse_cached(config, fp):
+def window_read(config, files):
+    """The date window ``files`` come from (:func:`trainer.partitions.summary`), logged; None without one."""
+    window = partitions.summary(config["data"], config["run"].get(contract.WINDOW_END_KEY), files)
+    if window:
+        LOG.info("prep: window %s .. %s (%d day(s) before %s): read %s%s", window["first"], window["last"],
+                 window["days"], window["end"], ", ".join(window["partitions"]),
+                 "; missing %s" % ", ".join(window["missing"]) if window["missing"] else "")
+    return window
+
+
+def reuse_cached(config, fp, window=None):
     """The stage result of the data set ``fp`` when it is already prepared (a cache hit), else None.
 
     Also removes temporary directories a killed prep left, and points this run at a hit.
+    ``window``: the date window the run read (:func:`window_read`), recorded with it.
     """
     root = common.datasets_root(config)
     dataset_dir = os.path.join(root, fp)
@@ -536,16 +696,17 @@ def reuse_cached(config, fp):
     LOG.info("cache hit: data set %s already prepared, nothing to do", dataset_dir)
     _mark_used(dataset_dir)
     schema = atomic.read_json(os.path.join(dataset_dir, "schema.json"))
-    _use(config, fp, dataset_dir)
-    return _result(fp, dataset_dir, schema, True)
+    _use(config, fp, dataset_dir, window)
+    return _result(fp, dataset_dir, schema, True, window)
 
 
-def commit_dataset(config, fp, inputs, tmp, prepared, provenance=None):
+def commit_dataset(config, fp, inputs, tmp, prepared, provenance=None, window=None):
     """Write schema, stats, fingerprint and ``_SUCCESS`` into ``tmp``, publish it as the data set
     ``fp`` and point this run at it; return the stage result.
 
     ``prepared`` is ``(parsed, counts, shards, stats)``; ``provenance`` (a dict) is added to
-    ``fingerprint.json`` (sharded prep records the parts it merged there).
+    ``fingerprint.json`` (sharded prep records the parts it merged there), and so is ``window``, the
+    date window the inputs come from (:func:`window_read`), which the run and the result record too.
     """
     parsed, counts, shards, stats = prepared
     data, fmt = config["data"], config["data"]["format"]
@@ -563,8 +724,11 @@ def commit_dataset(config, fp, inputs, tmp, prepared, provenance=None):
         "counts": counts, "fingerprint": fp, "prep_version": PREP_VERSION,
     }
     if fmt == "csv":
-        schema["features"] = [{"name": n, "type": t} for n, t in
-                              zip(parsed["feature_names"], parsed["feature_types"])]
+        schema["features"] = parsed.get("features") or [
+            {"name": n, "type": t} for n, t in zip(parsed["feature_names"], parsed["feature_types"])]
+        schema["ignored"] = parsed.get("ignored", [])
+        schema["na_values"] = parsed.get("na_values", [""])
+        schema["dropped_rows"] = parsed.get("dropped_rows", {"count": 0, "first_lines": []})
         schema["image"] = None
     else:
         height, width = data["image_size"]
@@ -575,14 +739,14 @@ def commit_dataset(config, fp, inputs, tmp, prepared, provenance=None):
     atomic.write_json(os.path.join(tmp, "stats.json"), stats)
     atomic.write_json(os.path.join(tmp, "fingerprint.json"), dict(provenance or {}, **{
         "fingerprint": fp, "settings": prep_settings(data), "inputs": inputs,
-        "created": common.now_iso(), "run": config["run"]}))
+        "created": common.now_iso(), "run": config["run"]}, **({"window": window} if window else {})))
     with open(os.path.join(tmp, "_SUCCESS"), "w") as handle:
         handle.write(common.now_iso() + "\n")
     _publish(tmp, dataset_dir)
     LOG.info("prep: wrote %s: %d train / %d eval examples, %d classes", dataset_dir,
              schema["counts"]["train"], schema["counts"]["eval"], len(class_names))
-    _use(config, fp, dataset_dir)
-    return _result(fp, dataset_dir, schema, False)
+    _use(config, fp, dataset_dir, window)
+    return _result(fp, dataset_dir, schema, False, window)
 
 
 def _mark_used(dataset_dir):

@@ -24,14 +24,15 @@ def run(config):
     files = sources.input_files(config)
     fp, inputs = prep.fingerprint(data, files)
     LOG.info("prep_merge: %d input file(s), %d shard(s), fingerprint %s", len(files), count, fp)
-    result = prep.reuse_cached(config, fp)
+    window = prep.window_read(config, files)
+    result = prep.reuse_cached(config, fp, window)
     if result is None:
-        result = _merge(config, fp, inputs, files)
+        result = _merge(config, fp, inputs, files, window)
     shards.remove_parts(config)
     return dict(result, shards=count)
 
 
-def _merge(config, fp, inputs, files):
+def _merge(config, fp, inputs, files, window=None):
     import numpy as np
 
     data = config["data"]
@@ -72,10 +73,12 @@ def _merge(config, fp, inputs, files):
                 writer.close_shard()
         counts = {split: writer.count for split, writer in writers.items()}
         names = {split: writer.close() for split, writer in writers.items()}
+        # the parts hold no missing value and no text column (prep_shard refuses them): the
+        # column profile of one prep task is then its empty one
         prepared = prep.finish_csv(layout, ", ".join(sorted(rel for rel, _ in files)), counts, names, hist,
-                                   moments, distinct, sources.declared_classes(data))
+                                   moments, distinct, sources.declared_classes(data), prep.ColumnProfile(layout, data))
         provenance = {"parts": [
             {"index": part["index"], "files": part["files"], "examples": part["counts"], "id": part["id"],
              "try_number": part["run"]["try_number"], "task_id": part["run"]["task_id"],
              "part_sha256": digest} for _, part, digest in parts]}
-        return prep.commit_dataset(config, fp, inputs, tmp, prepared, provenance)
+        return prep.commit_dataset(config, fp, inputs, tmp, prepared, provenance, window)

@@ -12,7 +12,7 @@ import os
 import time
 import uuid
 
-from trainer import atomic, common, prep, shards, sources
+from trainer import atomic, columns, common, prep, shards, sources
 from trainer.common import LOG
 from trainer.errors import BadInput
 
@@ -74,22 +74,35 @@ def _write_part(config, files, scans, tmp):
     import numpy as np
 
     data = config["data"]
-    writers = {split: prep.ShardWriter(tmp, split, PART_FILE_RECORDS) for split in ("train", "eval")}
-    hist = {"train": np.zeros(0, np.int64), "eval": np.zeros(0, np.int64)}
-    moments, distinct, layout = [], set(), None
-    if files:
-        layout = sources.csv_layout(config, files)
+    layout = sources.csv_layout(config, files) if files else None
+    if layout is not None:
+        typed = [name for name, kind in zip(layout["feature_names"], layout["feature_types"])
+                 if kind in ("categorical", "boolean")]
+        if typed:
+            raise _tables_need_one_task(data, "data.columns types %s as text or boolean" % ", ".join(map(repr, typed)))
+    while True:
+        writers = {split: prep.ShardWriter(tmp, split, PART_FILE_RECORDS) for split in ("train", "eval")}
+        hist = {"train": np.zeros(0, np.int64), "eval": np.zeros(0, np.int64)}
+        moments, distinct = [], set()
+        if layout is None:
+            break
         plan = prep.label_plan(layout, data)
         batches = sources.csv_batches(files, layout, scans, prep.BATCH_BYTES)
         with prep.Workers(prep.worker_count(files, layout, scans)) as pool:
             try:
                 for done in pool.map(prep.prepare_batch, ((b, plan) for b in batches)):
+                    if done["dropped"] or any(m.any() for m in done["missing"].values()):
+                        raise _tables_need_one_task(data, "%s has missing values (empty or data.na_values "
+                                                    "cells, or labels)" % ", ".join(rel for rel, _ in files))
                     for split, writer in writers.items():
                         writer.write(done[split])
                         hist[split] = prep.merge_hist(hist[split], done["hist"][split])
                     if done["moments"].count:  # an all-eval batch adds nothing (and has no min/max)
                         moments.append(shards.moments_to_json(done["moments"]))
                     distinct |= done["labels"]
+                break
+            except sources.TypesNeedScan:
+                layout = _numeric_types(pool, files, layout, scans, plan, data)
             except prep.LabelsNeedScan:
                 raise BadInput(
                     "config field data.shards is %d, and the label column %r of %s holds labels that are not "
@@ -99,11 +112,37 @@ def _write_part(config, files, scans, tmp):
             finally:
                 for writer in writers.values():
                     writer.close_shard()
+        for name in os.listdir(tmp):  # what the pass that met a text began
+            os.remove(os.path.join(tmp, name))
     counts = {split: writer.count for split, writer in writers.items()}
     return {"counts": counts, "shards": {split: writer.close() for split, writer in writers.items()},
             "hist": {split: [int(c) for c in h] for split, h in hist.items()},
             "labels": sorted(distinct), "moments": moments,
             "feature_names": layout["feature_names"] if layout else None}
+
+
+def _numeric_types(pool, files, layout, scans, plan, data):
+    """The layout with its inferred columns typed from this slice's train rows, when all of them
+    are numeric (a few texts there are typos, which the next pass names); else the refusal."""
+    profiles = {}
+    for _, found in pool.map(prep.scan_batch, ((b, plan) for b in sources.csv_batches(
+            files, layout, scans, prep.BATCH_BYTES))):
+        for name, profile in found.items():
+            profiles.setdefault(name, columns.Profile()).merge(profile)
+    types = {name: columns.infer_type(profile) for name, profile in profiles.items()}
+    texts = sorted(name for name, kind in types.items() if kind != "float")
+    if texts:
+        raise _tables_need_one_task(data, "the column(s) %s of %s hold text" % (
+            ", ".join(map(repr, texts)), ", ".join(rel for rel, _ in files)))
+    return sources.with_types(layout, types)
+
+
+def _tables_need_one_task(data, what):
+    # Vocabularies need every shard's counts before any top-k, and missing-value statistics
+    # per-column counts the parts do not carry: one prep task does both.
+    return BadInput("config field data.shards is %d, and %s: sharded prep reads numeric tables without missing "
+                    "values only. Fix: set data.shards to 1 (one prep task infers types, vocabularies and missing "
+                    "values)" % (data["shards"], what))
 
 
 def _hold_for_test(config, index):

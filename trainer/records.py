@@ -60,6 +60,11 @@ def bytes_feature(value):
     return _delimited(_LEN1, _delimited(_LEN1, value))
 
 
+def bytes_list_feature(values):
+    """A ``Feature`` holding the bytes ``values`` (``BytesList``; bytes are not packed)."""
+    return _delimited(_LEN1, b"".join(_delimited(_LEN1, value) for value in values))
+
+
 def float_feature(packed):
     """A ``Feature`` holding the little-endian float32 values ``packed`` (``FloatList``)."""
     return _delimited(_LEN2, _delimited(_LEN1, packed))
@@ -110,14 +115,17 @@ class ExampleEncoder(object):
             head = self._example_heads[size] = _LEN1 + varint(size)
         return head
 
-    def encode(self, value_bytes, label_id, key):
-        """One serialized ``tf.train.Example``; ``key`` is text or bytes (UTF-8)."""
+    def encode(self, value_bytes, label_id, key, texts=None):
+        """One serialized ``tf.train.Example``; ``key`` is text or bytes (UTF-8). ``texts``, the
+        row's categorical cells (text), become the ``categories`` bytes list."""
         if len(value_bytes) != self._value_size:
             self._frame_value(len(value_bytes))
         if not isinstance(key, bytes):
             key = key.encode("utf-8")
-        body = b"".join((self._value_head, value_bytes, self._label_entry(label_id),
-                         self._key_head(len(key)), key))
+        parts = [self._value_head, value_bytes, self._label_entry(label_id), self._key_head(len(key)), key]
+        if texts is not None:
+            parts.append(_map_entry("categories", bytes_list_feature([t.encode("utf-8") for t in texts])))
+        body = b"".join(parts)
         return self._example_head(len(body)) + body
 
 

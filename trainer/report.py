@@ -378,6 +378,27 @@ def _splits(by_split):
         s for s in by_split if s not in ("train", "eval"))
 
 
+#: Vocabulary values a report shows per column; the whole list is in schema.json.
+VOCABULARY_SHOWN = 8
+
+
+def _column_row(feature):
+    """A row of the report's column table: a feature's type, origin, missing cells and encoding."""
+    missing = feature.get("missing") or {}
+    if feature.get("type") != "categorical":
+        encoding = "-"
+    elif feature.get("encoding") == "hash":
+        encoding = "hashed into %s buckets (more than %s distinct values)" % (
+            feature.get("hash_bins"), feature.get("distinct_above"))
+    else:
+        vocabulary = feature.get("vocabulary") or []
+        shown = ", ".join(vocabulary[:VOCABULARY_SHOWN]) + (", ..." if len(vocabulary) > VOCABULARY_SHOWN else "")
+        encoding = "vocabulary of %d (of %s distinct): %s; %s train value(s) out of it" % (
+            len(vocabulary), feature.get("distinct"), shown, feature.get("oov_train", 0))
+    return [_e(feature.get("name")), _e(feature.get("type")), _e(feature.get("source", "-")),
+            _num(missing.get("train")), _num(missing.get("eval")), _e(encoding)]
+
+
 def _data_section(schema, stats, evaluation, dataset):
     schema = schema or {}
     fingerprint = schema.get("fingerprint") or evaluation.get("fingerprint") or \
@@ -394,7 +415,17 @@ def _data_section(schema, stats, evaluation, dataset):
                                                           image.get("channels")))))
     elif schema.get("features"):
         rows.append(("features", _e(", ".join(str(f.get("name")) for f in schema["features"]))))
+    if schema.get("ignored"):
+        rows.append(("ignored columns", _e(", ".join(schema["ignored"]))))
+    dropped = (schema.get("dropped_rows") or {}).get("count")
+    if dropped:
+        rows.append(("rows dropped (missing label)", _e("%d, e.g. line(s) %s" % (dropped, ", ".join(
+            str(n) for n in schema["dropped_rows"].get("first_lines") or [])))))
     out = [_pairs(rows)]
+    if any("missing" in f for f in schema.get("features") or []):
+        out.append("<h3>Columns</h3>")
+        out.append(_table(["column", "type", "from", "missing (train)", "missing (eval)", "encoding"],
+                          [_column_row(f) for f in schema["features"]], numeric=(3, 4)))
     names = schema.get("class_names") or evaluation.get("class_names") or []
     histogram = (stats or {}).get("class_histogram") or {}
     splits = _splits(histogram)

@@ -2,9 +2,12 @@
 
 Signature ``serving_default``:
 
-- CSV data: one float32 tensor of shape ``[None]`` per feature, named by the feature (characters
-  outside ``[A-Za-z0-9_]`` become ``_``; the mapping is in ``metadata.json``), stacked in the
-  graph in schema order.
+- CSV data: one tensor of shape ``[None]`` per feature, named by the feature (characters
+  outside ``[A-Za-z0-9_]`` become ``_``; the mapping is in ``metadata.json``): float32 for a
+  numeric column (NaN: missing), string for a boolean one (true/false/yes/no, any case; anything
+  else, ``""`` included, is missing) and for a categorical one (the raw text, stripped in the
+  graph; ``""`` or a ``data.na_values`` text: missing; a value outside the vocabulary: the
+  out-of-vocabulary bucket). They are stacked in the graph in schema order.
 - Images: ``image_bytes``, a string tensor ``[None]`` of encoded PNG/JPEG files, decoded,
   converted to the trained channel count and resized (bilinear, antialiased) in the graph.
 
@@ -14,7 +17,7 @@ Outputs: ``probabilities`` float32 ``[None, num_classes]``, ``class_id`` int64 `
 
 import re
 
-from trainer import common
+from trainer import columns, common
 
 common.quiet_tensorflow()
 import numpy as np  # noqa: E402
@@ -49,8 +52,16 @@ class ServingModule(tf.Module):
         self._names_table = tf.constant(self.class_names)
         if schema["format"] == "csv":
             self.features = [f["name"] for f in schema["features"]]
+            self.types = [f.get("type", "float") for f in schema["features"]]
             self.inputs = signature_names(self.features)
-            spec = {n: tf.TensorSpec([None], tf.float32, name=n) for n in self.inputs}
+            self.texts = any(t == "categorical" for t in self.types)
+            self._na = tf.constant(sorted(set(schema.get("na_values") or [""]) | {""}))
+            self._booleans = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+                tf.constant(sorted(columns.BOOLEAN_VALUES)),
+                tf.constant([columns.BOOLEAN_VALUES[k] for k in sorted(columns.BOOLEAN_VALUES)], tf.float32)),
+                default_value=float("nan"))
+            spec = {n: tf.TensorSpec([None], tf.float32 if t not in ("boolean", "categorical") else tf.string,
+                                     name=n) for n, t in zip(self.inputs, self.types)}
             self.serve = tf.function(self._serve_features, input_signature=[spec])
         else:
             image = schema["image"]
@@ -65,8 +76,25 @@ class ServingModule(tf.Module):
         return {"probabilities": probabilities, "class_id": class_id,
                 "class_name": tf.gather(self._names_table, class_id)}
 
+    def _text(self, values):
+        """Stripped texts; a ``data.na_values`` text becomes ``""`` (missing), as prep reads it."""
+        values = tf.strings.strip(values)
+        missing = tf.reduce_any(tf.equal(values[:, None], self._na[None, :]), axis=1)
+        return tf.where(missing, tf.zeros_like(values), values)
+
     def _serve_features(self, features):
-        x = tf.stack([features[name] for name in self.inputs], axis=1)
+        numbers, texts = [], []
+        for name, kind in zip(self.inputs, self.types):
+            if kind == "categorical":
+                texts.append(self._text(features[name]))
+            elif kind == "boolean":
+                numbers.append(self._booleans.lookup(tf.strings.lower(tf.strings.strip(features[name]))))
+            else:
+                numbers.append(features[name])
+        batch = tf.shape(features[self.inputs[0]])[0]
+        x = tf.stack(numbers, axis=1) if numbers else tf.zeros([batch, 0], tf.float32)
+        if self.texts:
+            x = {"features": x, "categories": tf.stack(texts, axis=1)}
         return self._outputs(self.model(x, training=False))
 
     def _decode(self, encoded):
@@ -83,16 +111,31 @@ class ServingModule(tf.Module):
 
     def raw_inputs(self, x):
         """The signature's raw form of a batch of model inputs (eval examples) as kwargs."""
-        x = np.asarray(x)
         if self.features:
-            return {name: tf.constant(x[:, i], tf.float32) for i, name in enumerate(self.inputs)}
+            if isinstance(x, dict):
+                numbers, texts = np.asarray(x["features"]), np.asarray(x["categories"])
+            else:
+                numbers, texts = np.asarray(x), None
+            raw, n, t = {}, 0, 0
+            for name, kind in zip(self.inputs, self.types):
+                if kind == "categorical":
+                    raw[name], t = tf.constant(texts[:, t]), t + 1
+                    continue
+                column, n = numbers[:, n], n + 1
+                if kind == "boolean":
+                    raw[name] = tf.constant(["" if v != v else "true" if v else "false" for v in column])
+                else:
+                    raw[name] = tf.constant(column, tf.float32)
+            return raw
+        x = np.asarray(x)
         return {IMAGE_INPUT: tf.stack([tf.io.encode_png(tf.constant(img)) for img in x])}
 
     def describe(self):
         """The signature for metadata.json: inputs, outputs and the feature-name mapping."""
         if self.features:
-            inputs = {n: {"dtype": "float32", "shape": [None], "feature": f}
-                      for n, f in zip(self.inputs, self.features)}
+            inputs = {n: {"dtype": "string" if t in ("boolean", "categorical") else "float32", "shape": [None],
+                          "feature": f, "type": t, "missing": "" if t in ("boolean", "categorical") else "NaN"}
+                      for n, f, t in zip(self.inputs, self.features, self.types)}
         else:
             inputs = {IMAGE_INPUT: {"dtype": "string", "shape": [None],
                                     "content": "encoded PNG or JPEG",

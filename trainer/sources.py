@@ -11,6 +11,7 @@ import difflib
 import math
 import os
 
+from trainer import columns, contract, partitions
 from trainer.errors import BadInput
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -35,10 +36,13 @@ def input_root(config):
 def input_files(config):
     """The sorted input files as ``(relative_path, absolute_path)`` pairs.
 
-    CSV: the file itself (relative path = its name) or every ``*.csv`` in the folder. Images:
+    CSV: the file itself (relative path = its name) or every ``*.csv`` in the folder; with
+    ``data.window_days``, those of the window's date partitions (:mod:`trainer.partitions`). Images:
     every PNG/JPEG inside a class sub-folder, relative to the image folder.
     """
     root = input_root(config)
+    if partitions.enabled(config["data"]):
+        return partitions.window_files(root, config["data"], config["run"].get(contract.WINDOW_END_KEY))
     if config["data"]["format"] == "csv":
         if os.path.isfile(root):
             return [(os.path.basename(root), root)]
@@ -76,22 +80,34 @@ def _class_folders(root):
 
 # --- CSV ----------------------------------------------------------------------------------------
 
-def _parse_number(text, kind, where):
-    value = text.strip()
-    if value == "":
-        raise BadInput("%s: empty value, expected %s" % (where, "an integer" if kind == "int"
-                                                           else "a number"))
+class TypesNeedScan(Exception):
+    """A column whose type is inferred holds a cell that is not a number: the types need a scan
+    of the train split (:func:`trainer.prep.scan_batch`) before the records are written."""
+
+
+def _not_numeric(where, text, name, expected):
+    return BadInput("%s: %r is not %s. Fix: correct the cell; if the text marks a missing value, add it "
+                    "to data.na_values; if the column holds categories, set data.columns to "
+                    "{%r: \"categorical\"}" % (where, text, expected, name))
+
+
+def _parse_number(text, kind, where, name):
+    """The float of a stripped, non-missing numeric cell; a text in a column still typed ``auto``
+    raises :class:`TypesNeedScan`, in any other numeric column :class:`BadInput`."""
     if kind == "int":
         try:
-            return float(int(value))
+            return float(int(text))
         except ValueError:
-            raise BadInput("%s: %r is not an integer" % (where, text))
+            raise _not_numeric(where, text, name, "an integer")
     try:
-        number = float(value)
+        number = float(text)
     except ValueError:
-        raise BadInput("%s: %r is not a number" % (where, text))
+        if kind == "auto":
+            raise TypesNeedScan()
+        raise _not_numeric(where, text, name, "a number")
     if math.isnan(number) or math.isinf(number):
-        raise BadInput("%s: %r is not a finite number" % (where, text))
+        raise BadInput("%s: %r is not a finite number. Fix: correct the cell; if it marks a missing "
+                       "value, leave it empty or add the text to data.na_values" % (where, text))
     return number
 
 
@@ -182,16 +198,50 @@ def _other_header(rel, line, cells, first_rel, header):
             "data.path. This file's header: %s" % (rel, line, first_rel, where, show_names(cells)))
 
 
+#: ``data.columns`` types as the parse kinds of the layout.
+_KIND_OF_TYPE = {"numeric": "float", "categorical": "categorical", "boolean": "boolean"}
+
+
+def _check_columns(rel, data, header):
+    """``data.columns`` against the header: every named column exists and is not the label or key."""
+    for name, kind in sorted((data.get("columns") or {}).items()):
+        if name not in header:
+            raise BadInput(_missing_column(rel, name, "data.columns", header))
+        if name in (data["label"], data["key"]):
+            raise BadInput("data.columns: %r is the %s column, not a feature. Fix: remove it from data.columns"
+                           % (name, "label" if name == data["label"] else "key"))
+        if kind not in contract.COLUMN_TYPES:
+            raise BadInput("data.columns[%r]: %r is not a column type. Fix: use one of %s"
+                           % (name, kind, ", ".join(contract.COLUMN_TYPES)))
+
+
+def with_types(layout, types=None):
+    """``layout`` with the parse kinds of ``types`` (``{name: kind}``, for its ``auto`` columns) and
+    the derived fields: ``numeric`` and ``categorical`` (positions in ``index`` of the columns
+    stored as floats and as texts), ``feature_types`` and ``final`` (no ``auto`` column left)."""
+    index = [(col, (types or {}).get(name, kind) if kind == "auto" else kind, name)
+             for col, kind, name in layout["index"]]
+    return dict(layout, index=index, feature_types=[kind for _, kind, _ in index],
+                numeric=[i for i, (_, kind, _) in enumerate(index) if kind != "categorical"],
+                categorical=[i for i, (_, kind, _) in enumerate(index) if kind == "categorical"],
+                final=all(kind != "auto" for _, kind, _ in index))
+
+
 def csv_layout(config, files):
     """Check the CSV headers against the config; return the layout every row is read with.
 
-    A dict: ``ncols``, ``index`` (``(column, type, name)`` of each feature, in data set order),
-    ``label`` and ``label_at``, ``key_at`` (None: the row text is the key), ``feature_names``,
-    ``feature_types``, and ``starts``: ``{relative path: (byte offset, line number)}`` of each
-    file's first data line.
+    A dict: ``ncols``, ``index`` (``(column, kind, name)`` of each feature, in data set order;
+    kinds ``float``, ``int``, ``boolean``, ``categorical``, or ``auto``: inferred, numeric until a
+    train cell says otherwise), ``label`` and ``label_at``, ``key_at`` (None: the row text is the
+    key), ``feature_names``, ``sources`` (where each type comes from), ``ignored``, ``na`` (cell
+    texts read as missing), ``drop_missing_labels``, ``starts``: ``{relative path: (byte offset,
+    line number)}`` of each file's first data line, and the fields of :func:`with_types`.
     """
     data = config["data"]
     label, key_col, declared = data["label"], data["key"], data["features"]
+    defaults = contract.section_defaults("data")
+    overrides = data.get("columns") or {}
+    ignored = sorted(name for name, kind in overrides.items() if kind == "ignore")
     header, starts = None, {}
     for rel, path in files:
         cells, line, offset = _read_header(rel, path)
@@ -211,18 +261,33 @@ def csv_layout(config, files):
         for column, field in ((label, "data.label"), (key_col, "data.key")):
             if column is not None and column not in header:
                 raise BadInput(_missing_column(rel, column, field, header))
+        _check_columns(rel, data, header)
         if declared is None:
-            declared = [{"name": c, "type": "float"} for c in header if c not in (label, key_col)]
+            declared = [{"name": c, "type": "auto"} for c in header
+                        if c not in (label, key_col) and c not in ignored]
             if not declared:
-                raise BadInput("%s: no feature columns besides the label %r" % (rel, label))
+                raise BadInput("%s: no feature columns besides the label %r. Fix: add feature columns, or "
+                               "type fewer of them \"ignore\" in data.columns" % (rel, label))
+        else:
+            declared = [f for f in declared if f["name"] not in ignored]
+            if not declared:
+                raise BadInput("data.columns types every column of data.features \"ignore\". Fix: keep "
+                               "at least one feature")
         for feat in declared:
             if feat["name"] not in header:
                 raise BadInput(_missing_column(rel, feat["name"], "data.features", header))
-    return {"ncols": len(header), "label": label, "label_at": header.index(label),
-            "key_at": header.index(key_col) if key_col is not None else None,
-            "index": [(header.index(f["name"]), f["type"], f["name"]) for f in declared],
-            "feature_names": [f["name"] for f in declared],
-            "feature_types": [f["type"] for f in declared], "starts": starts}
+    index, sources = [], []
+    for feat in declared:
+        kind = _KIND_OF_TYPE.get(overrides.get(feat["name"]), feat["type"])
+        index.append((header.index(feat["name"]), kind, feat["name"]))
+        sources.append("data.columns" if feat["name"] in overrides
+                       else "inferred" if kind == "auto" else "data.features")
+    na = frozenset([""] + [str(v).strip() for v in (data.get("na_values", defaults["na_values"]) or ())])
+    return with_types({"ncols": len(header), "label": label, "label_at": header.index(label),
+                       "key_at": header.index(key_col) if key_col is not None else None,
+                       "index": index, "feature_names": [f["name"] for f in declared],
+                       "sources": sources, "ignored": ignored, "na": na,
+                       "drop_missing_labels": bool(data.get("drop_missing_labels")), "starts": starts})
 
 
 def csv_batches(files, layout, scans, chunk_bytes, batch_rows=20000):
@@ -260,25 +325,23 @@ def csv_batches(files, layout, scans, chunk_bytes, batch_rows=20000):
 
 
 class Rows(object):
-    """One parsed batch: ``values`` float64 ``[n, features]``, ``labels`` (stripped label text),
-    ``keys`` (split keys), ``lines`` (line numbers) and ``physical_lines`` (lines it covered)."""
+    """One parsed batch: ``values`` float64 ``[n, numeric columns]`` (NaN: missing), ``texts``
+    (per row, the stripped texts of the categorical columns, ``""``: missing; None without such
+    columns), ``labels`` (stripped label text), ``keys`` (split keys), ``lines`` (line numbers),
+    ``physical_lines`` (lines it covered) and ``dropped`` (line numbers of rows dropped for a
+    missing label, with ``data.drop_missing_labels``)."""
 
-    def __init__(self, values, labels, keys, lines, physical_lines):
-        self.values, self.labels, self.keys, self.lines = values, labels, keys, lines
-        self.physical_lines = physical_lines
+    def __init__(self, values, texts, labels, keys, lines, physical_lines, dropped=()):
+        self.values, self.texts, self.labels, self.keys, self.lines = values, texts, labels, keys, lines
+        self.physical_lines, self.dropped = physical_lines, list(dropped)
 
 
-def parse_batch(batch, layout):
-    """Parse and validate one batch of :func:`csv_batches` into :class:`Rows`.
-
-    Rows are parsed a batch at a time (``numpy.loadtxt``); anything that parser refuses, or a
-    wrong column count, an empty label or a non-finite number, sends the batch through the
-    row-by-row reader, which raises :class:`BadInput` naming the file, line and column (and
-    accepts what it accepts, so both paths agree on every input).
-    """
+def _decode(batch):
+    """A batch's rows: ``("rows", rel, [(line, cells)], physical)`` or, for an unquoted byte range
+    the batch parser may take, ``("lines", rel, lines, numbers, physical)``."""
     if batch[0] == "rows":
         _, rel, rows = batch
-        return _exact(rel, rows, layout, rows[-1][0] - rows[0][0] + 1)
+        return "rows", rel, rows, rows[-1][0] - rows[0][0] + 1
     _, rel, path, start, end, first_line = batch
     with open(path, "rb") as handle:
         handle.seek(start)
@@ -292,7 +355,7 @@ def parse_batch(batch, layout):
         if text.count("\r") != text.count("\r\n"):  # old Mac line ends: let csv split them
             reader = csv.reader(text.splitlines(True), strict=True)
             rows = [(first_line + reader.line_num - 1, row) for row in reader]
-            return _exact(rel, [(n, r) for n, r in rows if _filled(r)], layout, physical)
+            return "rows", rel, [(n, r) for n, r in rows if _filled(r)], physical
         text = text.replace("\r\n", "\n")
     raw = text.split("\n")
     if raw[-1] == "":
@@ -302,6 +365,31 @@ def parse_batch(batch, layout):
         numbers = list(range(first_line, first_line + len(raw)))
     else:
         numbers = [first_line + i for i, line in enumerate(raw) if _has_text(line)]
+    return "lines", rel, lines, numbers, physical
+
+
+def batch_rows(batch):
+    """``(rel, [(line, cells)], physical_lines)`` of one batch of :func:`csv_batches`, unparsed."""
+    decoded = _decode(batch)
+    if decoded[0] == "rows":
+        return decoded[1], decoded[2], decoded[3]
+    _, rel, lines, numbers, physical = decoded
+    return rel, [(n, line.split(",")) for n, line in zip(numbers, lines)], physical
+
+
+def parse_batch(batch, layout):
+    """Parse and validate one batch of :func:`csv_batches` into :class:`Rows`.
+
+    Rows are parsed a batch at a time (``numpy.loadtxt`` for the numeric columns); anything that
+    parser refuses, or a wrong column count, a missing value or label, or a non-finite number,
+    sends the batch through the row-by-row reader, which raises :class:`BadInput` naming the file,
+    line and column (and accepts what it accepts, so both paths agree on every input).
+    """
+    decoded = _decode(batch)
+    if decoded[0] == "rows":
+        _, rel, rows, physical = decoded
+        return _exact(rel, rows, layout, physical)
+    _, rel, lines, numbers, physical = decoded
     rows = _fast(rel, lines, numbers, layout, physical)
     if rows is None:
         rows = _exact(rel, [(n, line.split(",")) for n, line in zip(numbers, lines)], layout,
@@ -329,12 +417,13 @@ def _fast(rel, lines, numbers, layout, physical):
 
     import numpy as np
 
-    ncols, index = layout["ncols"], layout["index"]
+    ncols, index, na = layout["ncols"], layout["index"], layout["na"]
     if any(line.count(",") != ncols - 1 for line in lines):
         return None
-    values = np.empty((len(lines), len(index)), dtype=np.float64)
-    for kind, dtype in (("float", np.float64), ("int", np.int64)):
-        picked = [(i, col) for i, (col, k, _) in enumerate(index) if k == kind]
+    numeric = layout["numeric"]
+    values = np.empty((len(lines), len(numeric)), dtype=np.float64)
+    for kinds, dtype in ((("float", "auto"), np.float64), (("int",), np.int64)):
+        picked = [(i, index[j][0]) for i, j in enumerate(numeric) if index[j][1] in kinds]
         if not picked or not lines:
             continue
         try:
@@ -345,6 +434,20 @@ def _fast(rel, lines, numbers, layout, physical):
         except (ValueError, OverflowError, Warning):
             return None
         values[:, [i for i, _ in picked]] = part
+    texts = None
+    booleans = [(i, index[j][0]) for i, j in enumerate(numeric) if index[j][1] == "boolean"]
+    if booleans or layout["categorical"]:
+        cells = [line.split(",") for line in lines]
+        for i, col in booleans:
+            for r, row in enumerate(cells):
+                value = columns.boolean_value(row[col].strip())
+                if value is None:  # a missing value or a bad cell: the row reader tells which
+                    return None
+                values[r, i] = value
+        cat_cols = [index[j][0] for j in layout["categorical"]]
+        texts = [[row[col].strip() for col in cat_cols] for row in cells]
+        if na.intersection(text for row in texts for text in row):
+            texts = [[text if text not in na else "" for text in row] for row in texts]
     if not np.isfinite(values).all():
         return None
     at = layout["label_at"]
@@ -352,36 +455,65 @@ def _fast(rel, lines, numbers, layout, physical):
         labels = [line[line.rfind(",") + 1:].strip() for line in lines]
     else:
         labels = [line.split(",")[at].strip() for line in lines]
-    if "" in labels:
+    if na.intersection(labels):
         return None
     if layout["key_at"] is None:
         keys = ["%s:%s" % (rel, line) for line in lines]
     else:
         keys = [line.split(",")[layout["key_at"]] for line in lines]
-    return Rows(values, labels, keys, numbers, physical)
+    return Rows(values, texts, labels, keys, numbers, physical)
+
+
+def missing_label(rel, line, column, text):
+    """The error for a row without a label: where, and the two fixes."""
+    what = "empty label" if text == "" else "missing label (%r is in data.na_values)" % text
+    return BadInput("%s line %d column %r: %s. Fix: correct the row, or set data.drop_missing_labels to "
+                    "drop (and count) the rows without a label" % (rel, line, column, what))
 
 
 def _exact(rel, rows, layout, physical):
     """The row-by-row reader: ``rows`` are ``(line, cells)``; raises at the first bad row."""
     import numpy as np
 
-    ncols, label = layout["ncols"], layout["label"]
-    values, labels, keys, lines = [], [], [], []
+    ncols, label, index, na = layout["ncols"], layout["label"], layout["index"], layout["na"]
+    numeric = [index[j] for j in layout["numeric"]]
+    categorical = [index[j][0] for j in layout["categorical"]]
+    nan = float("nan")
+    values, texts, labels, keys, lines, dropped = [], [], [], [], [], []
     for line, row in rows:
         if len(row) != ncols:
             raise BadInput("%s line %d: expected %d columns as in the header, got %d"
                            % (rel, line, ncols, len(row)))
-        values.append([_parse_number(row[i], kind, "%s line %d column %r" % (rel, line, name))
-                       for i, kind, name in layout["index"]])
         raw_label = row[layout["label_at"]].strip()
-        if raw_label == "":
-            raise BadInput("%s line %d column %r: empty label" % (rel, line, label))
+        if raw_label in na:
+            if layout["drop_missing_labels"]:
+                dropped.append(line)
+                continue
+            raise missing_label(rel, line, label, raw_label)
+        parsed = []
+        for col, kind, name in numeric:
+            text = row[col].strip()
+            if text in na:
+                parsed.append(nan)
+            elif kind == "boolean":
+                value = columns.boolean_value(text)
+                if value is None:
+                    raise BadInput("%s line %d column %r: %r is not a boolean (true, false, yes or no, any "
+                                   "case). Fix: correct the cell; if it marks a missing value, add it to "
+                                   "data.na_values; if the column holds categories, set data.columns to "
+                                   "{%r: \"categorical\"}" % (rel, line, name, text, name))
+                parsed.append(value)
+            else:
+                parsed.append(_parse_number(text, kind, "%s line %d column %r" % (rel, line, name), name))
+        values.append(parsed)
+        if categorical:
+            texts.append([t if t not in na else "" for t in (row[col].strip() for col in categorical)])
         labels.append(raw_label)
         keys.append("%s:%s" % (rel, ",".join(row)) if layout["key_at"] is None
                     else row[layout["key_at"]])
         lines.append(line)
-    matrix = np.array(values, dtype=np.float64).reshape(len(values), len(layout["index"]))
-    return Rows(matrix, labels, keys, lines, physical)
+    matrix = np.array(values, dtype=np.float64).reshape(len(values), len(numeric))
+    return Rows(matrix, texts if categorical else None, labels, keys, lines, physical, dropped)
 
 
 def label_mapping(distinct):

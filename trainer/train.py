@@ -470,7 +470,8 @@ def run(config):
         loop.state.record_inputs(schema["fingerprint"], training["batch_size"], loop.spe)
         LOG.info("starting from scratch")
         if training["warm_start"]:
-            warm = checkpoints.warm_start(loop.model, common.model_root(config), schema["class_names"])
+            warm = checkpoints.warm_start(loop.model, common.model_root(config), schema["class_names"],
+                                          schema["features"] if schema["format"] == "csv" else None)
             if warm:
                 LOG.info("warm start: model weights initialised from version %d (%s)",
                          warm["version"], warm["path"])

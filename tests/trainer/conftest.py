@@ -51,6 +51,42 @@ def write_blobs_csv(path, rows=300, classes=3, features=4, seed=0, string_labels
     return x, labels
 
 
+#: The text categories of :func:`write_mixed_csv`'s ``plan`` column and how each moves the label.
+PLANS = {"basic": 2.0, "standard": 0.0, "premium": -2.0}
+
+
+def write_mixed_csv(path, rows=400, seed=0, plans=PLANS):
+    """Write a learnable churn-like CSV with text categories, booleans and empty cells.
+
+    Columns: ``customer_id`` (unique text), ``tenure`` (numeric, every 7th empty), ``monthly``
+    (numeric, every 11th ``NA``), ``plan`` (a key of ``plans``, every 13th empty), ``autopay``
+    (yes/no), ``zip`` (five digits, of 6 values), ``churn`` (0/1: mostly decided by the plan and
+    the tenure). Returns the rows as dicts of the cell texts.
+    """
+    import numpy as np
+
+    rng = np.random.RandomState(seed)
+    names = sorted(plans)
+    out = []
+    for i in range(rows):
+        plan = names[rng.randint(len(names))]
+        tenure = rng.uniform(0, 60)
+        monthly = rng.uniform(20, 120)
+        autopay = rng.rand() < 0.5
+        score = plans[plan] - (tenure - 30) / 10.0 + (0.5 if not autopay else -0.5) + rng.normal(scale=0.5)
+        out.append({"customer_id": "c%05d" % i, "tenure": "" if i % 7 == 3 else "%.2f" % tenure,
+                    "monthly": "NA" if i % 11 == 5 else "%.2f" % monthly,
+                    "plan": "" if i % 13 == 6 else plan, "autopay": "yes" if autopay else "no",
+                    "zip": "%05d" % (10001 + rng.randint(6)), "churn": "1" if score > 0 else "0"})
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    header = ["customer_id", "tenure", "monthly", "plan", "autopay", "zip", "churn"]
+    with open(path, "w") as handle:
+        handle.write(",".join(header) + "\n")
+        for row in out:
+            handle.write(",".join(row[c] for c in header) + "\n")
+    return out
+
+
 def make_image(kind, size, rng, mode="RGB"):
     """A PIL image of class ``kind``: "bright_left", "bright_top" or "dark" plus noise."""
     import numpy as np

@@ -133,7 +133,7 @@ def test_tensorflow_is_the_pinned_2_9_3():
     assert tf.__version__ == "2.9.3"
 
 
-# Left out on purpose (README, "GPU-ready offline"): libraries TF 2.9 never opens, TensorRT, CUPTI
+# Left out on purpose (the docs' image page, "GPU-ready offline"): libraries TF 2.9 never opens, TensorRT, CUPTI
 # and NVRTC. None may be anywhere in the offline image's file system; the official root brings its
 # own CUDA 11.2 (with CUPTI), so there only tfpipe's own tree is checked.
 LEFT_OUT = re.compile(r"^lib(cusolverMg|cufftw|nvblas|OpenCL|nvinfer|nvinfer_plugin|cupti|nvrtc)\.so")

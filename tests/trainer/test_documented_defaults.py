@@ -1,4 +1,4 @@
-"""Defaults and bounds README states for training, checked where they act.
+"""Defaults and bounds the docs state for training, checked where they act.
 
 - The built-in models' sizes (``mlp`` hidden_units [64, 32]; ``cnn`` filters [16, 32], dense_units 64).
 - The first 8 checkpoint writes are eager, the ninth traced.

@@ -1,4 +1,4 @@
-"""README claims of "Your own model", "Early stopping" and "Imbalanced classes" that no other test
+"""Claims of the docs' "Your pipeline" page ("Your own model", "Early stopping", "Imbalanced classes") that no other test
 checked where they act:
 
 - ``mlp``: a ``Normalization`` layer initialised from the TRAINING split's statistics sits inside the

@@ -121,8 +121,8 @@ def test_string_labels_declared_features_and_key_column(ws):
     result = prep.run(config)
     schema = json.load(open(os.path.join(result["dataset_dir"], "schema.json")))
     assert schema["class_names"] == ["no", "yes"]
-    assert schema["features"] == [{"name": "size", "type": "float"},
-                                  {"name": "count", "type": "int"}]
+    assert [(f["name"], f["type"], f["source"]) for f in schema["features"]] == [
+        ("size", "float", "data.features"), ("count", "int", "data.features")]
     for key, values, label in read_records(result["dataset_dir"], schema, "train"):
         i = int(key)
         assert label == i % 2 and values[1] == i % 7
@@ -133,7 +133,7 @@ def test_declared_classes_number_the_labels_in_their_order_in_one_pass(ws, capsy
     """``data.classes``: ids are positions in the list, a listed class the data lacks is kept (with
     no examples), and the labels are never read in a pass of their own, as names otherwise are."""
     write_blobs_csv(os.path.join(ws.data, "named", "a.csv"), rows=90, classes=3, string_labels=True)
-    monkeypatch.setattr(prep, "scan_labels", None)  # a label pass would call it
+    monkeypatch.setattr(prep, "scan_batch", None)  # a label pass would call it
     declared = ["eel", "fox", "cat", "dog"]  # the data has cat, dog and eel
     result = prep.run(ws.config("prep", data={"path": "named", "classes": declared}))
     assert "reading every label first" not in capsys.readouterr().out

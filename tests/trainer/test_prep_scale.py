@@ -371,7 +371,7 @@ def test_file_caches_of_dead_processes_are_removed(tmp_path):
 
 
 def test_auto_is_the_default_cache_and_takes_memory_only_within_half_of_what_the_limit_leaves(monkeypatch):
-    """README's rule for ``training.cache`` (the default ``auto``): the parsed size (values, an
+    """The docs' rule for ``training.cache`` (the default ``auto``): the parsed size (values, an
     8-byte label and 256 bytes per example) against half of what the memory limit leaves to the
     process; the limit from cgroup v2, else v1, else the machine's memory."""
     import builtins
@@ -419,7 +419,7 @@ def test_auto_is_the_default_cache_and_takes_memory_only_within_half_of_what_the
 
 
 def test_batches_are_about_4_mib_and_at_most_two_per_worker_are_in_flight():
-    """README: prep cuts a CSV into batches of about 4 MiB, and at most two batches per worker are in
+    """The docs (Data at scale): prep cuts a CSV into batches of about 4 MiB, and at most two batches per worker are in
     flight, so memory does not grow with the input: the pool takes the next batch from the reader
     only once the oldest result is handed on."""
     assert prep.BATCH_BYTES == 4 << 20

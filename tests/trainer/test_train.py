@@ -597,7 +597,7 @@ def test_the_attempts_record_of_a_checkpoint_is_renamed_into_place_without_an_fs
 
 
 def test_only_the_newest_keep_checkpoints_stay_on_disk(ws):
-    """README: a run's checkpoints are bounded by ``training.keep_checkpoints``: older ones are
+    """The docs (Resume and recovery): a run's checkpoints are bounded by ``training.keep_checkpoints``: older ones are
     removed as newer ones are written, so months of runs do not fill the work volume."""
     prep.run(ws.config("prep"))
     # saves at steps 3, 6, 8 (epoch end), 9, 12, 15 and 16 (epoch end)

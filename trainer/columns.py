@@ -1,0 +1,128 @@
+"""Column types, missing values and vocabularies of CSV tables.
+
+Standard library only: prep's parse workers use it, and they never import TensorFlow.
+
+A CSV feature column is ``numeric`` (a float; ``data.features`` may declare it ``int``),
+``boolean`` (true/false, yes/no, any case; stored as 1.0/0.0) or ``categorical`` (text). Prep
+infers the type from the train split unless ``data.columns`` names it (:func:`infer_type`), and
+reads a cell whose stripped text is empty or one of ``data.na_values`` as a missing value: NaN
+in the float vector, ``""`` among the texts.
+
+A categorical column is encoded by the model with its ``vocabulary`` (the most frequent train
+values, at least ``data.min_frequency`` times each, at most ``data.max_vocabulary`` of them;
+index 0 is the out-of-vocabulary bucket, index 1 the missing value, the vocabulary follows), or,
+with more than ``data.hash_threshold`` distinct train values, by hashing into
+``data.hash_bins`` buckets (missing values get a bucket of their own).
+"""
+
+import collections
+
+#: Boolean cell texts (compared lower-cased) and the number each stands for.
+BOOLEAN_VALUES = {"true": 1.0, "false": 0.0, "yes": 1.0, "no": 0.0}
+#: Share of a column's non-missing train cells that must be numbers for it to be inferred numeric.
+#: Below it the column holds text; at or above it the few other cells are far more likely typos
+#: in a numeric column than categories, so prep stops at them with an error that names them.
+NUMERIC_SHARE = 0.95
+#: Positions of a vocabulary column's lookup: unseen values, then the missing value.
+OOV_INDEX, MISSING_INDEX = 0, 1
+#: The parse kinds of a column in the CSV layout (:func:`trainer.sources.csv_layout`): ``float``
+#: and ``int`` are numeric, ``auto`` is numeric until a train cell says otherwise.
+NUMERIC_KINDS = ("float", "int", "auto")
+
+
+def boolean_value(text):
+    """1.0 or 0.0 for a boolean cell text (stripped), None for any other text."""
+    return BOOLEAN_VALUES.get(text.lower())
+
+
+def is_number(text):
+    """Whether ``text`` (stripped, not missing) reads as a finite float."""
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return value == value and value not in (float("inf"), float("-inf"))
+
+
+class Profile(object):
+    """Counts of one column's non-missing train cells by what they read as, for type inference."""
+
+    def __init__(self):
+        self.numbers = self.booleans = self.other = 0
+
+    def add(self, text):
+        if is_number(text):
+            self.numbers += 1
+        elif boolean_value(text) is not None:
+            self.booleans += 1
+        else:
+            self.other += 1
+
+    def merge(self, other):
+        self.numbers += other.numbers
+        self.booleans += other.booleans
+        self.other += other.other
+
+
+def infer_type(profile):
+    """``float``, ``boolean`` or ``categorical`` for a column whose train cells are ``profile``.
+
+    Only booleans: boolean. At least :data:`NUMERIC_SHARE` numbers (or no value at all): numeric.
+    Else categorical.
+    """
+    total = profile.numbers + profile.booleans + profile.other
+    if total and profile.booleans == total:
+        return "boolean"
+    if not total or profile.numbers >= NUMERIC_SHARE * total:
+        return "float"
+    return "categorical"
+
+
+class Counts(object):
+    """The train-split value counts of the categorical columns, merged batch by batch.
+
+    Memory stays bounded: a column with more than ``hash_threshold`` distinct values will be
+    hashed, so its counts are dropped as soon as it passes the threshold.
+    """
+
+    def __init__(self, width, hash_threshold):
+        self.threshold = hash_threshold
+        self.counters = [collections.Counter() for _ in range(width)]
+        self.hashed = [False] * width
+
+    def merge(self, parts):
+        """Add one batch's counters (one per categorical column)."""
+        for i, part in enumerate(parts):
+            if self.hashed[i]:
+                continue
+            self.counters[i].update(part)
+            if len(self.counters[i]) > self.threshold:
+                self.hashed[i], self.counters[i] = True, collections.Counter()
+
+    def entry(self, i, data):
+        """The schema entry fields of categorical column ``i``: its encoding and vocabulary."""
+        if self.hashed[i]:
+            return {"encoding": "hash", "hash_bins": data["hash_bins"], "distinct_above": self.threshold}
+        counter = self.counters[i]
+        ranked = sorted(counter.items(), key=lambda item: (-item[1], item[0]))
+        kept = [value for value, count in ranked if count >= data["min_frequency"]][:data["max_vocabulary"]]
+        share = sum(counter[v] for v in kept)
+        return {"encoding": "vocabulary", "vocabulary": kept, "distinct": len(counter),
+                "oov_train": sum(counter.values()) - share}
+
+
+def input_layout(features):
+    """What a model's input rows mean, from a schema's ``features``: per column its name, type and
+    what the positions of its encoding stand for (vocabulary, hash buckets) and whether it had
+    missing train values (the ``mlp`` adds a missing indicator then). Equal layouts mean weights
+    trained on one fit the other; older schemas (numbers only) give the layout they had."""
+    out = []
+    for feature in features:
+        kind = feature.get("type", "float")
+        missing = (feature.get("missing") or {}).get("train", 0)
+        if kind == "categorical":
+            out.append([feature["name"], kind, feature.get("encoding"), feature.get("vocabulary"),
+                        feature.get("hash_bins")])
+        else:
+            out.append([feature["name"], "numeric" if kind in NUMERIC_KINDS else kind, bool(missing)])
+    return out
