@@ -5,9 +5,7 @@ the same tasks (prep, train, evaluate, export and the cleanup teardown beside tr
 a ``DockerOperator`` of the trainer image), the same schedule, retries and trigger rules, the
 same asset (the model, emitted by export, which other DAGs may be scheduled on), the
 same eleven Params (schemas, titles, descriptions) and docs of about the same size, all
-written out literally. The schemas are written as users write them, without the ``$schema``
-(JSON Schema draft 7) that tfpipe's declare: the same rules, checked more cheaply there
-(``tfpipe.dag_factory.PARAM_SCHEMA_DRAFT``). Nothing here is deployed: its dag_id says so.
+written out literally. Nothing here is deployed: its dag_id says so.
 """
 
 # ruff: noqa: E501  (the doc's Markdown table rows are as long as the generated ones)

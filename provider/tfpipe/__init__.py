@@ -1,12 +1,9 @@
 """tfpipe: Airflow provider for scheduled TensorFlow 2.9 training pipelines in pinned containers.
 
-Public API (imported lazily, so ``import tfpipe`` and provider discovery stay cheap)::
+Public API, imported lazily so ``import tfpipe`` stays light::
 
     from tfpipe import PipelineConfig, training_pipeline
     from tfpipe.operators import PrepOperator, TrainOperator, EvaluateOperator, ExportOperator
-
-A DAG file also names ``airflow.providers.tfpipe`` (``import airflow.providers.tfpipe``), so that
-Airflow's DAG processor imports these modules once instead of in every parse (see that module).
 """
 
 from __future__ import annotations

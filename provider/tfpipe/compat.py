@@ -1,27 +1,6 @@
-"""What differs between the Airflow 3 releases tfpipe supports (3.0 to 3.3), found by feature.
+"""What differs between the Airflow 3 releases tfpipe supports (3.0 to 3.3), found by feature, never by version.
 
-Every check asks Airflow whether it has a feature (a module, a class, an argument type), never
-which version it is, so a backport or a patch release does the right thing by itself. The rest of
-tfpipe takes these names from here: a difference between releases lives in this one file.
-
-* ``DagBag``: ``airflow.dag_processing.dagbag`` on newer releases (the old home warns there),
-  ``airflow.models.dagbag`` on older ones.
-* ``CronTriggerTimetable`` and ``AssetOrTimeSchedule``: the Task SDK's (``airflow.sdk``) where it
-  has them, else ``airflow.timetables``'.
-* ``DagSerialization``: what the scheduler and the UI read a DAG back from (``SerializedDAG`` on
-  older releases).
-* ``ResumableJobMixin``: Airflow's own from 3.3 on, which keeps a try's external job id in
-  ``task_state_store`` so the next try can re-attach to it. Older releases have neither; there the
-  common-compat provider's stand-in submits a new job on every try, and :func:`task_state_store`
-  returns None. What tfpipe does then is the README's "Supported Airflow versions".
-* :func:`doubling_backoff`: ``retry_exponential_backoff`` is a multiplier (a number) from 3.2 on
-  and a bool before; both double the wait after each failed try, written differently.
-* :func:`run_scheduled_task`: the in-process task runner of ``dag.test()`` and ``airflow tasks
-  test`` takes the task beside the task instance from 3.1 on, and reads it from the instance on 3.0.
-* :func:`xcom_query`: ``XComModel.get_many`` takes a ``session`` on 3.0 and opens and closes the
-  thread's scoped session itself when it gets none; later releases take no session.
-
-Names resolve when first used (PEP 562), so importing this module imports nothing heavy.
+Names resolve on first use (PEP 562), so importing this module imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -80,38 +59,21 @@ def task_state_store(context: Any) -> Any | None:
     return context.get("task_state_store") if hasattr(context, "get") else None
 
 
-def backoff_takes_multiplier() -> bool:
-    """Whether ``retry_exponential_backoff`` takes a multiplier (a number) rather than a bool."""
-    try:
-        from airflow.sdk.bases.operator import BASEOPERATOR_ARGS_EXPECTED_TYPES
-
-        expected = BASEOPERATOR_ARGS_EXPECTED_TYPES["retry_exponential_backoff"]
-    except (ImportError, KeyError):  # that table is internal: read the signature instead
-        import inspect
-
-        from airflow.sdk import BaseOperator
-
-        annotation = inspect.signature(BaseOperator.__init__).parameters["retry_exponential_backoff"].annotation
-        return "float" in str(annotation)
-    return float in (expected if isinstance(expected, tuple) else (expected,))
-
-
 def doubling_backoff() -> float | bool:
-    """The ``retry_exponential_backoff`` value that doubles the wait after each failed try.
+    """The ``retry_exponential_backoff`` value that doubles the wait after each failed try (a
+    multiplier from 3.2 on, where ``True`` would count as 1; a bool before)."""
+    import inspect
 
-    Newer Airflow multiplies ``retry_delay`` by this number per try (``True`` would count as 1
-    there: no backoff at all); older Airflow takes a bool whose ``True`` always doubles.
-    """
-    return 2.0 if backoff_takes_multiplier() else True
+    from airflow.sdk import BaseOperator
+
+    annotation = inspect.signature(BaseOperator.__init__).parameters["retry_exponential_backoff"].annotation
+    return 2.0 if "float" in str(annotation) else True
 
 
 def xcom_query(session: Any, *, run_id: str, dag_id: str, key: str | None = None) -> Any:
     """``XComModel.get_many``'s query for one run's XComs (of ``key`` only, when given), to run in ``session``.
 
-    3.0's ``get_many`` is wrapped in ``provide_session``: called without a session it opens the
-    thread's scoped session and commits and closes it before returning, which detaches whatever the
-    caller loaded in that session (the scheduler's and ``dag.test()``'s session is that one). It is
-    handed the caller's session there; later releases build the query without one.
+    3.0's ``get_many`` would otherwise close the thread's scoped session, detaching what the caller loaded.
     """
     import inspect
 
@@ -126,12 +88,8 @@ def xcom_query(session: Any, *, run_id: str, dag_id: str, key: str | None = None
 
 
 def run_scheduled_task(ti: Any, task: Any) -> None:
-    """Run one scheduled task instance ``ti`` of the SDK operator ``task`` in this process, to its
-    end state in the metadata DB, with the runner ``dag.test()`` and ``airflow tasks test`` use
-    (a deferred task's trigger runs in line).
-
-    That runner takes the task as an argument from 3.1 on; on 3.0 it reads it from ``ti.task``.
-    """
+    """Run task instance ``ti`` of ``task`` to its end state in this process, with ``dag.test()``'s runner
+    (which takes the task from 3.1 on and reads ``ti.task`` on 3.0)."""
     import inspect
 
     from airflow.sdk.definitions.dag import _run_task
@@ -146,10 +104,8 @@ def run_scheduled_task(ti: Any, task: Any) -> None:
 def write_dags_for_test(bag: Any) -> None:
     """Write a DagBag's DAGs, and the assets they use, to the metadata DB where ``dag.test()`` does not.
 
-    From 3.1 on ``dag.test()`` syncs the DAG bundle to the DB first (``sync_bag_to_db`` arrived with
-    that), which also activates the assets tasks emit. 3.0's ``dag.test()`` runs the DAG from memory
-    only, and a task with an outlet (``export``'s model asset) then fails with
-    ``AirflowInactiveAssetInInletOrOutletException``. ``tfpipe run`` calls this before ``dag.test()``.
+    On 3.0 ``dag.test()`` runs from memory only, and a task with an outlet then fails with
+    ``AirflowInactiveAssetInInletOrOutletException``.
     """
     if hasattr(importlib.import_module(type(bag).__module__), "sync_bag_to_db"):
         return
@@ -160,11 +116,8 @@ def write_dags_for_test(bag: Any) -> None:
 
 
 def is_param_rejection(err: BaseException) -> bool:
-    """Whether ``err`` is Airflow refusing a run's ``conf`` against the DAG's Params.
-
-    Most releases raise ``ParamValidationError``; 3.2 validates the serialized DAG's params while
-    creating the run and raises a plain ``ValueError("Invalid input for param ...")`` instead.
-    """
+    """Whether ``err`` is Airflow refusing a run's ``conf`` against the DAG's Params (3.2 raises a
+    plain ``ValueError("Invalid input for param ...")``)."""
     from airflow.providers.common.compat.sdk import ParamValidationError
 
     return isinstance(err, ParamValidationError) or (

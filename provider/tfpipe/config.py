@@ -81,9 +81,8 @@ def check_name(field_name: str, value: Any, *, example: str = "digits") -> None:
 def check_image_ref(field_name: str, ref: Any, *, allow_floating_tag: bool = False) -> None:
     """Raise unless ``ref`` names a pinned image: a digest, or a version tag that is not floating.
 
-    A floating tag (``latest``, ``gpu``, ...) or no tag at all silently changes what runs; the
-    seeds this project grew from trace cuDNN mismatches to exactly that. Opt out with
-    ``allow_floating_tag=True``.
+    A floating tag (``latest``, ``gpu``, ...) or no tag at all silently changes what runs (a cuDNN
+    mismatch, say). Opt out with ``allow_floating_tag=True``.
     """
     if not isinstance(ref, str) or not ref.strip() or any(c.isspace() for c in ref):
         raise config_error(field_name, f"must be an image reference string, got {ref!r}",
@@ -480,6 +479,22 @@ def _checked_features(features: Any) -> tuple[dict[str, str], ...]:
     return tuple(cleaned)
 
 
+def _checked_columns(columns: Mapping[Any, Any]) -> dict[str, str]:
+    """``data.columns`` as ``{column name: type}``, every type one of :data:`contract.COLUMN_TYPES`."""
+    choices = ", ".join(map(repr, contract.COLUMN_TYPES))
+    for name, kind in columns.items():
+        if not isinstance(name, str) or not name.strip():
+            raise config_error("data.columns", f"keys must be column names as the CSV header writes them, got {name!r}",
+                               "e.g. {'zip': 'categorical'}")
+        if kind not in contract.COLUMN_TYPES:
+            import difflib  # only for a type that is wrong
+
+            close = difflib.get_close_matches(str(kind).lower(), contract.COLUMN_TYPES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise config_error(f"data.columns.{name}", f"unknown type {kind!r}", f"use one of {choices}{hint}")
+    return dict(columns)
+
+
 class DataConfig(contract_fields("data")):
     """Where the raw data is and how prep reads and splits it."""
 
@@ -494,6 +509,20 @@ class DataConfig(contract_fields("data")):
     @classmethod
     def _features(cls, value: Any) -> Any:
         return None if value is None else _checked_features(value)
+
+    @field_validator("columns", mode="before")
+    @classmethod
+    def _columns(cls, value: Any) -> Any:
+        return _checked_columns(value) if isinstance(value, Mapping) else value  # not a mapping: the generic error
+
+    @field_validator("na_values", mode="before")
+    @classmethod
+    def _na_values(cls, value: Any) -> Any:
+        for i, text in enumerate(value if isinstance(value, (list, tuple)) else ()):
+            if not isinstance(text, str):
+                raise config_error(f"data.na_values[{i}]", f"must be a cell text, got {text!r}",
+                                   f"quote it, e.g. {str(text)!r}, or write null for only empty cells")
+        return value
 
     @field_validator("image_size", mode="before")
     @classmethod
@@ -523,11 +552,20 @@ class DataConfig(contract_fields("data")):
     @model_validator(mode="after")
     def _path_and_shards(self) -> DataConfig:
         check_relative_path("data.path", self.path)  # the contract's default (None) must be replaced
+        for name in sorted(self.columns):
+            if name in (self.label, self.key):  # prep reads them as the label or split key, never as a feature
+                role = "label" if name == self.label else "key"
+                raise config_error(f"data.columns.{name}", f"is the {role} column (data.{role}), which is not a "
+                                   "feature and has no type", "remove it from data.columns")
+        if self.columns and self.format not in contract.TABULAR_FORMATS:
+            raise config_error("data.columns", f"types table columns, data.format is {self.format!r}",
+                               "remove data.columns for image folders")
         if self.shards > 1 and self.format != "csv":
             raise config_error("data.shards", f"sharded prep reads CSV files, data.format is {self.format!r}",
                                "set data.shards to 1 for image folders")
-        if self.window_days and self.format != "csv":
-            raise config_error("data.window_days", f"date windows read CSV partitions, data.format is {self.format!r}",
+        if self.window_days and self.format not in contract.TABULAR_FORMATS:
+            raise config_error("data.window_days", f"date windows read CSV or Parquet partitions, data.format is "
+                               f"{self.format!r}",
                                "set data.window_days to 0 for image folders")
         if self.min_partitions > self.window_days:
             raise config_error("data.min_partitions", f"{self.min_partitions} is above data.window_days "
@@ -972,10 +1010,11 @@ class PipelineConfig(_Section):
     @model_validator(mode="after")
     def _consistent(self) -> PipelineConfig:
         if self.data.format == "images" and self.training.model == "mlp":
-            raise config_error("training.model", "'mlp' is for tabular (csv) data, data.format is 'images'",
+            raise config_error("training.model", "'mlp' is for tables (csv or parquet), data.format is 'images'",
                                "use 'cnn' or 'resnet50'")
-        if self.data.format == "csv" and self.training.model in ("cnn", "resnet50"):
-            raise config_error("training.model", f"{self.training.model!r} needs images, data.format is 'csv'", "use 'mlp'")
+        if self.data.format in contract.TABULAR_FORMATS and self.training.model in ("cnn", "resnet50"):
+            raise config_error("training.model", f"{self.training.model!r} needs images, data.format is "
+                               f"{self.data.format!r}", "use 'mlp'")
         if self.backend == "kubernetes":
             self._check_kubernetes()
         urls = self.shard_docker_urls

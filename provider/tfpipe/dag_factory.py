@@ -1,14 +1,6 @@
 """The DAG factory: a :class:`~tfpipe.config.PipelineConfig` becomes prep -> train -> evaluate -> export.
 
-The graph is first planned as plain :class:`~tfpipe.specs.StageSpec` objects
-(:func:`tfpipe.specs.plan_pipeline`), then each spec becomes an operator here, so the graph can
-be tested without a scheduler and another backend only replaces :func:`operator_from_spec`.
-
-Usage in a DAG file::
-
-    from tfpipe import PipelineConfig, training_pipeline
-
-    dag = training_pipeline(PipelineConfig(dag_id="churn", volumes=..., data=...))  # image: Variable tfpipe_image
+The graph is planned as plain :class:`~tfpipe.specs.StageSpec` objects, then each becomes an operator here.
 """
 
 from __future__ import annotations
@@ -29,28 +21,9 @@ GCS_PARAM_PATTERN = r"^gs://"
 
 _PARAM_TYPES = {"int": "integer", "number": "number", "bool": "boolean", "str": "string"}
 
-#: The JSON Schema draft every Param here declares. Airflow resolves a Param with
-#: ``jsonschema.validate``, which checks the schema against its draft's metaschema before it checks
-#: the value, and it resolves every Param at each parse of a scheduled DAG, at each serialization
-#: of each task and at each run. A schema without ``$schema`` is checked as draft 2020-12, whose
-#: metaschema (vocabularies, dynamic references) costs about three times draft 7's. The keywords
-#: the Params use (type, enum, minimum, maximum, exclusiveMinimum, exclusiveMaximum, pattern) mean
-#: the same in both drafts, and Airflow's trigger form ignores the key.
-PARAM_SCHEMA_DRAFT = "http://json-schema.org/draft-07/schema#"
-
-
-def form_param(value: Any, **schema: Any) -> Param:
-    """A Param holding ``value``, its schema declared as :data:`PARAM_SCHEMA_DRAFT`
-    (``description`` is the Param's own text, as Airflow takes it)."""
-    return Param(value, **{"$schema": PARAM_SCHEMA_DRAFT, **schema})
-
-
 def schema_param(section: str, name: str, value: Any, **form: Any) -> Param:
-    """A trigger-form Param of a stage-config field: type, bounds and choices from the contract.
-
-    ``value`` is the configured value (the form's default); ``form`` adds the title, description
-    or a narrower ``enum``. The contract's ``parse_maximum`` is the form's maximum too.
-    """
+    """A trigger-form Param of a stage-config field (type, bounds, choices from the contract) holding
+    ``value``; ``form`` adds the title, description or a narrower ``enum``."""
     spec = contract.SECTIONS[section][name]
     rules: dict[str, Any] = {"type": _PARAM_TYPES[spec["kind"]]}
     if "choices" in spec:
@@ -61,17 +34,13 @@ def schema_param(section: str, name: str, value: Any, **form: Any) -> Param:
             rules[schema_key] = spec[key]
     if "maximum" in spec or "parse_maximum" in spec:
         rules["maximum"] = spec.get("maximum", spec.get("parse_maximum"))
-    return form_param(value, **{**rules, "description": spec["doc"][:1].upper() + spec["doc"][1:] + ".", **form})
+    return Param(value, **{**rules, "description": spec["doc"][:1].upper() + spec["doc"][1:] + ".", **form})
 
 
 def pipeline_params(cfg: PipelineConfig) -> dict[str, Param]:
-    """Run parameters shown by the UI's trigger form, validated by JSON schema before a run starts.
-
-    Every stage-config field the contract marks ``override: "param"`` is one, so each metric the
-    trainer can gate on can be chosen per run.
-    """
+    """Run parameters of the trigger form: every stage-config field the contract marks ``override: "param"``."""
     t, e = cfg.training, cfg.evaluation
-    models = [m for m in contract.BUILTIN_MODELS if (m == "mlp") == (cfg.data.format == "csv")]
+    models = [m for m in contract.BUILTIN_MODELS if (m == "mlp") == (cfg.data.format in contract.TABULAR_FORMATS)]
     if t.model not in models:
         models.append(t.model)
     params = {
@@ -87,18 +56,18 @@ def pipeline_params(cfg: PipelineConfig) -> dict[str, Param]:
         "warm_start": schema_param("training", "warm_start", t.warm_start, title="Warm start"),
         "metric": schema_param("evaluation", "metric", e.metric, title="Blessing metric"),
         "threshold": schema_param("evaluation", "threshold", e.threshold, title="Blessing threshold"),
-        "gpus": form_param(None, type=["null", "string"], pattern=GPU_PARAM_PATTERN, title="GPUs",
+        "gpus": Param(None, type=["null", "string"], pattern=GPU_PARAM_PATTERN, title="GPUs",
                            description="Empty = as configured; 'none' = CPU; 'all'; a count such as '2'; or ids '0,1'."),
     }
     stage_in, publish = bucket_tasks(cfg)
     # Google Cloud Storage, only where the DAG has the task: empty = the config's data_uri / publish_uri
     if stage_in:
-        params["data_uri"] = form_param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN,
+        params["data_uri"] = Param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN,
                                         title="Data URI",
                                         description="gs://bucket/prefix synced to the data path before prep. "
                                         f"Empty = {cfg.data_uri or 'none (use the data volume as it is)'}.")
     if publish:
-        params["publish_uri"] = form_param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN,
+        params["publish_uri"] = Param(None, type=["null", "string"], pattern=GCS_PARAM_PATTERN,
                                            title="Publish URI",
                                            description="gs://bucket/prefix a blessed export is published under "
                                            f"(<prefix>/{cfg.export.model_name}/<version>/). Empty = "
@@ -108,11 +77,7 @@ def pipeline_params(cfg: PipelineConfig) -> dict[str, Param]:
 
 def bucket_tasks(cfg: PipelineConfig) -> tuple[bool, bool]:
     """Whether the DAG of ``cfg`` has ``stage_in`` and ``publish``: each where its URI is configured, both
-    with ``gcs_tasks`` (each run then names its buckets); never off Docker (they work through its engine).
-
-    A pipeline without a bucket has neither task nor their Params: each would cost every run a task
-    execution on its critical path only to skip itself.
-    """
+    with ``gcs_tasks``; never off Docker (they work through its engine)."""
     if cfg.backend != "docker":
         return False, False
     return cfg.gcs_tasks or cfg.data_uri is not None, cfg.gcs_tasks or cfg.publish_uri is not None
@@ -204,11 +169,7 @@ def _schedule(cfg: PipelineConfig) -> Any:
 
 
 def operator_from_spec(spec: StageSpec, cfg: PipelineConfig) -> Any:
-    """Turn one backend-neutral stage spec into its operator on ``cfg.backend``.
-
-    The operator is built from the spec alone; ``cfg`` only says which backend and where it is
-    (the Docker engine's URL, the Kubernetes namespace and claims).
-    """
+    """Turn one stage spec into its operator on ``cfg.backend`` (``cfg`` only says where the backend is)."""
     kwargs: dict[str, Any] = {}
     if spec.retries > 1:
         kwargs.update(retry_exponential_backoff=compat.doubling_backoff(), max_retry_delay=timedelta(hours=1))
@@ -236,10 +197,8 @@ def operator_from_spec(spec: StageSpec, cfg: PipelineConfig) -> Any:
 def training_pipeline(cfg: PipelineConfig, **dag_kwargs: Any) -> DAG:
     """Build the training DAG for ``cfg``.
 
-    Extra keyword arguments go to ``DAG``, in place of tfpipe's own choice where they name the same
-    argument (``catchup=False``, ``max_active_runs=1``, the doc, the tags, ...). ``default_args`` reach
-    every task built here, which is how Airflow's callbacks and notifiers are attached to a pipeline
-    (the monitoring guide: "Alerts when a run fails").
+    Extra keyword arguments go to ``DAG`` and win over tfpipe's own choices; ``default_args`` reach every
+    task, which is how callbacks and notifiers are attached.
     """
     if not isinstance(cfg, PipelineConfig):
         cfg = PipelineConfig.from_dict(cfg)
@@ -271,14 +230,8 @@ def training_pipeline(cfg: PipelineConfig, **dag_kwargs: Any) -> DAG:
 
 
 def add_cleanup_task(cfg: PipelineConfig, dag: DAG) -> BaseOperator:
-    """``cleanup`` once the run's data set is ready (after the tasks ``train`` waits for), beside
-    training: a teardown, so it runs whatever happened before it (all done) and its outcome leaves
-    the run's state to the work tasks (see :mod:`tfpipe.operators.retention`).
-
-    Not after every leaf: there it cost every run a task execution on its critical path. After the
-    data set is ready, not at the run's start: by then the run's dir names its data set
-    (``dataset.json``), so retention can never remove the data set this run is about to train on.
-    """
+    """``cleanup`` as a teardown beside training, once the run's data set is ready: by then the run's dir
+    names its data set, so retention never removes the one this run trains on."""
     from tfpipe.operators.retention import RetentionOperator
 
     ready = dag.get_task("train").upstream_list or [task for task in dag.tasks if not task.upstream_list]
@@ -305,17 +258,11 @@ CLEANUP_DOC = (
 # --- Google Cloud Storage -------------------------------------------------------------------------
 
 def _add_gcs_tasks(cfg: PipelineConfig, operators: dict[str, Any]) -> None:
-    """``stage_in >> prep`` and ``export >> publish`` where :func:`bucket_tasks` says so; each skips
-    itself when the run has no URI.
-
-    Prep gets ``trigger_rule="none_failed"`` so a skipped stage-in does not skip it; publish keeps
-    ``all_success``, so it runs only after a successful export (a not-blessed run skips it too).
-    """
+    """``stage_in >> prep`` and ``export >> publish`` where :func:`bucket_tasks` says so; prep runs
+    ``none_failed`` so a skipped stage-in does not skip it."""
     with_stage_in, with_publish = bucket_tasks(cfg)
     if not (with_stage_in or with_publish):
         return
-    # Imported only for a pipeline with a bucket: most have none, and DAG files are parsed far more
-    # often than they change.
     from tfpipe.operators.gcs import GcsPublishOperator, GcsStageInOperator
 
     common: dict[str, Any] = dict(

@@ -1,19 +1,9 @@
 """Which Docker engine a deployment's stages run on, and how the workers authenticate to it.
 
-A DAG file should not have to know where the GPU hosts are: the ``[tfpipe]`` section of
-Airflow's configuration (``airflow.cfg``, or ``AIRFLOW__TFPIPE__<OPTION>`` in the workers'
-environment) names the engine once per deployment::
-
-    [tfpipe]
-    docker_url = tcp://gpu-host.example:2376
-    tls_ca_cert = /etc/tfpipe/engine/ca.pem
-    tls_client_cert = /etc/tfpipe/engine/cert.pem
-    tls_client_key = /etc/tfpipe/engine/key.pem
-
-A task whose ``docker_url`` was left at the local default uses that engine and those TLS files;
-a task given its own ``docker_url`` or ``tls_*`` arguments keeps them (a ``prep_shard`` task sent
-to another ``tcp://`` engine by ``shard_docker_urls`` presents the same TLS files there). The settings are read in
-``execute()`` on the worker (never at parse time), because only workers hold the client keys.
+The ``[tfpipe]`` section of Airflow's configuration (``docker_url``, ``tls_ca_cert``,
+``tls_client_cert``, ``tls_client_key``, ``tls_hostname``; or ``AIRFLOW__TFPIPE__*``) names the engine
+once per deployment. A task left at the local default uses it; one given its own engine keeps it.
+Read in ``execute()`` only: only workers hold the client keys.
 """
 
 from __future__ import annotations
@@ -96,9 +86,8 @@ class EngineSettings:
     def apply_to(self, operator: Any, *, tls_for_named_engine: bool = False) -> None:
         """Point a ``DockerOperator`` at this engine, unless the task named its own engine or TLS.
 
-        With ``tls_for_named_engine`` (a ``prep_shard`` task on one of ``shard_docker_urls``), a
-        ``tcp://`` engine the task named keeps its URL but presents this deployment's TLS files: the
-        engines of one deployment trust one client CA.
+        ``tls_for_named_engine``: a ``tcp://`` engine the task named still gets this deployment's TLS
+        files (the engines of one deployment trust one client CA).
         """
         if any(getattr(operator, name, None) for name in TLS_OPTIONS):
             return
@@ -129,11 +118,8 @@ CA_BUNDLE_ENV = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 
 
 def diagnose(docker_url: str, tls: Any) -> BaseException | None:
-    """The error docker-py raises connecting to the engine, or None if it answers.
-
-    ``DockerHook`` logs the real cause (a TLS alert, a refused connection) but raises a generic
-    "Failed to establish connection"; connecting once more without it recovers the cause.
-    """
+    """The error docker-py raises connecting to the engine, or None if it answers (``DockerHook``
+    raises a generic error and only logs the cause)."""
     from docker import APIClient
 
     url = docker_url.replace("tcp://", "https://", 1) if tls else docker_url
@@ -145,12 +131,8 @@ def diagnose(docker_url: str, tls: Any) -> BaseException | None:
 
 
 def engine_error_message(docker_url: str, err: BaseException) -> tuple[str, bool]:
-    """Explain why the engine at ``docker_url`` did not answer; the flag says whether retrying can help.
-
-    A refused or unverifiable TLS handshake, or plain HTTP sent to a TLS port, is a configuration
-    problem that no retry fixes (retrying only floods the engine's log); a refused connection may be
-    an engine that is restarting, so that one is worth retrying.
-    """
+    """Explain why the engine at ``docker_url`` did not answer; the flag says whether retrying can help
+    (a TLS problem is configuration; a refused connection may be an engine restarting)."""
     text = f"{type(err).__name__}: {err}"
     lowered = text.lower()
     tls_words = ("ssl", "certificate", "tls", "handshake", "http request to an https server")

@@ -1,8 +1,6 @@
-"""Exceptions raised by tfpipe on the Airflow side.
+"""Exceptions raised by tfpipe on the Airflow side while a task runs (they build on Airflow's).
 
-Everything here but :class:`~tfpipe.config.TfpipeConfigError` (defined with the config checks that
-raise it) is raised only while a task runs, so the modules a DAG file's parse needs import this
-one only there: its classes build on Airflow's.
+:class:`~tfpipe.config.TfpipeConfigError` lives with the config checks, so a DAG's parse needs none of these.
 """
 
 from __future__ import annotations
@@ -37,10 +35,7 @@ class StageFailedError(AirflowException):
 
 
 class StageRejectedError(AirflowFailException):
-    """A stage container rejected its input (bad data, bad config, diverged training).
-
-    Retrying cannot fix it, so the task fails without using its retries.
-    """
+    """A stage container rejected its input (bad data, bad config, diverged training): no retry can fix it."""
 
     def __init__(self, message: str, *, exit_code: int, logs: list[str] | None = None) -> None:
         super().__init__(message)
@@ -61,10 +56,7 @@ class PublishConflictError(AirflowFailException):
 
 
 class ImageNotSetError(AirflowFailException):
-    """No trainer image is configured: neither ``image.ref`` nor the Airflow Variable ``tfpipe_image``.
-
-    Retrying cannot fix it, so the task fails without using its retries; the message says how to set it.
-    """
+    """No trainer image is configured: neither ``image.ref`` nor the Airflow Variable ``tfpipe_image`` (no retry)."""
 
 
 class ImageNotFoundError(AirflowFailException):

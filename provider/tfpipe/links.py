@@ -1,11 +1,7 @@
 """The "Run report" and "TensorBoard" extra links of the train, evaluate and export tasks.
 
-Airflow 3 computes an extra link **on the worker**, when the task ends (success or failure), by
-calling ``get_link`` and storing the URL in XCom under the link's ``xcom_key``; the UI then reads
-that XCom. Both links point at the tfpipe plugin under the api-server (:mod:`tfpipe.plugins`),
-which reads the run's files through the engine. The path helpers here are pure (no engine, no
-metadata DB) and are shared with the shell tooling of :mod:`tfpipe.reproduce`; volume paths are
-paths on the Docker engine's host, and the ``tfpipe tensorboard`` URL is meant for a browser there.
+Airflow 3 computes an extra link on the worker when the task ends and stores the URL in XCom. The
+path helpers here are pure and shared with :mod:`tfpipe.reproduce`.
 """
 
 from __future__ import annotations
@@ -31,10 +27,7 @@ def _volume_map(volumes: Any) -> tuple[tuple[str, str], ...]:
 
 
 def host_path(container_path: str | None, volumes: Any) -> str | None:
-    """Map a container path under ``/data``, ``/work`` or ``/models`` to the engine host's path.
-
-    Returns ``None`` for ``None`` or a path outside the three mounts.
-    """
+    """Map a container path under ``/data``, ``/work`` or ``/models`` to the engine host's path (else ``None``)."""
     if not container_path:
         return None
     path = posixpath.normpath(container_path)
@@ -61,9 +54,8 @@ def host_tensorboard_dir(volumes: Any, dag_id: str, run_id: str) -> str:
 def tensorboard_run_name(dag_id: str, run_id: str) -> str:
     """The run's name in TensorBoard: ``<dag>/<run>`` as in ``work/runs/<dag>/<run>``.
 
-    ``tfpipe tensorboard`` mounts the event files at ``/logs/<dag>/<run>``, so TensorBoard names
-    the run exactly this; a TensorBoard serving the whole ``work/runs`` tree names it
-    ``<dag>/<run>/train/tensorboard``, which the same filter matches.
+    A TensorBoard serving the whole ``work/runs`` tree names it ``<dag>/<run>/train/tensorboard``,
+    which the same filter matches.
     """
     return f"{contract.safe_name(dag_id)}/{contract.safe_name(run_id, 120)}"
 
@@ -84,9 +76,7 @@ def tensorboard_url(dag_id: str, run_id: str, base: str | None = None) -> str:
 class RunReportLink(BaseOperatorLink):
     """"Run report": the run's ``report.html``, served by the tfpipe plugin under the api-server.
 
-    ``[api] base_url`` + ``/tfpipe/runs/<dag>/<run>/report/`` (root-relative when ``base_url`` is
-    unset). The plugin reads the report through the Docker engine and lets only users who may
-    read the DAG see it (:mod:`tfpipe.plugins.app`).
+    ``[api] base_url`` + ``/tfpipe/runs/<dag>/<run>/report/`` (root-relative when ``base_url`` is unset).
     """
 
     name = "Run report"
@@ -100,8 +90,7 @@ class RunReportLink(BaseOperatorLink):
 class TensorBoardLink(BaseOperatorLink):
     """"TensorBoard": the run's TensorBoard, started on demand by the tfpipe plugin.
 
-    ``[api] base_url`` + ``/tfpipe/runs/<dag>/<run>/tensorboard/``. On a workstation,
-    ``tfpipe tensorboard DAG RUN_ID`` (``make tensorboard RUN=...``) serves it without Airflow.
+    ``[api] base_url`` + ``/tfpipe/runs/<dag>/<run>/tensorboard/``.
     """
 
     name = "TensorBoard"

@@ -1,14 +1,5 @@
-"""Training and evaluation figures as Airflow metrics (StatsD / Datadog / OpenTelemetry), names under ``tfpipe.``.
-
-When Airflow's metrics are on (``[metrics] statsd_on``, ``statsd_datadog_enabled`` or ``otel_on``),
-each stage task sends gauges when it ends::
-
-    tfpipe.<dag_id>.train.final_loss  tfpipe.<dag_id>.train.final_accuracy  tfpipe.<dag_id>.train.epochs
-    tfpipe.<dag_id>.train.steps       tfpipe.<dag_id>.train.try_number      tfpipe.<dag_id>.train.resumed
-    tfpipe.<dag_id>.evaluate.<metric> (every evaluation metric)  tfpipe.<dag_id>.evaluate.blessed (1 or 0)
-    tfpipe.<dag_id>.export.version    tfpipe.<dag_id>.prep.examples
-
-with the tags ``dag_id`` and ``stage`` for backends that take tags. Off, nothing is sent.
+"""Training and evaluation figures as Airflow metrics (StatsD / Datadog / OpenTelemetry), named
+``tfpipe.<dag_id>.<stage>.<figure>`` with tags ``dag_id`` and ``stage``, sent when Airflow's metrics are on.
 """
 
 from __future__ import annotations

@@ -8,9 +8,7 @@ from typing import Any
 class RedactingLog:
     """A logger that writes ``***`` in place of each secret value before anything is logged.
 
-    Airflow masks ``mask_secret`` values only on some log paths (a deployment's supervisor masks
-    them in the task log file; ``dag.test`` prints task logs unmasked), so the stage operator
-    redacts its secrets itself, once, for every path: container output, errors, its own lines.
+    Airflow masks ``mask_secret`` values only on some log paths (``dag.test`` prints task logs unmasked).
     """
 
     def __init__(self, log: Any, secrets: list[str]) -> None:

@@ -1,14 +1,4 @@
-"""Reproducing a run by hand: the container a stage task starts, as ``docker run`` command lines.
-
-* :func:`task_plan` says what container a stage task starts for a given run and try (image,
-  mounts, user, environment, working dir, network, ...), from the same builders as
-  :meth:`tfpipe.operators.docker.TfpipeStageOperator.execute`. :func:`shell_args` and
-  :func:`tensorboard_args` turn a plan into a ``docker run`` command line (``tfpipe shell`` and
-  ``tfpipe tensorboard`` in :mod:`tfpipe.cli` run them).
-
-Every function here is pure: no engine, no metadata DB. The paths and URLs of a run (report,
-TensorBoard) are in :mod:`tfpipe.links`, shared with the UI's extra links.
-"""
+"""Reproducing a run by hand (pure): the container a stage task starts, as ``docker run`` command lines."""
 
 from __future__ import annotations
 
@@ -75,13 +65,8 @@ def task_plan(task: Any, *, dag_id: str, run_id: str, try_number: int, params: M
               image_identity: Mapping[str, Any] | None = None) -> ContainerPlan:
     """The container a tfpipe stage task starts for one try, as its ``execute()`` builds it.
 
-    Both resolve the try with :func:`tfpipe.tries.resolve_try` from the task's spec (and a
-    ``prep_shard`` instance's ``shard_index``; ``map_index`` is that instance's). ``params``
-    are the run's params (the DAG's defaults updated with ``dag_run.conf``, as Airflow hands them
-    to the task); ``image`` overrides the task's image (e.g. the image recorded in the run's
-    ``config/<stage>.json`` when the DAG file now names another one). Private environment values
-    are left out (their names are in ``left_out``). ``image_identity`` is what the task adds to the
-    config's ``run`` section once the engine showed the image (:func:`tfpipe.tries.image_identity`).
+    ``params``: the run's params; ``image`` overrides the task's image; ``image_identity`` is what the
+    task adds to the config's ``run`` section. Private environment values are left out (named in ``left_out``).
     """
     from docker.utils import parse_bytes
 
@@ -198,9 +183,7 @@ def run_args(plan: ContainerPlan, command: Sequence[str], *, role: str, name: st
              network_mode: str | None = None, gpus: bool = True) -> list[str]:
     """``docker run`` arguments for ``plan`` with ``command``, labelled ``tfpipe.role=<role>``.
 
-    Image, mounts (same read-only flags), user, environment, working dir, network mode, shm,
-    memory and CPU limits and GPUs are the plan's; ``network_mode`` overrides the network (a published
-    port needs one).
+    Everything is the plan's; ``network_mode`` overrides the network (a published port needs one).
     """
     args = [*docker_base(plan.docker_url, plan.tls), "run"]
     if remove:
@@ -254,9 +237,7 @@ def jupyter_args(plan: ContainerPlan, *, port: int, token: str, name: str | None
                  detach: bool = False, gpus: bool = True) -> list[str]:
     """``docker run`` of Jupyter in the task's container setup, published on ``127.0.0.1:port``.
 
-    Jupyter listens on all interfaces *inside* the container (so the published port reaches it)
-    and is published on the host's loopback only; the token travels in ``JUPYTER_TOKEN``. Needs a
-    network (the port is published on a bridge even when the task runs with ``network_mode='none'``).
+    The token travels in ``JUPYTER_TOKEN``; a task without network gets a bridge for the port.
     """
     network = plan.network_mode if plan.network_mode not in (None, "none", "host") else "bridge"
     command = ("jupyter", "lab", "--ip=0.0.0.0", f"--port={JUPYTER_CONTAINER_PORT}", "--no-browser",
@@ -296,8 +277,8 @@ def tensorboard_args(*, image: str, event_dir: str, dag_id: str, run_id: str, po
                      detach: bool = False) -> list[str]:
     """``docker run`` of TensorBoard on the run's event files, published on ``127.0.0.1:port``.
 
-    The event dir is mounted read-only at ``/logs/<dag>/<run>`` so TensorBoard names the run as
-    :func:`tensorboard_run_name` (the filter of :func:`tensorboard_url` selects it).
+    The event dir is mounted at ``/logs/<dag>/<run>``, so TensorBoard names the run as
+    :func:`tensorboard_run_name`.
     """
     target = f"{TENSORBOARD_LOGDIR}/{tensorboard_run_name(dag_id, run_id)}"
     # not the tfpipe.dag_id/run_id labels of stage containers: a TensorBoard is no part of the run

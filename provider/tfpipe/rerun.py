@@ -1,20 +1,8 @@
 """Re-running an existing DAG run in one process, the way the UI's "Clear" does.
 
-``tfpipe run DAG --rerun RUN_ID`` keeps the run: its id, conf, logical date, its task history and
-try numbers. It clears the chosen task instances with Airflow's own ``clear_task_instances`` (the
-function behind the REST API's ``POST /api/v2/dags/{dag_id}/clearTaskInstances`` and the UI's Clear
-button): each cleared try is recorded in the task instance history and the next try gets the next
-try number. Then :func:`drive_run` runs the cleared run to its end in this process, as the
-scheduler would: the run's own dependency check (``DagRun.update_state``) says which tasks are
-ready, and each runs here with the in-process runner of ``dag.test()`` and ``airflow tasks test``.
-
-``dag.test()`` cannot be handed the run: on every Airflow 3 release (3.0 to 3.3) it deletes the run
-at the logical date it is given and creates a new one, so the run's history, its try numbers and
-its ``task_state_store`` (which holds the id of a training container a retry can re-attach to)
-would be lost.
-
-In a deployment with a scheduler, use the REST API's clear (or the UI) instead; the scheduler then
-runs the cleared tasks on the workers.
+``tfpipe run DAG --rerun RUN_ID`` clears task instances with Airflow's ``clear_task_instances`` and
+:func:`drive_run` runs the cleared run to its end here. ``dag.test()`` cannot be used: it replaces the
+run, losing its history, try numbers and ``task_state_store``. With a scheduler, use the REST API's clear.
 """
 
 from __future__ import annotations
@@ -80,10 +68,8 @@ def _serialized_dag(dag_id: str, session: Any) -> Any:
 def drive_run(dag: Any, run_id: str) -> Any:
     """Run the tasks of an existing (cleared) run of ``dag`` to the run's end, in this process; return the run.
 
-    The loop is ``dag.test()``'s: the run, set running as the scheduler sets a queued one, says
-    which of its task instances are ready (``update_state``, the scheduler's own check); each ready
-    one gets its next try number and runs here (:func:`tfpipe.compat.run_scheduled_task`), until
-    the run has an end state.
+    The loop is ``dag.test()``'s: ``update_state`` says which task instances are ready; each gets its
+    next try number and runs here, until the run has an end state.
     """
     import logging
     import time

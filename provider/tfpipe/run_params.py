@@ -1,11 +1,7 @@
 """Strict run parameters: a run's ``conf`` may only name the DAG's Params.
 
-Airflow passes unknown ``conf`` keys through silently (the trigger form's JSON, a REST call and
-``tfpipe run --conf`` alike), so a typo such as ``{"epoch": 3}`` used to train the default number
-of epochs. Every tfpipe task calls :func:`reject_unknown_conf` first thing in ``execute()``: the
-first task of a run fails, without retrying and before any container starts, and every other path
-that creates a run (scheduler, REST, UI, ``dag.test``) goes through the same check because it is
-the task that checks, not the client.
+Airflow passes unknown ``conf`` keys through silently, so a typo such as ``{"epoch": 3}`` would train
+the default; every tfpipe task calls :func:`reject_unknown_conf` first in ``execute()``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""Deployment settings that tfpipe reads from Airflow when a task runs, never when a DAG file parses.
+"""Deployment settings tfpipe reads from Airflow when a task runs, never when a DAG file parses.
 
-**The trainer image.** A pipeline may name its image (``image={"ref": ...}``); when it does not,
-every task reads the Airflow Variable ``tfpipe_image`` at execute time. So a ``dags/`` folder copied
-into any Airflow finds the image its deployment built, without environment variables set in every
-Airflow process:
-
-- ``make image`` (and so ``make demo``/``make test``) sets it in this project's Airflow;
-- elsewhere: ``airflow variables set tfpipe_image registry.example/tfpipe/trainer@sha256:...``, or
-  the environment variable ``AIRFLOW_VAR_TFPIPE_IMAGE`` (Airflow's own way to give a Variable), or
-  any secrets backend that serves Variables.
-
-Reading a Variable at parse time would query the metadata DB (or a secrets backend) on every parse
-of every DAG file; reading it in ``execute()`` costs one lookup per task try.
+A pipeline without ``image.ref`` runs the image in the Airflow Variable ``tfpipe_image`` (set by
+``make image``, ``airflow variables set``, ``AIRFLOW_VAR_TFPIPE_IMAGE`` or a secrets backend).
 """
 
 from __future__ import annotations
@@ -54,9 +44,8 @@ def _read_variable(name: str) -> str | None:
 def resolve_image(configured: str | None, *, task: str = "task", allow_floating_tag: bool = False) -> str:
     """The image a task runs: ``configured`` when set, else the Airflow Variable ``tfpipe_image``.
 
-    Call it from ``execute()`` (or a CLI), never at parse time. Raises
-    :class:`~tfpipe.exceptions.ImageNotSetError` (no retry) when neither is set or the Variable
-    holds an unpinned reference.
+    Never at parse time. Raises :class:`~tfpipe.exceptions.ImageNotSetError` when neither is set or the
+    Variable holds an unpinned reference.
     """
     from tfpipe.exceptions import ImageNotSetError
 

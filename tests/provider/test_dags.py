@@ -309,42 +309,6 @@ def test_trigger_form_params(dagbag):
     assert schema["type"] == "integer" and schema["minimum"] == 1
 
 
-#: Values of every kind a trigger may send, for each Param: in and out of bounds, wrong types,
-#: choices and patterns that match and do not.
-_PROBE_VALUES = (None, 0, -1, 1, 2, 0.5, 1.5, 10, 11, 65537, 100001, "ten", "", "mlp", "cnn", "adam", "lion",
-                 "accuracy", True, False, "all", "none", "0,1", "2", "many", "gs://bucket/p", "s3://bucket/p",
-                 [], {})
-
-
-def test_trigger_form_params_declare_draft_7_and_judge_every_value_as_the_default_draft_does(dagbag):
-    """The Params declare JSON Schema draft 7 (a cheaper check of the schema at every resolve) and
-    accept and reject exactly the values the same schema accepts and rejects undeclared (2020-12)."""
-    import jsonschema
-    from airflow.providers.common.compat.sdk import Param, ParamValidationError
-    from jsonschema import Draft7Validator
-
-    from tfpipe.dag_factory import PARAM_SCHEMA_DRAFT
-
-    def verdict(value, schema):
-        try:
-            Param(schema=schema).resolve(value)  # Airflow's own check of a run's value
-        except ParamValidationError:
-            return False
-        return True
-
-    params = dagbag.get_dag("tfpipe_digits_manual").params  # every Param, the bucket ones too
-    assert {"data_uri", "publish_uri", "gpus", "epochs"} <= set(params)
-    for name in params:
-        schema = params.get_param(name).schema
-        assert schema["$schema"] == PARAM_SCHEMA_DRAFT, name
-        assert jsonschema.validators.validator_for(schema) is Draft7Validator, name
-        undeclared = {k: v for k, v in schema.items() if k != "$schema"}
-        assert jsonschema.validators.validator_for(undeclared) is jsonschema.validators.validator_for({}), name
-        verdicts = {repr(v): verdict(v, schema) for v in _PROBE_VALUES}
-        assert verdicts == {repr(v): verdict(v, undeclared) for v in _PROBE_VALUES}, name
-        assert True in verdicts.values() and False in verdicts.values(), name  # the probes reach both sides
-
-
 @pytest.mark.reliability
 @pytest.mark.parametrize("conf", [
     {"epochs": 0}, {"epochs": "ten"}, {"batch_size": -1}, {"learning_rate": 0},
@@ -391,33 +355,3 @@ def test_tfpipe_run_rejects_bad_parameters_before_a_run():
     assert proc.stdout == ""
     assert "rejected the run parameters" in proc.stderr and "epochs" in proc.stderr
     assert "Traceback" not in proc.stderr
-
-
-def test_tfpipe_operators_copy_the_dag_params_no_more_often_than_a_docker_operator(monkeypatch):
-    """Airflow's ``__init__`` wrapper deep-copies the DAG's Params once per class layer that defines
-    ``__init__``: the GCS and cleanup operators pay it as often as a plain ``DockerOperator``."""
-    import airflow.sdk.bases.operator as base
-    from airflow.providers.docker.operators.docker import DockerOperator
-    from airflow.sdk import DAG, Param
-
-    from tfpipe.config import RetentionConfig
-    from tfpipe.operators.gcs import GcsPublishOperator, GcsStageInOperator
-    from tfpipe.operators.retention import RetentionOperator
-
-    copies = []
-    real = base._get_parent_defaults
-    monkeypatch.setattr(base, "_get_parent_defaults", lambda dag, group: copies.append(1) or real(dag, group))
-
-    def copied(make) -> int:
-        copies.clear()
-        with DAG("copies", schedule=None, params={"epochs": Param(3, type="integer")}):
-            make()
-        return len(copies)
-
-    plain = copied(lambda: DockerOperator(task_id="plain", image="img:1", command=["true"]))
-    assert plain >= 1, "the counter saw nothing: this test would prove nothing"
-    common = dict(image=None, docker_url="unix://var/run/docker.sock")
-    assert copied(lambda: GcsStageInOperator(task_id="s", data_volume="/d", data_path="x", **common)) <= plain
-    assert copied(lambda: GcsPublishOperator(task_id="p", models_volume="/m", model_name="m", **common)) <= plain
-    assert copied(lambda: RetentionOperator(task_id="c", work_volume="/w", models_volume="/m", model_name="m",
-                                            retention=RetentionConfig(), **common)) <= plain

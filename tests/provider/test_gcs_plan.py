@@ -15,7 +15,7 @@ from tfpipe.config import PipelineConfig
 from tfpipe.exceptions import TfpipeConfigError
 from tfpipe.hooks.gcs import GcsAccessError, GcsUri, TfpipeGcsHook
 from tfpipe.exceptions import StageInError
-from tfpipe.gcs.plan import MANIFEST_NAME, changed_since, plan_layout, plan_sync
+from tfpipe.gcs.plan import MANIFEST_NAME, plan_layout, plan_sync
 from tfpipe.gcs.publish import version_uri
 from tfpipe.operators.gcs import GcsPublishOperator, GcsStageInOperator
 
@@ -131,12 +131,6 @@ def test_sync_plan_downloads_only_what_changed():
     # no manifest (first sync): everything is downloaded, nothing deleted
     first = plan_sync(objects, None, local)
     assert len(first.download) == len(objects) and first.delete == []
-    # what can be fetched before the directory is listed: what the manifest alone shows changed,
-    # never an object the listing may find intact, always inside the plan's downloads
-    early = changed_since(objects, manifest)
-    assert [o.rel for o in early] == ["changed.csv", "new.csv"]
-    assert {o.rel for o in early} <= {o.rel for o in plan.download}
-    assert len(changed_since(objects, None)) == len(objects)
 
 
 def test_objects_without_crc32c_are_compared_by_generation():
@@ -163,9 +157,6 @@ def test_objects_without_crc32c_are_compared_by_generation():
     assert sorted(o.rel for o in plan.download) == ["never-synced.csv", "new-generation.csv",
                                                    "no-generation-recorded.csv"]
     assert plan.delete == [] and plan.untracked == []
-    # before the directory is listed, the generation alone already shows what changed
-    assert [o.rel for o in changed_since(objects, manifest)] == ["never-synced.csv", "new-generation.csv",
-                                                                 "no-generation-recorded.csv"]
 
 
 # -- prep never reads the manifest ------------------------------------------------------------------

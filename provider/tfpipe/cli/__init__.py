@@ -1,19 +1,7 @@
 """tfpipe: run a training DAG through Airflow, and see or reproduce its runs.
 
-The ``tfpipe`` command (also ``python -m tfpipe.cli``), one module per sub-command.
-
-* ``tfpipe run DAG_ID [--conf JSON | --rerun RUN_ID] [-v]`` (:mod:`tfpipe.cli.run`) runs one DAG run
-  through Airflow's ``dag.test()``, shows its stages, training's epochs and the result on stderr
-  (Airflow's own log in a file it names; ``-v``: on stderr) and prints its summary as one JSON line.
-
-Seeing and reproducing a run (:mod:`tfpipe.cli.tensorboard`, :mod:`tfpipe.cli.shell`, built by :mod:`tfpipe.reproduce`):
-
-* ``tfpipe tensorboard DAG_ID RUN_ID|latest [--port 6006]`` serves the run's TensorBoard event
-  files from the trainer image on ``127.0.0.1:PORT`` and prints the URL;
-* ``tfpipe shell DAG_ID TASK_ID [--run RUN_ID|latest]`` opens a shell in a container set up as
-  that task's (image, mounts, user, environment with the run's ``TFPIPE_CONFIG``, working dir,
-  network), where ``python3 -m trainer <stage>`` reruns the stage. Private environment values
-  are left out. ``--print`` prints the ``docker run`` command instead.
+The ``tfpipe`` command (also ``python -m tfpipe.cli``): ``run`` (:mod:`tfpipe.cli.run`),
+``tensorboard`` (:mod:`tfpipe.cli.tensorboard`) and ``shell`` (:mod:`tfpipe.cli.shell`).
 """
 
 from __future__ import annotations
@@ -50,12 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``tfpipe`` command.
-
-    Called with ``argv`` (from Python), it returns the exit status. Called without (the ``tfpipe``
-    script, ``python -m tfpipe.cli``), it ends the process with that status once the command is done:
-    see :func:`end_process`.
-    """
+    """Entry point of the ``tfpipe`` command: returns the exit status when given ``argv``, else ends
+    the process with it (:func:`end_process`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.parser = parser
@@ -68,15 +52,10 @@ def main(argv: list[str] | None = None) -> int:
 def end_process(code: int) -> NoReturn:
     """Do what the interpreter does at exit up to its teardown, then end the process with ``code``.
 
-    After a ``tfpipe run`` the process holds Airflow, SQLAlchemy, the DAG and the task runner, some
-    700,000 objects: tearing them down one by one (module by module, with the garbage collector's
-    passes between) took 2-3 s after the summary line, an eighth of an 18 s run of the digits DAG, to
-    free memory the kernel frees at once. Everything before the teardown runs here, in the
-    interpreter's order: first ``threading``'s shutdown, which joins the threads that are not
-    daemons and stops the process pools of ``concurrent.futures`` (OpenLineage's listener keeps one
-    with a forked worker; ``multiprocessing``'s own exit handler joins that worker, and waits for it
-    forever unless the pool was stopped first), then the ``atexit`` handlers (logging's final flush,
-    ``weakref.finalize`` clean-ups, Airflow's ``dispose_orm``), then a flush of stdout and stderr.
+    Tearing down the objects of Airflow and the task runner one by one takes seconds to free memory
+    the kernel frees at once. The steps before it run in the interpreter's order: ``threading``'s
+    shutdown (it stops ``concurrent.futures`` pools, which ``multiprocessing``'s exit handler would
+    otherwise wait for forever), the ``atexit`` handlers, a flush of stdout and stderr.
     """
     import atexit
     import threading

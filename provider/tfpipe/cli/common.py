@@ -37,9 +37,7 @@ def load_dag(dag_id: str, dags_folder: str, *, for_test: bool = False):
 def skipped_by_safe_mode(dags_folder: str) -> str:
     """Why a DAG file of the user's may not have been read at all, and the fix ('' when none applies).
 
-    With ``[core] dag_discovery_safe_mode`` on (the default), Airflow opens only the Python files
-    whose text has both "airflow" and "dag" in it; a file that builds its DAG with
-    ``from tfpipe import training_pipeline`` alone has neither, and is skipped without a word.
+    Safe mode opens only files whose text names "airflow" and "dag"; a tfpipe-only file names neither.
     """
     from airflow.configuration import conf
     from airflow.utils.file import list_py_file_paths, might_contain_dag
@@ -77,11 +75,7 @@ def metadata_db_url() -> str:
 def check_metadata_db(*, create: bool) -> None:
     """Stop with the fix when the metadata DB has no Airflow tables; ``create``: make a SQLite one instead.
 
-    Without the check a shell whose ``AIRFLOW_HOME`` has never seen ``airflow db migrate`` ends in
-    ``sqlite3.OperationalError: no such table: dag``, which names neither the DB nor the fix. An empty
-    SQLite file (SQLite creates it on the first connection) is created with the log line below, as
-    ``airflow db migrate`` would; a server DB (PostgreSQL, MySQL) is never migrated behind its
-    operator's back, nor a SQLite DB that holds tables of something else.
+    A server DB, or a SQLite DB that holds other tables, is never migrated behind its operator's back.
     """
     from airflow import settings
     from sqlalchemy import inspect
@@ -118,9 +112,8 @@ def quiet_stdout(to: int | None = None):
     """Send whatever Airflow prints while loading DAGs or reading the DB (its log goes to stdout) to
     stderr, or to the file descriptor ``to``; nested, to where the enclosing one sends it.
 
-    It moves file descriptor 1 itself, not ``sys.stdout``: Airflow's log handlers keep the
-    ``sys.stdout`` object they found, and the task's C libraries and subprocesses write to the
-    descriptor.
+    It moves file descriptor 1, not ``sys.stdout``: log handlers keep the object they found, and C
+    libraries and subprocesses write to the descriptor.
     """
     target = _STDOUT_SINKS[-1] if to is None else to
     saved = os.dup(1)
@@ -194,9 +187,7 @@ def _instance_count(task: Any) -> int:
 def _unmapped(task: Any, map_index: int) -> Any:
     """Instance ``map_index`` of a mapped stage task as the operator its try runs.
 
-    tfpipe maps only over values fixed when the DAG is parsed (the shard indexes, and the engines
-    of ``shard_docker_urls``), so the instance is known without a run: its kwargs are resolved as
-    Airflow's task runner resolves them, for that map index.
+    tfpipe maps only over values fixed at parse time, so the instance is known without a run.
     """
     from types import SimpleNamespace
 

@@ -1,15 +1,7 @@
 """What ``tfpipe run`` shows on its terminal: the stages as they start and end, training's epochs, the result.
 
-Airflow's own log of the run (the DAG bag filling, the DAG written to the DB, the task runner's
-lines, the containers' output) goes to a file, :func:`airflow_log_path`, named at the start and at
-the end; ``tfpipe run -v`` prints it on stderr instead, as Airflow does. What this module shows
-comes from Airflow itself, not from that text: the stages from an Airflow listener (the task
-runner calls it in this process when ``dag.test()`` runs a task), the epochs from the task log
-events as Airflow's logging hands them on (a structlog processor and a :class:`logging.Filter`),
-where the train task logs its container's lines.
-
-On a terminal training shows as a progress bar (``rich``, which Airflow depends on); otherwise
-(a pipe, CI) one plain line per epoch.
+Airflow's own log goes to a file (:func:`airflow_log_path`; ``-v`` prints it). Stages come from an
+Airflow listener, epochs from the task log events; on a terminal a ``rich`` progress bar, else plain lines.
 """
 
 from __future__ import annotations
@@ -34,8 +26,7 @@ EPOCH_LINE = re.compile(r"\bepoch (?P<epoch>\d+)/(?P<epochs>\d+): loss (?P<loss>
 def airflow_log_path(dag_id: str) -> Path:
     """``$AIRFLOW_HOME/logs/tfpipe-run/<dag_id>/<UTC start>.log``: beside Airflow's own logs, one per run.
 
-    The home is found as Airflow finds it (``AIRFLOW_HOME``, else ``~/airflow``) without importing
-    Airflow: the file must take Airflow's output before Airflow's first import sets its logging up.
+    Found without importing Airflow: the file must take Airflow's output before its logging is set up.
     """
     home = Path(os.path.expanduser(os.environ.get("AIRFLOW_HOME") or "~/airflow"))
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")

@@ -1,8 +1,6 @@
 """``tfpipe shell DAG_ID TASK_ID [--run RUN_ID|latest] [--map-index N]``: a shell in a container set up as a task's.
 
-Image, mounts, user, environment with the run's ``TFPIPE_CONFIG``, working dir and network are
-the task's (:func:`tfpipe.reproduce.task_plan`), so ``python3 -m trainer <stage>`` inside reruns the
-stage. Private environment values are left out. ``--print`` prints the ``docker run`` command.
+``python3 -m trainer <stage>`` inside reruns the stage; private environment values are left out.
 """
 
 from __future__ import annotations

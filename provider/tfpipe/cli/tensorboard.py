@@ -1,8 +1,4 @@
-"""``tfpipe tensorboard DAG_ID RUN_ID|latest [--port 6006]``: TensorBoard on a run's event files.
-
-It runs TensorBoard from the trainer image on ``127.0.0.1:PORT`` with the run's event files
-mounted read-only, and prints the URL with the run selected.
-"""
+"""``tfpipe tensorboard DAG_ID RUN_ID|latest [--port 6006]``: TensorBoard from the trainer image on a run's event files."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Google Cloud Storage transfers, by concern.
-
-- :mod:`tfpipe.gcs.plan`: where a bucket's objects go and what a sync must do (pure);
-- :mod:`tfpipe.gcs.sync`: the stage-in sync, through helper containers on the Docker engine;
-- :mod:`tfpipe.gcs.publish`: uploading an exported version and its ``_COMPLETE`` marker.
-
-The operators that use them are in :mod:`tfpipe.operators.gcs`; the client and credentials in
-:mod:`tfpipe.hooks.gcs`.
+"""Google Cloud Storage transfers: :mod:`~tfpipe.gcs.plan` (pure), :mod:`~tfpipe.gcs.sync` (stage-in)
+and :mod:`~tfpipe.gcs.publish`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""Stage-in planning (pure): where a bucket's objects go under the data volume, and what a sync does.
-
-No I/O: every function takes listings and returns decisions, so unit tests call them directly.
-"""
+"""Stage-in planning (pure): where a bucket's objects go under the data volume, and what a sync does."""
 
 from __future__ import annotations
 
@@ -40,9 +37,8 @@ class RemoteObject:
 class Layout:
     """Where a source goes: ``target_dir`` (relative to the data volume) and each object's ``rel``.
 
-    ``single`` is set when the URI names one object that becomes the file ``data.path``; the
-    manifest is then ``.<file>.tfpipe-gcs-manifest.json`` beside it, so two files in one folder
-    keep two manifests.
+    ``single``: the URI names one object, the file ``data.path``; its manifest is then
+    ``.<file>.tfpipe-gcs-manifest.json`` beside it, so two files in one folder keep two.
     """
 
     target_dir: str
@@ -70,11 +66,9 @@ def check_object_path(name: str, rel: str) -> None:
 def plan_layout(uri: GcsUri, blobs: Iterable[Any], data_path: str) -> Layout:
     """Decide where the listed objects go under the data volume.
 
-    - ``uri`` names one object exactly (``gs://b/raw/digits.csv``): it becomes the file
-      ``data_path`` (or ``data_path/<its name>`` when ``data_path`` ends with ``/``);
-    - otherwise ``uri`` is a folder: every object below ``<prefix>/`` is laid out below
-      ``data_path`` by its name relative to the prefix. Folder placeholders (names ending in
-      ``/``) are skipped.
+    A ``uri`` naming one object exactly becomes the file ``data_path`` (``data_path/<its name>`` when
+    ``data_path`` ends with ``/``); a folder ``uri`` lays every object below ``<prefix>/`` out below
+    ``data_path`` by its relative name, skipping folder placeholders.
     """
     blobs = list(blobs)
     path = data_path.strip()
@@ -144,12 +138,3 @@ def plan_sync(objects: Mapping[str, RemoteObject], manifest: Mapping[str, Any] |
     plan.untracked = sorted(rel for rel in local if rel not in objects and rel not in entries)
     return plan
 
-
-def changed_since(objects: Mapping[str, RemoteObject], manifest: Mapping[str, Any] | None) -> list[RemoteObject]:
-    """The objects a sync downloads whatever the target directory holds, sorted by ``rel``.
-
-    Those the last sync's manifest lacks or records with other content or size: always a subset of
-    :func:`plan_sync`'s downloads for that manifest, so they can be fetched before the directory is listed.
-    """
-    entries = (manifest or {}).get("objects") or {}
-    return plan_sync(objects, manifest, {rel: entry.get("size") for rel, entry in entries.items()}).download

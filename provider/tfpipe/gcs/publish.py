@@ -1,8 +1,7 @@
 """Publishing an exported version to ``gs://bucket/prefix/<model_name>/<version>/``.
 
-Uploads skip objects already there intact, stray objects of a crashed try are deleted, and the
-``_COMPLETE`` marker (file list with CRC32Cs) is written last, so readers never see a partial
-version and a retry completes an interrupted one. Published versions are immutable.
+Intact objects are skipped, strays of a crashed try deleted, and the ``_COMPLETE`` marker written
+last, so readers never see a partial version and a retry completes an interrupted one.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import os
 import shutil
 import tarfile
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -68,11 +67,9 @@ def publish_version(hook: TfpipeGcsHook, dest: GcsUri, files: list[LocalFile], *
                     log: logging.Logger = LOG) -> dict[str, Any]:
     """Upload ``files`` to the version folder ``dest``, then its ``_COMPLETE`` marker, idempotently.
 
-    Objects already there with the same CRC32C and size are skipped, objects that differ are
-    replaced, objects that do not belong to the version are deleted, and the marker (file list
-    with CRC32Cs, plus ``info``) is written last, only when every file is in place. A complete
-    version with the same files is left alone; one with other files raises
-    :class:`PublishConflictError`. ``on_uploaded(file, done, total)`` is called after each upload.
+    Intact objects are skipped, others replaced, strays deleted, the marker written last. A complete
+    version with other files raises :class:`PublishConflictError`. ``on_uploaded(file, done, total)``
+    is called after each upload.
     """
     if any(f.rel == MARKER_NAME for f in files):
         raise PublishConflictError(f"the export contains a file named {MARKER_NAME}, the completion marker's name. "
@@ -110,7 +107,7 @@ def publish_version(hook: TfpipeGcsHook, dest: GcsUri, files: list[LocalFile], *
         with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(todo)))) as pool:
             futures = [pool.submit(upload, f) for f in todo]
             try:
-                for fut in _as_completed(futures):
+                for fut in as_completed(futures):
                     f = fut.result()
                     done_files += 1
                     done_bytes += f.size
@@ -156,12 +153,6 @@ def publish_version(hook: TfpipeGcsHook, dest: GcsUri, files: list[LocalFile], *
     return {"uri": str(dest), "files": len(files), "uploaded": len(todo), "skipped": skipped,
             "bytes_uploaded": total_bytes, "deleted_stray": len(stray), "marker_crc32c": crc32c_of_bytes(body),
             "already_published": False}
-
-
-def _as_completed(futures: list[Any]) -> Iterable[Any]:
-    from concurrent.futures import as_completed
-
-    return as_completed(futures)
 
 
 def _already_published(hook: TfpipeGcsHook, bucket: Any, dest: GcsUri, marker_blob: Any, expected: Mapping[str, str],

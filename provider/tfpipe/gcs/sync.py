@@ -1,12 +1,9 @@
 """The stage-in sync: ``gs://bucket/prefix`` into the data volume, through the Docker engine.
 
-The worker lists the source and lays it out (:mod:`tfpipe.gcs.plan`). A helper container lists
-the target directory on the engine (making it), the sync plan is made from that listing and the
-last sync's manifest, and the files of objects the bucket lost are deleted. Meanwhile the objects
-the last manifest shows changed download on the worker, with the library's
-``transfer_manager.download_many_to_path`` (threads), into a temporary directory; the others the
-plan wants follow. Then one tar stream carries the downloads into the volume, the new manifest last,
-so an interrupted sync never passes for a complete one.
+A helper container lists the target directory, the plan comes from that listing and the last
+manifest, and the files of deleted objects go. The downloads then land in a temporary directory and
+one tar stream carries them into the volume with the new manifest last, so an interrupted sync never
+passes for a complete one.
 """
 
 from __future__ import annotations
@@ -19,15 +16,13 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from tfpipe.exceptions import StageInError
 from tfpipe.gcs import Progress, megabytes
-from tfpipe.gcs.plan import (MANIFEST_NAME, MANIFEST_SCHEMA, Layout, RemoteObject, SyncPlan, changed_since,
-                             plan_layout, plan_sync)
+from tfpipe.gcs.plan import MANIFEST_NAME, MANIFEST_SCHEMA, Layout, RemoteObject, SyncPlan, plan_layout, plan_sync
 from tfpipe.hooks.docker import VolumeHelper, tar_bytes
 from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook, list_objects
 
@@ -39,11 +34,7 @@ PIECE_BYTES = 4 * 1024 * 1024
 
 def stage_in(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, data_path: str, *, user: str = "1000:1000",
              max_workers: int = 8, log: logging.Logger = LOG) -> dict[str, Any]:
-    """Sync ``uri`` to ``data_path`` in the volume of ``helper`` (mounted at ``helper.mount_point``).
-
-    Returns counts for XCom (no credentials). See :func:`~tfpipe.gcs.plan.plan_layout` and
-    :func:`~tfpipe.gcs.plan.plan_sync`.
-    """
+    """Sync ``uri`` to ``data_path`` in the volume of ``helper``; return counts for XCom."""
     blobs = list_objects(hook, uri, action="listing the source")
     layout = plan_layout(uri, blobs, data_path)
     if not layout.objects:
@@ -61,20 +52,10 @@ def stage_in(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, data_path: 
     total_bytes = sum(o.size for o in layout.objects.values())
     prefix = _name_prefix(uri, layout)
 
-    with tempfile.TemporaryDirectory(prefix="tfpipe-stage-in-") as tmp, \
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfpipe-survey") as pool:
-        # The survey is a helper container (about a second): it runs while the objects that the last
-        # manifest shows changed download, since the sync downloads those whatever the directory holds.
-        survey_future = pool.submit(_survey, helper, uri, layout, root, where, uid, gid, log)
-        early = changed_since(layout.objects, _read_manifest(helper, root, layout.manifest_name))
-        try:
-            _download(hook, uri, prefix, early, tmp, max_workers, log)
-        finally:
-            survey = survey_future.result()  # its error (e.g. the data path is a file) comes first
-        taken = {o.rel for o in early}
-        rest = [o for o in survey.plan.download if o.rel not in taken]
-        _download(hook, uri, prefix, rest, tmp, max_workers, log)
-        fetched = sorted(early + rest, key=lambda o: o.rel)
+    survey = _survey(helper, uri, layout, root, where, uid, gid, log)
+    fetched = survey.plan.download
+    with tempfile.TemporaryDirectory(prefix="tfpipe-stage-in-") as tmp:
+        _download(hook, uri, prefix, fetched, tmp, max_workers, log)
         manifest_tar = _new_manifest(uri, layout, survey.listing, uid, gid)
         if fetched:
             files = {o.rel: os.path.join(tmp, o.name[len(prefix):]) for o in fetched}
@@ -137,20 +118,6 @@ def _survey(helper: VolumeHelper, uri: GcsUri, layout: Layout, root: str, where:
     return _Survey(listing, plan, set(listing.get("dirs") or []), uid, gid)
 
 
-def _read_manifest(helper: VolumeHelper, root: str, name: str) -> dict[str, Any] | None:
-    """The last sync's manifest, read through the engine's archive API; None when absent or unreadable.
-
-    Only a head start: the survey's listing is what the plan is made from.
-    """
-    from docker.errors import DockerException
-
-    try:
-        raw = helper.read_file(f"{root}/{name}")
-        return json.loads(raw) if raw else None
-    except (DockerException, ValueError):  # e.g. the data path is a file: the survey says so
-        return None
-
-
 def _new_manifest(uri: GcsUri, layout: Layout, listing: dict[str, Any], uid: int, gid: int) -> bytes | None:
     """The sync's manifest as a tar archive of that one file, or ``None`` when the target directory's
     (in ``listing``) already says the same."""
@@ -173,13 +140,9 @@ def _name_prefix(uri: GcsUri, layout: Layout) -> str:
 
 def _download(hook: TfpipeGcsHook, uri: GcsUri, prefix: str, objects: list[RemoteObject], tmp: str,
               max_workers: int, log: logging.Logger) -> None:
-    """Download ``objects`` (CRC32C-checked) to ``tmp/<name less prefix>`` with
-    ``transfer_manager.download_many_to_path`` in ``max_workers`` threads; raise the first failure as
-    the hook's error (it names the object and the fix).
-
-    The library downloads each name's live generation. An object replaced since the listing comes
-    down whole and checked, but newer than the manifest says: the next sync finds its CRC32C
-    differs from the manifest's and downloads it again.
+    """Download ``objects`` (CRC32C-checked) to ``tmp/<name less prefix>`` in ``max_workers`` threads;
+    raise the first failure as the hook's error. An object replaced since the listing comes down
+    newer than the manifest says; the next sync sees its CRC32C differ and downloads it again.
     """
     from google.cloud.storage import transfer_manager
 
@@ -189,8 +152,7 @@ def _download(hook: TfpipeGcsHook, uri: GcsUri, prefix: str, objects: list[Remot
     size = megabytes(sum(o.size for o in objects))
     workers = max(1, min(max_workers, len(objects)))
     log.info("downloading %d object(s), %s, in %d threads", len(objects), size, workers)
-    # Threads, not the library's default processes: those would each need a client made from
-    # pickled credentials, and a Celery task process (daemonic) may not start any.
+    # Threads, not the library's default processes: a Celery task process (daemonic) may not start any.
     results = transfer_manager.download_many_to_path(
         hook.get_conn().bucket(uri.bucket), [o.name[len(prefix):] for o in objects], destination_directory=tmp,
         blob_name_prefix=prefix, download_kwargs={"checksum": "crc32c"}, worker_type=transfer_manager.THREAD,

@@ -1,22 +1,7 @@
 """tfpipe's housekeeping on a Docker engine, as a subclass of Airflow's ``DockerHook``.
 
-The Airflow worker and the Docker engine may be on different hosts, so the worker never opens a
-volume's host directory itself: everything it does to the engine's disks goes through short-lived
-helper containers of the trainer image. :class:`TfpipeDockerHook` is the one place that does that
-and the rest of the engine housekeeping, for the stage operators, the volume preparation and the
-Google Cloud Storage transfers alike:
-
-- :meth:`TfpipeDockerHook.ping_or_raise` and :meth:`~TfpipeDockerHook.require_api`: is the
-  engine there, and does it speak the API a feature needs (GPU device requests need 1.40);
-- :meth:`TfpipeDockerHook.remove_labelled`: remove the containers an earlier try left (a worker
-  killed with SIGKILL never ran ``on_kill``), found by their ``tfpipe.*`` labels or their name;
-- :meth:`TfpipeDockerHook.run_helper`: run one helper container as root with no network, with
-  a payload file in and a result file out (the engine's archive API);
-- :meth:`TfpipeDockerHook.volume`: a :class:`VolumeHelper` for one host directory, which streams
-  tar archives in and out (``put_archive`` / ``get_archive``) and runs the programs of
-  :mod:`trainer.volume_ops` next to the files.
-
-Every helper carries ``tfpipe.*`` labels and a ``tfpipe.role`` and is removed when done.
+The worker and the engine may be on different hosts, so everything done to the engine's disks goes
+through short-lived, labelled helper containers of the trainer image, removed when done.
 """
 
 from __future__ import annotations
@@ -83,11 +68,7 @@ class TfpipeDockerHook(DockerHook):
 
     @classmethod
     def for_deployment(cls, docker_url: str = DEFAULT_DOCKER_URL) -> TfpipeDockerHook:
-        """A hook on ``docker_url``; the local default means the deployment's engine and TLS files
-        (``[tfpipe]`` settings, :class:`tfpipe.engine_settings.EngineSettings`), as the stage operators use.
-
-        Bad ``[tfpipe]`` settings raise :class:`~tfpipe.exceptions.TfpipeConfigError`.
-        """
+        """A hook on ``docker_url``; the local default means the deployment's ``[tfpipe]`` engine and TLS files."""
         tls = None
         if docker_url == DEFAULT_DOCKER_URL:
             engine = EngineSettings.from_airflow_config()
@@ -97,13 +78,8 @@ class TfpipeDockerHook(DockerHook):
     # -- the engine ------------------------------------------------------------------------------
 
     def ping_or_raise(self, what: str = "") -> Any:
-        """The engine's API client once it answered.
-
-        If it did not: :class:`DockerEngineUnreachableError` (retryable: the engine may be
-        restarting) or :class:`DockerEngineRefusedError` (TLS refused: no retry helps), with the
-        real cause, which ``DockerHook`` only logs (:func:`tfpipe.engine_settings.diagnose`). ``what``
-        prefixes the message (the stage).
-        """
+        """The engine's API client once it answered; else :class:`DockerEngineUnreachableError`
+        (retried) or :class:`DockerEngineRefusedError` (TLS refused), naming the real cause."""
         try:
             reused = "api_client" in self.__dict__  # DockerHook pings a client it creates: not twice
             cli = self.api_client
@@ -154,9 +130,7 @@ class TfpipeDockerHook(DockerHook):
                       labels: Mapping[str, str], role: str) -> str:
         """Create (not start) a helper container: root, no network, no entrypoint; return its id.
 
-        ``binds`` uses docker-py's form (``{host_path: {"bind": target, "mode": "rw"}}``); unlike
-        mounts, binds make the engine create a missing source directory, so a fresh host needs no
-        set-up.
+        Binds, not mounts: the engine creates a missing source directory, so a fresh host needs no set-up.
         """
         cli = self.api_client
         host_config = cli.create_host_config(binds=dict(binds), network_mode="none", auto_remove=False)
@@ -209,8 +183,7 @@ class TfpipeDockerHook(DockerHook):
 class VolumeHelper:
     """Files into and out of one host directory on the engine, mounted at ``mount_point``.
 
-    Use as a context manager: the archive container (created, never started: the engine mounts
-    its binds for archive operations) is created on first use and removed on leaving.
+    Use as a context manager: the archive container (created, never started) is removed on leaving.
 
     :param hook: the engine's :class:`TfpipeDockerHook`.
     :param image: the trainer image (it has ``python3``; no other image needs pulling).
@@ -285,10 +258,7 @@ class VolumeHelper:
     def run_program(self, program: str, payload: Mapping[str, Any], *, timeout: int = 600) -> Any:
         """Run ``python3 -m trainer.volume_ops <program>`` next to the files; return its result.
 
-        The programs live in the trainer package (:mod:`trainer.volume_ops`: standard library,
-        Python 3.8), so the image that runs them is the one that tests them. Payload and result
-        travel as files in the container, not as arguments or logs, so their size is not limited
-        and any logging driver works.
+        Payload and result travel as files, so their size is not limited and any logging driver works.
         """
         return self.hook.run_helper(
             image=self.image, command=["python3", "-m", "trainer.volume_ops", program, HELPER_IN, HELPER_OUT],

@@ -1,23 +1,10 @@
 """Google Cloud Storage for tfpipe: ``gs://`` URIs, credentials and a ``google-cloud-storage`` client.
 
-This uses the ``google-cloud-storage`` client directly (``pip install 'airflow-provider-tfpipe[gcs]'``),
-not the Google Airflow provider. Credentials come from the Airflow connection ``gcp_conn_id``
-(default ``google_cloud_default``), of conn type ``google_cloud_platform`` or a generic one:
-
-- extra ``key_path`` (or ``keyfile_path``): path of a JSON key file **on the worker**, or
-- extra ``keyfile_dict`` (or ``key_json``): the JSON key itself, as a string or an object;
-- extra ``project`` (or ``project_id``): optional project;
-- every name may also carry the ``extra__google_cloud_platform__`` prefix.
-
-Keys of type ``service_account`` and ``authorized_user`` are accepted. Without a key, or without
-the connection, Application Default Credentials (ADC) are used. With ``STORAGE_EMULATOR_HOST``
-set and no key, the client talks to that emulator anonymously (project ``test``).
-
-The key is registered with Airflow's secrets masker, and never logged, rendered in the UI, put
-into XCom or handed to a container: every transfer runs on the worker. Failures that a retry
-cannot fix (no or rejected credentials, no permission, a missing bucket) raise
-:class:`GcsAccessError`, an ``AirflowFailException``; transient ones raise
-:class:`GcsTransferError`, which Airflow retries.
+Credentials come from the Airflow connection ``gcp_conn_id`` (extra ``key_path``/``keyfile_path``, or
+``keyfile_dict``/``key_json``; ``project``/``project_id``; with or without the
+``extra__google_cloud_platform__`` prefix), else Application Default Credentials, or anonymous against
+``STORAGE_EMULATOR_HOST``. Keys are masked and never leave the worker. Failures a retry cannot fix raise
+:class:`GcsAccessError`; transient ones :class:`GcsTransferError`.
 """
 
 from __future__ import annotations
@@ -113,9 +100,7 @@ def _short(err: BaseException, limit: int = 300) -> str:
 
 
 class TfpipeGcsHook(BaseHook):
-    """A ``google.cloud.storage.Client`` with credentials from an Airflow connection or ADC.
-
-    Nothing happens at construction; credentials are resolved by :meth:`get_conn`.
+    """A ``google.cloud.storage.Client`` with credentials from an Airflow connection or ADC, resolved by :meth:`get_conn`.
 
     :param gcp_conn_id: the Airflow connection; a missing one means Application Default
         Credentials (or anonymous against ``STORAGE_EMULATOR_HOST``).
@@ -377,12 +362,8 @@ def _certificate_reason(err: BaseException) -> str:
 
 
 def _listing_retry() -> Any:
-    """google-cloud-storage's default retry, less a refused certificate, which it would retry for
-    two minutes before any error reached the task.
-
-    The transient errors are those of Cloud Storage's retry strategy (429, 408, 5xx, connection
-    resets and timeouts), named here because the library keeps its own predicate private.
-    """
+    """google-cloud-storage's default retry, less a refused certificate (which it would retry for two
+    minutes); the library keeps its own predicate private, so the transient errors are named here."""
     import http.client
 
     import requests
@@ -408,27 +389,12 @@ def _listing_retry() -> Any:
 
 
 def settle_environment(client: Any) -> Any:
-    """Have ``client`` (a ``google.cloud.storage.Client``) read the environment's HTTP settings once.
+    """Fix ``client``'s HTTP settings (proxies, CA bundle) from the environment, without ``~/.netrc``, and
+    switch off its bucket-metadata reads unless the library's traces are on; returns ``client``.
 
-    A ``requests`` session that trusts the environment looks up the proxy variables (walking all
-    of ``os.environ``) and ``~/.netrc`` again for every request: measured 0.23 ms per request with
-    35 environment variables and 0.73 ms with 135 (an Airflow worker's environment is long), against
-    about 2.4 ms of client CPU time per 400 kB object downloaded. Here the proxies (``no_proxy`` applied) and the CA
-    bundle (``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``) the environment sets for the storage
-    endpoint are taken once and kept on the session. ``~/.netrc`` is not read: the only
-    authorization Cloud Storage takes is the credentials' token header, which a netrc entry for
-    the host would replace. Token refreshes use a session of their own and are unchanged.
-
-    The client's bucket-metadata cache is switched off unless the library's OpenTelemetry traces
-    are on (``ENABLE_GCS_PYTHON_CLIENT_OTEL_TRACES``). On a client's first use of a bucket,
-    google-cloud-storage starts a thread that reads the bucket's metadata (a ``GET`` of the bucket,
-    retried for up to two minutes on network errors), only to label trace spans. Without traces
-    nothing reads that label. The read is one more request per client. It also needs
-    ``storage.buckets.get``, which a key that may only read objects lacks.
-    Returns ``client``.
-
-    The library offers no public setting for either, so this sets the client's session and cache
-    attributes.
+    A netrc entry for the storage host would replace the credentials' token header. The metadata
+    read only labels trace spans and needs ``storage.buckets.get``, which a read-only key lacks. The
+    library has no public setting for either.
     """
     session = client._http
     merged = session.merge_environment_settings(client._connection.get_api_base_url_for_mtls(), {}, None, None, None)
@@ -450,10 +416,7 @@ def _storage_traces_on() -> bool:
 
 def list_objects(hook: TfpipeGcsHook, uri: GcsUri, *, prefix: str | None = None, match_glob: str | None = None,
                  action: str = "listing") -> list[Any]:
-    """Every object (blob) under ``prefix`` (default: ``uri.prefix``) of ``uri``'s bucket.
-
-    A missing bucket raises :class:`GcsAccessError`.
-    """
+    """Every object under ``prefix`` (default: ``uri.prefix``) of ``uri``'s bucket; no bucket: :class:`GcsAccessError`."""
     client = hook.get_conn()
     with hook.errors(f"{action} {uri}", uri, missing="bucket"):
         kwargs: dict[str, Any] = {"prefix": uri.prefix if prefix is None else prefix, "retry": _listing_retry()}

@@ -1,12 +1,5 @@
-"""Operators of the tfpipe provider, one module per backend or concern.
-
-- :mod:`tfpipe.operators.docker`: the stage operators (``PrepOperator``, ``TrainOperator``,
-  ``EvaluateOperator``, ``ExportOperator``, and sharded prep's ``PrepShardOperator`` and
-  ``PrepMergeOperator``) on a Docker engine;
-- :mod:`tfpipe.operators.gcs`: Google Cloud Storage stage-in and publish.
-
-The stage operators are importable from here too (``from tfpipe.operators import TrainOperator``),
-lazily, so importing one module does not import the others.
+"""Operators of the tfpipe provider: :mod:`tfpipe.operators.docker` (the stage operators) and
+:mod:`tfpipe.operators.gcs` (Cloud Storage stage-in and publish). The stage operators import from here lazily.
 """
 
 from __future__ import annotations

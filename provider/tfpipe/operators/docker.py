@@ -1,34 +1,12 @@
 """The Docker backend: one thin ``DockerOperator`` subclass per pipeline stage, built from a
-:class:`~tfpipe.specs.StageSpec` (sharded prep's ``prep_shard`` and ``prep_merge`` included).
+:class:`~tfpipe.specs.StageSpec`.
 
-Construction only stores the spec and hands Docker's arguments to ``DockerOperator`` (no I/O:
-DAG files parse fast and offline). ``execute()`` then, against the Docker engine at ``docker_url``:
-
-1. resolves the image (the spec's, else the Airflow Variable ``tfpipe_image``: :mod:`tfpipe.settings`)
-   and this try (:func:`tfpipe.tries.resolve_try`: config with the run's overrides and identity,
-   GPUs, container name and labels), and has the engine's
-   :class:`~tfpipe.hooks.docker.TfpipeDockerHook` check the engine;
-2. **re-attaches** to the container of an earlier try of the same task when it still runs (its id
-   is kept in ``task_state_store`` by Airflow 3.3's ``ResumableJobMixin``): a worker that died
-   does not cost the training it was watching. Otherwise:
-3. removes any leftover container of an earlier try of the same task (a worker killed with
-   SIGKILL never ran ``on_kill``: two containers must never write one checkpoint directory);
-4. creates and starts the stage container (deterministic name, ``tfpipe.*`` labels, non-root
-   user, GPUs) and records its id;
-5. follows its output, waits for its exit, maps the exit code through the contract
-   (:mod:`tfpipe.operators.exits`) and returns the stage's JSON result through XCom.
-
-The directories a stage writes must be writable by its user. The stage checks that itself, in its
-own container before it starts (:mod:`trainer.workdirs`: a few ``stat`` calls, no request to the
-engine, and the worker may not see the engine's disks anyway), and exits 13 when one is not. Only
-then does a short root container prepare them, for every stage of the run at once, and the stage
-starts again, once. So only the first stage of the first run pays for one: it also hands the DAG's
-runs directory to the stage's user, so later runs' stages make their run directory themselves. On
-a fresh engine host, where the volume directories do not exist yet, the engine refuses to create
-the stage container, and the helper runs before it.
-
-On Airflow < 3.3 the ``common.compat`` stand-in of the mixin has no ``task_state_store``: every
-try starts a new container (step 3 on), resuming from the newest checkpoint.
+Construction stores the spec (no I/O). ``execute()`` resolves the image and this try, re-attaches to
+an earlier try's container that still runs (its id kept in ``task_state_store`` by Airflow 3.3's
+``ResumableJobMixin``), else removes leftovers of earlier tries and starts a new container, then maps
+its exit code through the contract and returns the stage's JSON result. A stage that finds a
+directory it writes not ready for its user exits 13; a short root helper then prepares the run's
+directories and the stage starts again, once.
 """
 
 from __future__ import annotations
@@ -50,10 +28,7 @@ from tfpipe.specs import (
     stage_spec,
 )
 
-# What only a running task needs (the engine's hook, lineage, metrics, exit mapping, the image
-# Variable, the exceptions a run raises) is imported in execute(): DAG files are parsed far more
-# often than tasks run.
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # task-time modules, imported in execute()
     from tfpipe.hooks.docker import TfpipeDockerHook
     from tfpipe.tries import TryPlan
 
@@ -72,59 +47,42 @@ def docker_mount(mount: MountSpec) -> Any:
     return Mount(target=mount.target, source=mount.source, type="bind", read_only=mount.read_only)
 
 
-def device_requests(gpus: GpuRequest | None) -> list | None:
-    """The docker-py ``DeviceRequest`` list of a GPU request (engine API >= 1.40)."""
-    return gpus.to_docker() if gpus else None
-
-
 class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
     """Run one tfpipe stage (``python3 -m trainer <stage>``) in the trainer image.
 
-    Built from a :class:`~tfpipe.specs.StageSpec` (:func:`tfpipe.dag_factory.training_pipeline`
-    passes ``spec``); used on its own, it builds the spec from the arguments below with
-    :func:`tfpipe.specs.stage_spec`, validated as a pipeline config is.
+    Built from a :class:`~tfpipe.specs.StageSpec`; used on its own, it builds the spec from the
+    arguments below with :func:`tfpipe.specs.stage_spec`, validated as a pipeline config is.
 
     :param spec: the stage's spec; when given, the spec arguments below must be left out.
     :param docker_url: the Docker engine, local or remote.
-    :param prepare_volumes: make the directories the stage writes ready for its user when the stage
-        finds they are not (a short root helper container on the engine, then the stage once more);
-        off, such a stage fails without retrying.
+    :param prepare_volumes: when the stage finds a directory it writes not ready for its user, prepare
+        them from a root helper container and run the stage once more; off, such a stage fails.
     :param image: the trainer image, pinned by version tag or digest; ``None`` = the Airflow
         Variable ``tfpipe_image``, read when the task runs.
-    :param stage_config: the stage config template (see :func:`tfpipe.specs.config_template`);
-        run identity and container paths are added for each try.
-    :param volumes: host directories on the Docker engine's host: ``data`` (read-only),
-        ``work`` and ``models`` (read-write). A :class:`~tfpipe.config.VolumesConfig` or mapping.
-    :param gpus: ``None``, ``"all"``, a count, or a list of device ids (Docker ``DeviceRequest``s).
-        Not templated: the templater would flatten the request objects. A ``gpus`` Param of
-        the run overrides it.
-    :param gpu_fallback: ``"fail"`` (default) or ``"cpu"``: what to do when GPUs are requested
-        but the engine has no NVIDIA runtime.
-    :param gpu_stage: whether a run's ``gpus`` Param applies to this task (default: train and
-        evaluate); prep and export read and write files and need no GPU.
+    :param stage_config: the stage config template (see :func:`tfpipe.specs.config_template`).
+    :param volumes: host directories on the engine's host: ``data`` (read-only), ``work`` and
+        ``models``; a :class:`~tfpipe.config.VolumesConfig` or mapping.
+    :param gpus: ``None``, ``"all"``, a count, or a list of device ids; a run's ``gpus`` Param overrides it.
+    :param gpu_fallback: ``"fail"`` or ``"cpu"`` when GPUs are requested but the engine has no NVIDIA runtime.
+    :param gpu_stage: whether a run's ``gpus`` Param applies to this task (default: train and evaluate).
     :param allow_floating_tag: accept an unpinned image such as ``:latest`` (also the Variable's).
-    :param user: ``uid:gid`` the stage runs as; non-root so files on mounts belong to the user.
+    :param user: ``uid:gid`` the stage runs as (non-root, so files on mounts belong to the user).
     :param shm_size: ``/dev/shm`` size, e.g. ``"1g"`` (tf.data needs more than Docker's 64 MB).
     :param mem_limit: memory limit, e.g. ``"8g"``; an out-of-memory kill is reported as such.
     :param network_mode: Docker network; ``"none"`` cuts the stage off the network.
     :param environment: extra environment variables (templated).
     :param private_environment: secrets for the container; never rendered or logged.
-    :param kwargs: passed on to ``ResumableJobMixin`` (``durable``: ``False`` starts a new container
-        on every try instead of re-attaching to the one an earlier try started; below Airflow 3.3
-        every try starts a new container, and a given value only warns that it has no effect), to
-        ``DockerOperator`` (``extra_hosts``, ``dns``, ...) and to ``BaseOperator`` (``task_id``,
-        ``retries``, ``pool``, ...); each of them also takes its own from ``default_args``.
+    :param cpus: CPU limit (Docker's ``--cpus``); ``None`` = no limit.
+    :param timezone: the container's ``TZ``.
+    :param jemalloc: preload jemalloc in place of glibc malloc.
+    :param kwargs: passed on to ``ResumableJobMixin`` (``durable=False``: a new container on every
+        try), ``DockerOperator`` and ``BaseOperator``; each also takes its own from ``default_args``.
     """
 
     stage: ClassVar[str] = ""
-    #: The slice of the input a prep_shard task prepares (:class:`PrepShardOperator`); None elsewhere.
-    shard_index: int | None = None
-    #: Whether docker_url came from the pipeline's ``shard_docker_urls`` (a ``prep_shard`` task
-    #: only): a ``tcp://`` one then presents the deployment's TLS files
-    #: (see :meth:`tfpipe.engine_settings.EngineSettings.apply_to`).
+    shard_index: int | None = None  # see PrepShardOperator
     engine_from_shard_list: bool = False
-    #: task_state_store key of the stage container's id. Renaming it breaks re-attaching for tries
-    #: already in flight when a new version is deployed.
+    #: task_state_store key of the container id; renaming it breaks re-attaching for tries in flight.
     external_id_key = "tfpipe_container_id"
     template_fields = tuple(f for f in DockerOperator.template_fields if f not in ("container_name", "mounts"))
     ui_color = "#fbe9d0"
@@ -281,7 +239,7 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         # Provenance for metadata.json: the image's ID and repo digest as this engine knows them.
         plan.config["run"].update(image_identity(self.image, self._ensure_image()))
         self.environment = {**self.environment, contract.CONFIG_ENV: contract.dumps(plan.config)}
-        self.device_requests = device_requests(plan.gpus)
+        self.device_requests = plan.gpus.to_docker() if plan.gpus else None
         if plan.gpus:
             self.log.info("requesting %s for %s", plan.gpus.describe(), self.stage)
         self.container = self._start_with_gpu_fallback(plan.gpus)
@@ -314,11 +272,7 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         return status == "exited:0"
 
     def poll_until_complete(self, external_id: Any, context: Any) -> dict[str, Any]:
-        """Follow the container's output until it exits, map its exit code, return its result.
-
-        A container started by this try is followed from its first line; one re-attached to is
-        followed from now (its earlier output is in the earlier try's log).
-        """
+        """Follow the container's output (a re-attached one from now) until it exits; map its exit code."""
         cid = str(external_id)
         fresh = getattr(self, "_fresh", False)
         self.container = {"Id": cid}
@@ -496,11 +450,7 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
     # -- engine housekeeping (the hook does it) ------------------------------------------------
 
     def _remove_leftovers_of(self, plan: TryPlan, keep: str | None = None) -> None:
-        """Stop and remove containers left by earlier tries of this task (found by labels and name).
-
-        ``keep``: the id of the container this try re-attached to; every other one goes (a shell
-        opened on the task, a container a lost try created but never recorded).
-        """
+        """Stop and remove containers left by earlier tries of this task (by labels and name), except ``keep``."""
         identity = {k: v for k, v in plan.labels.items() if not k.endswith(("try_number", "stage"))}
         self.hook.remove_labelled(identity, name=plan.name, keep=keep, log=self.log)
 
@@ -523,9 +473,8 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
             labels=self.labels or {}, role=PREPARE_ROLE, where="the work and models volumes")
 
     def _prepare_and_start_again(self, context: Any) -> dict[str, Any]:
-        """The stage found a directory it writes not ready for its user (exit 13, before it wrote
-        anything): prepare every directory of the run, then run the stage in a new container, once
-        (a second exit 13 fails the task, with the stage's own message)."""
+        """After exit 13 (a directory not ready for the stage's user): prepare the run's directories and
+        run the stage once more (a second exit 13 fails the task)."""
         self._remove_container()
         self.log.info("%s: a directory it writes is not ready for %s: preparing the run's directories on the "
                       "engine's host, then starting the stage again", self.stage, self.user or "root")

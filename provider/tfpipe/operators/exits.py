@@ -1,10 +1,5 @@
-"""The exit-code contract on the Airflow side, shared by every backend.
-
-A stage container (or pod) ends with an exit code (:class:`tfpipe.contract.ExitCode`); this turns
-a non-zero one into what Airflow should do: skip the downstream export when the candidate was
-not blessed, fail without retrying when retrying cannot help (bad input, diverged training), and
-fail *with* retries otherwise (a crash, a kill, the out-of-memory killer), after which training
-resumes from its checkpoints. The Docker and Kubernetes operators both call :func:`raise_for_exit`.
+"""The exit-code contract on the Airflow side, shared by every backend: :func:`raise_for_exit` skips
+export when not blessed, fails without retry when retrying cannot help, and retries otherwise.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """Google Cloud Storage operators: stage raw data in before prep, publish blessed models after export.
 
-Both do the Cloud Storage side **on the worker** (``google-cloud-storage``, credentials from
-:class:`~tfpipe.hooks.gcs.TfpipeGcsHook`) and move files into and out of the volumes **through
-the Docker engine** (:class:`~tfpipe.hooks.docker.TfpipeDockerHook`), because the engine's host may
-not be the worker's. Credentials never enter a container.
-
-- :class:`GcsStageInOperator` syncs ``gs://bucket/prefix`` to ``<data volume>/<data path>``
-  (:func:`tfpipe.gcs.sync.stage_in`).
-- :class:`GcsPublishOperator` uploads an exported version and its ``_COMPLETE`` marker
-  (:func:`tfpipe.gcs.publish.publish_version`).
-
-A run's Params ``data_uri`` / ``publish_uri`` choose the URIs (falling back to the operator's
-``source_uri`` / ``destination_uri``); with neither, the task skips itself.
+The Cloud Storage side runs on the worker (credentials never enter a container); files move into
+and out of the volumes through the Docker engine, whose host may not be the worker's. A run's
+``data_uri`` / ``publish_uri`` Params override the operator's URI; with neither, the task skips.
 """
 
 from __future__ import annotations
@@ -24,12 +15,11 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.common.compat.sdk import AirflowFailException, AirflowSkipException, BaseOperator
 
 from tfpipe import contract
-from tfpipe.config import TfpipeConfigError, check_host_path, check_image_ref, check_name, check_relative_path
+from tfpipe.config import (TfpipeConfigError, check_gcs_uri, check_host_path, check_image_ref, check_name,
+                           check_relative_path)
 from tfpipe.specs import container_labels
 
-# The Cloud Storage hook is imported where a task runs (or an operator is given a URI), not when a
-# DAG file builds these operators: most DAGs set no URI, and DAG files are parsed far more often.
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a task-time module: a DAG file's parse does not import it
     from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook
 
 #: Where the stage-in helper mounts the data volume.
@@ -75,33 +65,19 @@ def _task_labels(context: Mapping[str, Any], stage: str) -> dict[str, str]:
 
 class _GcsTransferOperator(BaseOperator):
     """What both transfer operators share: the argument checks, and the start of ``execute()``
-    (the run's URI or a skip, the image, credentials, the engine, leftovers of an earlier try).
-
-    :param image: the trainer image the helper containers run; ``None`` = the Airflow Variable
-        ``tfpipe_image``, read when the task runs.
-    :param uri_param: name of the run Param that chooses the URI; ``None`` ignores Params.
-    :param gcp_conn_id: Airflow connection with the Google credentials.
-    :param docker_url: the Docker engine, local or remote.
-    :param max_workers: parallel transfers.
-    :param allow_floating_tag: accept an unpinned ``image``.
-
-    The arguments are those of :meth:`_init_transfer`, which each subclass's ``__init__`` calls.
-    """
+    (the run's URI or a skip, the image, credentials, the engine, leftovers of an earlier try)."""
 
     #: The operator's URI argument (``source_uri`` / ``destination_uri``) and its stage label.
     uri_field = ""
     stage = ""
 
-    # Not ``__init__``: Airflow wraps every operator class's ``__init__`` in its default-argument
-    # merging, which deep-copies the DAG's Params each time; the subclasses' ``__init__`` does it once.
-    def _init_transfer(self, *, image: str | None, uri: str | None, uri_param: str | None, gcp_conn_id: str,
-                       docker_url: str, max_workers: int, allow_floating_tag: bool) -> None:
+    def __init__(self, *, image: str | None, uri: str | None, uri_param: str | None, gcp_conn_id: str,
+                 docker_url: str, max_workers: int, allow_floating_tag: bool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         if image is not None:  # None: the Airflow Variable tfpipe_image, read in execute()
             check_image_ref("image", image, allow_floating_tag=allow_floating_tag)
         if uri is not None and "{{" not in str(uri):
-            from tfpipe.hooks.gcs import GcsUri
-
-            GcsUri.parse(uri, field_name=self.uri_field)
+            check_gcs_uri(self.uri_field, uri)
         if not isinstance(max_workers, int) or isinstance(max_workers, bool) or not 1 <= max_workers <= 64:
             raise TfpipeConfigError(f"max_workers: must be a whole number in 1..64, got {max_workers!r}. Fix: e.g. 8.")
         self.image = image
@@ -143,14 +119,10 @@ class _GcsTransferOperator(BaseOperator):
 
 
 class GcsStageInOperator(_GcsTransferOperator):
-    """Sync ``gs://bucket/prefix`` into ``<data_volume>/<data_path>`` on the Docker engine's host.
+    """Sync ``gs://bucket/prefix`` into ``<data_volume>/<data_path>`` on the Docker engine's host, before prep.
 
-    Runs before prep. Objects are listed and downloaded **on the worker** (only new or changed ones:
-    a manifest of generations and CRC32Cs stays next to the files) with the transfer manager of
-    ``google-cloud-storage`` (threads) into a temporary directory, then handed to the engine as one
-    tar stream (``put_archive``) through a helper container of ``image`` that mounts the data
-    volume, the manifest last; files of objects deleted from the bucket are removed. When neither the run's
-    Param ``uri_param`` nor ``source_uri`` is set, the task skips itself.
+    Only new or changed objects are downloaded (on the worker); files of deleted objects are removed.
+    With neither the run's Param ``uri_param`` nor ``source_uri`` set, the task skips itself.
 
     :param data_volume: the data volume: a directory on the Docker engine's host.
     :param data_path: the file or directory relative to ``data_volume`` (``data.path``). A URI that
@@ -177,9 +149,8 @@ class GcsStageInOperator(_GcsTransferOperator):
                  uri_param: str | None = "data_uri", gcp_conn_id: str = "google_cloud_default",
                  docker_url: str = "unix://var/run/docker.sock", user: str = "1000:1000", max_workers: int = 8,
                  allow_floating_tag: bool = False, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._init_transfer(image=image, uri=source_uri, uri_param=uri_param, gcp_conn_id=gcp_conn_id,
-                            docker_url=docker_url, max_workers=max_workers, allow_floating_tag=allow_floating_tag)
+        super().__init__(image=image, uri=source_uri, uri_param=uri_param, gcp_conn_id=gcp_conn_id,
+                         docker_url=docker_url, max_workers=max_workers, allow_floating_tag=allow_floating_tag, **kwargs)
         check_relative_path("data_path", data_path)
         if not isinstance(user, str) or not re.fullmatch(r"\d+(:\d+)?", user):
             raise TfpipeConfigError(f"user: must be 'uid:gid' in numbers, got {user!r}. Fix: e.g. '1000:1000'.")
@@ -190,7 +161,6 @@ class GcsStageInOperator(_GcsTransferOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         uri = self._run_uri(context, skip="no data URI (prep reads the data volume as it is)")
-        # imported here, not at the top: a DAG file that only builds this task never needs them
         from tfpipe.gcs.sync import stage_in
 
         image, hook, engine, labels = self._connect(context)
@@ -214,14 +184,11 @@ class GcsStageInOperator(_GcsTransferOperator):
 
 
 class GcsPublishOperator(_GcsTransferOperator):
-    """Publish an exported model version to ``gs://bucket/prefix/<model_name>/<version>/``.
+    """Publish an exported model version to ``gs://bucket/prefix/<model_name>/<version>/``, after export.
 
-    Runs after export. The version is read out of the models volume **through the Docker engine**
-    (``get_archive`` on a helper container of ``image`` that mounts the volume read-only) and
-    uploaded from the worker, in parallel; objects already uploaded intact by an earlier try are
-    skipped, and the ``_COMPLETE`` marker (file list with CRC32Cs) is written last, so a retry
-    after an interruption completes the version and readers never see a partial one. When
-    neither the run's Param ``uri_param`` nor ``destination_uri`` is set, the task skips itself.
+    The ``_COMPLETE`` marker is written last, so readers never see a partial version and a retry
+    completes an interrupted one. With neither the run's Param ``uri_param`` nor ``destination_uri``
+    set, the task skips itself.
 
     :param models_volume: the models volume: a directory on the Docker engine's host.
     :param model_name: the exported model's name (``export.model_name``).
@@ -249,9 +216,8 @@ class GcsPublishOperator(_GcsTransferOperator):
                  version: int | str | None = None, gcp_conn_id: str = "google_cloud_default",
                  docker_url: str = "unix://var/run/docker.sock", max_workers: int = 8,
                  allow_floating_tag: bool = False, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._init_transfer(image=image, uri=destination_uri, uri_param=uri_param, gcp_conn_id=gcp_conn_id,
-                            docker_url=docker_url, max_workers=max_workers, allow_floating_tag=allow_floating_tag)
+        super().__init__(image=image, uri=destination_uri, uri_param=uri_param, gcp_conn_id=gcp_conn_id,
+                         docker_url=docker_url, max_workers=max_workers, allow_floating_tag=allow_floating_tag, **kwargs)
         check_name("model_name", model_name)
         self.models_volume = check_host_path("models_volume", models_volume)
         self.model_name = model_name

@@ -1,31 +1,11 @@
-"""The Kubernetes backend: the same :class:`~tfpipe.specs.StageSpec`\\ s as ``KubernetesPodOperator``\\ s.
+"""The Kubernetes backend: the same stage specs (:class:`~tfpipe.specs.StageSpec`) as ``KubernetesPodOperator`` tasks.
 
-Needs the optional extra ``kubernetes`` (``apache-airflow-providers-cncf-kubernetes``); the DAG
-factory imports this module only for ``backend="kubernetes"``. A pod gets, from the spec alone:
-
-- the trainer image and command, the stage config in ``TFPIPE_CONFIG`` (from
-  :func:`tfpipe.tries.resolve_try`, as on Docker), the environment; secrets come from Kubernetes
-  Secrets (``kubernetes.secret_env``), never from values in the DAG file;
-- ``nvidia.com/gpu`` limits for the try's GPUs (a count: Kubernetes schedules GPUs by count),
-  a memory limit, a CPU limit of ``resources.cpus`` (as Docker's ``--cpus`` is), and ``/dev/shm``
-  as a memory ``emptyDir`` of ``shm_size``;
-- node selector and tolerations from ``resources``;
-- the volumes as PersistentVolumeClaims (``kubernetes.claims``) or hostPaths of ``volumes``,
-  data read-only, at the same ``/data``, ``/work``, ``/models`` as on Docker;
-- a non-root security context (``resources.user``, no privilege escalation, all capabilities
-  dropped) and, unless ``kubernetes.prepare_volumes`` is off, an init container that creates and
-  hands over the directories the stage writes (as the Docker backend's helper container does);
-- labels: the ``tfpipe.*`` identity (values made label-safe), with the exact values in
-  annotations.
-
-The exit code means what it means on Docker (:func:`tfpipe.operators.exits.raise_for_exit`):
-a not-blessed evaluation skips export, 11/12 fail without retry, anything else is retried, and
-the retried training resumes from the checkpoints on the work volume (keyed by the run). The
-stage's JSON result is read from the end of the pod's log, as the Docker operator reads it.
-
-What was not run here: no cluster exists on the machine this was built on. The tests build the
-``V1Pod`` these operators send with the provider's own pod-building code and check it as the
-Kubernetes client serialises it, and check the exit mapping on pod statuses; the Kubernetes guide says so.
+Needs the ``kubernetes`` extra; the DAG factory imports this module only for ``backend="kubernetes"``.
+A pod gets the spec's image, command, config and environment (secrets from Kubernetes Secrets),
+``nvidia.com/gpu`` limits by count, memory and CPU limits, ``/dev/shm`` as a memory ``emptyDir``,
+claims or hostPaths at the same mount points as on Docker, a non-root security context and, unless
+``kubernetes.prepare_volumes`` is off, an init container that hands over the directories the stage
+writes. Exit codes mean what they mean on Docker; the result is read from the end of the pod's log.
 """
 
 from __future__ import annotations
@@ -149,12 +129,8 @@ def tolerations(spec: StageSpec) -> list[Any]:
 
 
 def prepare_container(spec: StageSpec, plan: TryPlan, volume_mounts: list[Any]) -> Any:
-    """The init container that creates and hands over the directories the try writes.
-
-    It runs as root because it must ``chown``; it may only change ownership and write
-    directories (capabilities ``CHOWN``, ``DAC_OVERRIDE``, ``FOWNER``), has no privilege
-    escalation and mounts only the writable volumes.
-    """
+    """The init container that creates and hands over the directories the try writes: root (it must
+    ``chown``) with only ``CHOWN``, ``DAC_OVERRIDE`` and ``FOWNER``, mounting only the writable volumes."""
     from kubernetes.client import models as k8s
 
     return k8s.V1Container(

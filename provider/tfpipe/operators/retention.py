@@ -1,16 +1,8 @@
-"""Work-volume retention: the ``cleanup`` task at the end of every pipeline run.
+"""Work-volume retention: the ``cleanup`` task of every pipeline run.
 
-The decision and the removal happen in the trainer image (:mod:`trainer.retention`, tested
-there), in a short helper container on the Docker engine that mounts the work volume read-write
-and the models volume read-only: the worker may not see the engine's disks. This side only adds
-what the container cannot know: which runs of the DAG Airflow's metadata DB still holds as active
-(queued or running, which includes a task waiting for its retry), so their directories are never
-removed.
-
-The task is a *teardown* with trigger rule "all done": it runs after every run, also one that
-failed or was not blessed (a pipeline that fails every night must not fill the disk either), and
-its own outcome does not change the run's state (the next run's cleanup repeats the whole
-decision, so a failed cleanup is caught up the next night).
+The decision and removal run in the trainer image (:mod:`trainer.retention`) in a helper container;
+this side adds the runs Airflow still holds as active, so their directories are never removed. It is
+a teardown: it runs after failed runs too, and its outcome leaves the run's state alone.
 """
 
 from __future__ import annotations
@@ -54,12 +46,8 @@ def state_name(state: Any) -> str | None:
 def active_run_ids(ti: Any, dag_id: str, log: Any) -> list[str] | None:
     """Runs of ``dag_id`` that the metadata DB holds as queued or running; ``None`` if unreadable.
 
-    Runs with an unfinished task instance are the candidates; each is confirmed by its run state,
-    so a long-failed run with a task that never ran is not mistaken for an active one.
-
-    The usual case, no active run besides the one this task belongs to, costs two small calls
-    whatever the DAG's history: a count of the active runs, and this run's state. Only when another
-    run is active are the task states of every run read (a reply that grows with the history).
+    Runs with an unfinished task instance are the candidates, each confirmed by its run state (a
+    long-failed run with a task that never ran is not active).
     """
     try:
         active_count = ti.get_dr_count(dag_id=dag_id, states=list(ACTIVE_RUN_STATES))

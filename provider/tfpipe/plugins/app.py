@@ -1,15 +1,7 @@
-"""The plugin's FastAPI app, mounted by the api-server at ``/tfpipe``.
+"""The plugin's FastAPI app, mounted by the api-server at ``/tfpipe``: a run's report, its files and its TensorBoard.
 
-Routes (every one needs a user who may read the DAG's runs, checked by Airflow's own
-``requires_access_dag("GET", DagAccessEntity.RUN)`` against the configured auth manager, with the
-api-server's JWT: the UI's ``_token`` cookie or an ``Authorization: Bearer`` header):
-
-* ``GET /runs/{dag_id}/{run_id}/report/``: the run report (``report.html``, plots embedded);
-* ``GET /runs/{dag_id}/{run_id}/report/{file}``: ``loss.png``, ``accuracy.png``, ``confusion_matrix.png``;
-* ``GET|POST /runs/{dag_id}/{run_id}/tensorboard/{path}``: the run's TensorBoard, started on demand.
-
-Where a run's files are comes from the location record its stage tasks pushed to XCom (metadata
-DB), never from the request. A browser without a session is sent to the login page and back.
+Every route needs a user who may read the DAG's runs (Airflow's ``requires_access_dag``). Where a
+run's files are comes from its location record in XCom, never from the request.
 """
 
 from __future__ import annotations
@@ -26,11 +18,8 @@ from tfpipe.plugins.paths import LOCATION_XCOM_KEY, REPORT_FILES, REPORT_HTML, p
 
 
 def login_url(auth_manager: Any, back_to: str) -> str:
-    """The auth manager's login page, sending the browser back to ``back_to`` once logged in.
-
-    Airflow 3.0's simple auth manager drops ``next_url`` from its login URL, though its login page
-    follows a ``next`` parameter; where the URL carries none, it is added.
-    """
+    """The auth manager's login page, sending the browser back to ``back_to`` (added as ``next`` where
+    the URL has none, as Airflow 3.0's simple auth manager drops it)."""
     url = auth_manager.get_url_login(next_url=back_to)
     query = urlsplit(url).query
     if "next" in parse_qs(query):

@@ -1,11 +1,7 @@
 """Airflow listener of the tfpipe plugin: the run's note gets a one-line summary when the run ends.
 
-Airflow calls these hooks where a DAG run's state is decided (the scheduler, ``dag.test``, the
-REST API's mark-as). When the ``DagRun`` is bound to the caller's DB session (the scheduler), the
-note is set on that object and committed with the state change, so no second writer competes for
-the row; ``dag.test`` hands over a detached object, and the note is then written in a short session
-of its own. A note a person
-already wrote is kept; a run of a DAG that is not tfpipe's is left alone.
+A note bound to the caller's session is committed with the state change (no second writer); a
+detached run gets its own short session. A note a person wrote is kept.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""Where the plugin serves a run, and what a stage task records so the api-server can find it.
-
-Pure functions and constants only: the extra links (on the worker) and the stage operators import
-this module, the api-server app reads the same names back.
-"""
+"""Where the plugin serves a run, and what a stage task records so the api-server can find it (pure)."""
 
 from __future__ import annotations
 
@@ -50,11 +46,8 @@ def tensorboard_url(dag_id: str, run_id: str, base: str | None = None) -> str:
 
 
 def location_record(*, stage: str, docker_url: str, image: str, volumes: Any) -> dict[str, Any]:
-    """What the api-server needs to read a run's files through the engine, as a JSON-able dict.
-
-    The engine, not the api-server's disk, holds the volumes: the record names the engine, the
-    image whose helper container binds the work volume, and the volume paths on the engine's host.
-    """
+    """What the api-server needs to read a run's files through the engine: the engine, the image and
+    the volume paths on the engine's host."""
     return {"stage": stage, "docker_url": docker_url, "image": image, "work": volumes.work,
             "models": volumes.models}
 

@@ -1,18 +1,9 @@
 """The api-server's way to a run's files and TensorBoard: through the Docker engine, never a host path.
 
-The api-server's host need not see the engine's volumes (in a deployment it does not), so the
-plugin asks the engine that ran the stages, named in the run's location record
-(:func:`tfpipe.plugins.paths.location_record`):
-
-* :func:`read_run_file` reads one report file out of ``work/runs/<dag>/<run>/`` with ``GET /archive``
-  on a created, never started helper container of the trainer image that binds the work volume
-  read-only (the same pattern GCS publishing uses);
-* :class:`TensorBoards` starts one TensorBoard container per run on demand, with no network, and
-  forwards each HTTP request to it with ``docker exec`` (a few lines of Python in the container
-  fetch ``http://127.0.0.1:6006/...``). The engine API is the only channel, so a TLS-protected
-  remote engine works without publishing a port. Idle TensorBoards are removed after
-  ``TFPIPE_TENSORBOARD_IDLE_S`` seconds (default 1800); at most ``TFPIPE_TENSORBOARD_MAX``
-  (default 4) run at once, the least recently used one is removed first.
+The api-server's host need not see the engine's volumes. Report files are read with ``GET /archive``
+on a never-started helper container; TensorBoard runs in a container without network, reached with
+``docker exec``, so a TLS-protected remote engine needs no published port. Idle TensorBoards go after
+``TFPIPE_TENSORBOARD_IDLE_S`` (1800) seconds; at most ``TFPIPE_TENSORBOARD_MAX`` (4) run, least recently used out first.
 """
 
 from __future__ import annotations
@@ -36,19 +27,14 @@ LOG = logging.getLogger(__name__)
 REPORT_READER_ROLE = "report-reader"
 TENSORBOARD_ROLE = "ui-tensorboard"
 TENSORBOARD_PORT = 6006
-#: Seconds to wait for a new TensorBoard to answer (TF import plus reading the event files; about
-#: 100 s were seen on a busy 2-core machine).
+#: Seconds to wait for a new TensorBoard to answer (it imports TensorFlow and reads the event files).
 TENSORBOARD_START_TIMEOUT_S = 300
 _IDLE_ENV, _MAX_ENV = "TFPIPE_TENSORBOARD_IDLE_S", "TFPIPE_TENSORBOARD_MAX"
 
 
 def engine_tls(docker_url: str) -> Any:
-    """The TLS config for ``docker_url``: the deployment's ``[tfpipe]`` TLS files when it names that engine.
-
-    A run's location record names the engine by URL only (client keys never go into the metadata
-    DB), so the api-server presents the same ``[tfpipe]`` client certificate as the workers when the
-    URL is the deployment's engine; any other engine is reached without TLS, as the task was.
-    """
+    """The TLS config for ``docker_url``: the deployment's ``[tfpipe]`` TLS files when it names that engine
+    (a location record names the engine by URL only; client keys never go into the metadata DB)."""
     from tfpipe.engine_settings import EngineSettings
 
     engine = EngineSettings.from_airflow_config()
@@ -63,11 +49,7 @@ def api_client(docker_url: str) -> Any:
 
 
 def read_run_file(location: Mapping[str, str], dag_id: str, run_id: str, name: str) -> bytes | None:
-    """The bytes of report file ``name`` of the run, or ``None`` when the run has none (yet).
-
-    ``name`` must be one of :data:`~tfpipe.plugins.paths.REPORT_FILES`; the run directory comes
-    from :func:`tfpipe.contract.run_dir`, whose safe names cannot leave the work volume.
-    """
+    """The bytes of report file ``name`` (one of :data:`~tfpipe.plugins.paths.REPORT_FILES`) of the run, or ``None``."""
     if name not in REPORT_FILES:
         raise ValueError(f"name: {name!r} is not a report file. Fix: one of {', '.join(REPORT_FILES)}")
     from tfpipe.hooks.docker import TfpipeDockerHook

@@ -1,14 +1,4 @@
-"""The one-line summary of a tfpipe DAG run, written into the run's note when the run ends.
-
-:func:`summary_line` is pure: it takes the stage results (XCom ``return_value`` by stage), the
-train task's try number and the run's state, so the grid view shows, for example::
-
-    tfpipe: blessed, accuracy 0.9712 >= threshold 0.9000 (baseline v3 0.9650); \
-    model digits v4; train 2 tries, resumed from step 110
-
-(one line of at most 1000 characters; wrapped here). :func:`note_for_run` reads those inputs from
-the metadata DB for a finished run.
-"""
+"""The one-line summary of a tfpipe DAG run, written into the run's note when the run ends."""
 
 from __future__ import annotations
 
@@ -79,9 +69,7 @@ def summary_line(results: Mapping[str, Mapping[str, Any] | None], *, train_tries
 def note_for_run(dag_run: Any, session: Any, state: Any = None) -> str | None:
     """The summary of a finished ``DagRun`` from its XComs and task instances, or ``None`` if not tfpipe's.
 
-    ``state`` is the run's final state when ``dag_run.state`` may not hold it yet.
-
-    A run is tfpipe's when one of its tasks pushed a location record (every stage task does).
+    ``state``: the run's final state when ``dag_run.state`` may not hold it yet.
     """
     from airflow.models.xcom import XComModel
 

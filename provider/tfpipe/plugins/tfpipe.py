@@ -1,9 +1,4 @@
-"""The ``tfpipe`` Airflow plugin (entry point group ``airflow.plugins``).
-
-* ``fastapi_apps``: the run report and TensorBoard under the api-server at ``/tfpipe``
-  (:mod:`tfpipe.plugins.app`, imported and built on its first request);
-* ``listeners``: the run note written when a tfpipe DAG run ends (:mod:`tfpipe.plugins.listener`).
-"""
+"""The ``tfpipe`` Airflow plugin: the api-server app at ``/tfpipe`` and the run-note listener."""
 
 from __future__ import annotations
 
@@ -16,11 +11,7 @@ from tfpipe.plugins.paths import URL_PREFIX
 
 
 class LazyApp:
-    """An ASGI app that builds :func:`create_app` on its first request.
-
-    Every Airflow process loads plugins, but only the api-server serves requests: the FastAPI app
-    and the api-server's security module are imported there alone.
-    """
+    """An ASGI app that builds :func:`create_app` on its first request: only the api-server serves any."""
 
     def __init__(self) -> None:
         self._app: Any = None
