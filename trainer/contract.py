@@ -70,7 +70,10 @@ OPTIMIZERS = ("adam", "sgd", "rmsprop")
 #: ``training.learning_rate_schedule``: ``constant``, or ``cosine``: from ``learning_rate`` down to 0
 #: at the run's last step (Keras' ``CosineDecay`` of the optimizer's step).
 LEARNING_RATE_SCHEDULES = ("constant", "cosine")
-DATA_FORMATS = ("csv", "images")
+DATA_FORMATS = ("csv", "parquet", "images")
+#: The formats of tables (rows of named columns): prep reads them into the same records, schema and
+#: stats, and the ``mlp`` trains on them.
+TABULAR_FORMATS = ("csv", "parquet")
 FEATURE_TYPES = ("float", "int")
 #: ``data.columns`` values: a CSV column's type, overriding what prep infers from the train split.
 COLUMN_TYPES = ("numeric", "categorical", "boolean", "ignore")
@@ -95,8 +98,9 @@ SECTIONS = {
         "path": {"kind": "str?", "default": None,
                  "doc": "file or directory relative to the data volume"},
         "format": {"kind": "str", "default": "csv", "choices": DATA_FORMATS,
-                   "doc": "csv (tabular) or images (one sub-folder per class)"},
-        "label": {"kind": "str", "default": "label", "doc": "label column (csv)"},
+                   "doc": "csv or parquet (tables: a file or a folder of *.csv or *.parquet files) or images "
+                          "(one sub-folder per class)"},
+        "label": {"kind": "str", "default": "label", "doc": "label column (tables)"},
         "classes": {"kind": "list?", "default": None,
                     "doc": "class names in class-id order, each written as the labels (or the image "
                            "sub-folders) name it; null = from the data: class ids 0..max, else the "
@@ -117,25 +121,25 @@ SECTIONS = {
                    "doc": "prep tasks (csv): 1 = one prep task; N = N mapped prep_shard tasks, each over "
                           "its slice of the input files, then a prep_merge task"},
         "columns": {"kind": "dict", "default": {},
-                    "doc": "per-column type overrides (csv), column name -> numeric, categorical, boolean or "
+                    "doc": "per-column type overrides (tables), column name -> numeric, categorical, boolean or "
                            "ignore; other columns get the type prep infers from the train split"},
         "na_values": {"kind": "list?", "default": list(NA_VALUES),
-                      "doc": "cell texts that mean a missing value (csv; an empty cell always does); "
+                      "doc": "cell texts that mean a missing value (tables; an empty cell, or a Parquet null, always does); "
                              "null = only empty cells"},
         "drop_missing_labels": {"kind": "bool", "default": False,
-                                "doc": "drop (and count) rows whose label is missing instead of failing (csv)"},
+                                "doc": "drop (and count) rows whose label is missing instead of failing (tables)"},
         "max_vocabulary": {"kind": "int", "default": 1000, "minimum": 1, "parse_maximum": 1000000,
-                           "doc": "most frequent values a text column keeps (csv); the rest share the "
+                           "doc": "most frequent values a text column keeps (tables); the rest share the "
                                   "out-of-vocabulary bucket"},
         "min_frequency": {"kind": "int", "default": 1, "minimum": 1,
-                          "doc": "train-split count a text value needs to enter the vocabulary (csv)"},
+                          "doc": "train-split count a text value needs to enter the vocabulary (tables)"},
         "hash_threshold": {"kind": "int", "default": 10000, "minimum": 1, "parse_maximum": 10000000,
-                           "doc": "a text column with more distinct train values is hashed instead (csv)"},
+                           "doc": "a text column with more distinct train values is hashed instead (tables)"},
         "hash_bins": {"kind": "int", "default": 1024, "minimum": 2, "parse_maximum": 1000000,
-                      "doc": "buckets of a hashed text column (csv); one more holds missing values"},
+                      "doc": "buckets of a hashed text column (tables); one more holds missing values"},
         "window_days": {"kind": "int", "default": 0, "minimum": 0, "parse_maximum": 36600,
                         "doc": "read only the date partitions (data.path/<partition_key>=YYYY-MM-DD/) of the N whole "
-                               "days (UTC) before the run's data interval end (csv); 0 = every CSV file under "
+                               "days (UTC) before the run's data interval end (tables); 0 = every table file under "
                                "data.path"},
         "partition_key": {"kind": "str", "default": "dt", "pattern": r"^[A-Za-z0-9_]+$",
                           "doc": "name of the date partition folders (<partition_key>=YYYY-MM-DD) a window reads"},

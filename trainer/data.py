@@ -48,7 +48,7 @@ def input_spec(schema):
     Images: ``uint8 [height, width, channels]`` raw pixels.
     """
     base = {"class_names": list(schema["class_names"])}
-    if schema["format"] == "csv":
+    if schema["format"] in contract.TABULAR_FORMATS:
         numeric, categorical = split_features(schema)
         names = [f["name"] for f in numeric]
         base.update(kind="tabular", shape=[len(names)], dtype="float32", feature_names=names,

@@ -116,7 +116,7 @@ def mlp(input_spec, num_classes, stats, hidden_units=(64, 32), dropout=0.0, l2=0
     """A multi-layer perceptron over normalised tabular features and encoded categorical ones
     (``l2``: the kernels' penalty)."""
     if input_spec["kind"] != "tabular":
-        raise BadInput("training.model mlp needs CSV data (data.format csv); use cnn or resnet50 "
+        raise BadInput("training.model mlp needs a table (data.format csv or parquet); use cnn or resnet50 "
                        "for images")
     names = input_spec["feature_names"]
     columns = {c["name"]: c for c in input_spec.get("columns") or []}

@@ -1,7 +1,8 @@
 """Rolling windows over Hive-style date partitions: which ``<key>=YYYY-MM-DD/`` folders a run reads.
 
 With ``data.window_days`` N above 0, ``data.path`` is a folder of date partitions
-(``events/dt=YYYY-MM-DD/*.csv``) and prep reads the CSV files of the partitions of the N whole days
+(``events/dt=YYYY-MM-DD/*.csv``, or ``*.parquet`` with ``data.format`` parquet) and prep reads the
+table files of the partitions of the N whole days
 (UTC) before the run's window end (``run.data_interval_end`` of the stage config: the run's data
 interval end, or when it has none the time it was triggered). A day is whole once it is over, so the
 newest day read is the one before the end's date: a daily run with the data interval [D, D+1)
@@ -9,7 +10,7 @@ reads ``dt=D`` as its newest, and so does a run whose interval ends at any time 
 window is a pure function of the end, so a backfill of a past date reads exactly that date's
 partitions and, with unchanged files, gets the same fingerprint.
 
-A day of the window without a partition folder holding a CSV file is missing: an error naming the
+A day of the window without a partition folder holding a table file is missing: an error naming the
 missing dates, unless ``data.min_partitions`` (above 0) allows it by asking only that many present.
 Partitions outside the window, and folders that are not ``<key>=<date>``, are never read.
 """
@@ -59,17 +60,23 @@ def partition_name(key, day):
     return "%s=%s" % (key, day.isoformat())
 
 
-def _csv_names(folder):
+def extension(data):
+    """The file name ending of the tables ``data.format`` reads: ``.csv`` or ``.parquet``."""
+    return "." + data["format"]
+
+
+def table_names(folder, ending):
+    """The sorted names of the files in ``folder`` whose names end in ``ending`` (any case)."""
     return sorted(n for n in os.listdir(folder)
-                  if n.lower().endswith(".csv") and not n.startswith(".")
+                  if n.lower().endswith(ending) and not n.startswith(".")
                   and os.path.isfile(os.path.join(folder, n)))
 
 
 def check_settings(data):
     """Refuse window settings that can never work: a window over images, a minimum above the window."""
     days, least = data["window_days"], setting(data, "min_partitions")
-    if data["format"] != "csv":
-        raise BadInput("data.window_days is %d but data.format is %r: date windows read CSV partitions. "
+    if data["format"] not in contract.TABULAR_FORMATS:
+        raise BadInput("data.window_days is %d but data.format is %r: date windows read CSV or Parquet partitions. "
                        "Fix: set data.window_days to 0 for image folders" % (days, data["format"]))
     if least > days:
         raise BadInput("data.min_partitions is %d, above data.window_days %d: a window of %d day(s) never "
@@ -78,7 +85,7 @@ def check_settings(data):
 
 
 def window_files(root, data, end):
-    """The CSV files of the window's partitions under ``root``, as ``(relative_path, absolute_path)``.
+    """The table files of the window's partitions under ``root``, as ``(relative_path, absolute_path)``.
 
     Relative paths keep the partition folder (``dt=YYYY-MM-DD/part-0.csv``), so equal file names in
     two partitions stay two inputs. Raises :class:`BadInput` when days are missing beyond what
@@ -93,7 +100,7 @@ def window_files(root, data, end):
     for day in days:
         name = partition_name(key, day)
         folder = os.path.join(root, name)
-        names = _csv_names(folder) if os.path.isdir(folder) else []
+        names = table_names(folder, extension(data)) if os.path.isdir(folder) else []
         if not names:
             missing.append(day.isoformat())
         files.extend(("%s/%s" % (name, n), os.path.join(folder, n)) for n in names)
@@ -102,11 +109,11 @@ def window_files(root, data, end):
     if present < least or not present:
         raise BadInput(
             "data.path %s: the window of %d day(s) %s .. %s (the %d whole UTC days before the run's data "
-            "interval end %s) lacks the partition(s) %s (no %s=<date>/ folder with a *.csv file); %d of %d "
+            "interval end %s) lacks the partition(s) %s (no %s=<date>/ folder with a *%s file); %d of %d "
             "present, %s needed. Fix: add the missing partitions, or set data.min_partitions to the number "
             "of partitions a run needs (%d are present)"
             % (root, len(days), days[0].isoformat(), days[-1].isoformat(), len(days), end,
-               _shown(missing), key, present, len(days), "every day" if not setting(data, "min_partitions")
+               _shown(missing), key, extension(data), present, len(days), "every day" if not setting(data, "min_partitions")
                else "at least %d" % least, present))
     return files
 

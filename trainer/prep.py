@@ -6,7 +6,7 @@ directory is built under ``datasets/.tmp-<random>`` and renamed into place, so a
 either complete or absent. The fingerprint is the sha256 of the input files (relative paths and
 bytes) and of the prep-relevant config; a data set with that fingerprint is reused ("cache hit").
 
-Record layout (``tf.train.Example``): ``label`` int64, ``key`` bytes (the split key); CSV:
+Record layout (``tf.train.Example``): ``label`` int64, ``key`` bytes (the split key); tables:
 ``features`` float list of the numeric and boolean columns in schema order (NaN: missing), and,
 when the table has categorical columns, ``categories`` bytes list of their stripped texts in
 schema order (``""``: missing); images: ``image`` raw uint8 bytes of shape
@@ -19,6 +19,14 @@ CSV column types, missing values and vocabularies (:mod:`trainer.columns`): ever
 ``vocabulary``, ``distinct`` and ``oov_train``, or ``hash`` with ``hash_bins``). Columns typed
 ``ignore`` are listed in ``ignored``; rows dropped for a missing label are counted in
 ``dropped_rows``.
+
+Parquet inputs (``data.format`` parquet: a file or a folder of ``*.parquet`` files with one schema)
+take the same way: :func:`sources.parquet_batches` reads them a batch of rows at a time, the
+workers turn a batch's cells into the texts a CSV file would hold (:func:`sources.arrow_rows`:
+nulls and float NaNs empty) and parse them as CSV rows, so types, missing values, vocabularies,
+the split and the records are the CSV ones. A feature whose type is inferred takes its Parquet
+type (numbers numeric, booleans boolean, texts categorical); errors name the file, the row
+(counted from 1 in each file) and the column.
 
 CSV inputs are read as a stream of batches (a few MiB of rows each, :func:`sources.csv_batches`)
 that worker processes, one per CPU the container may use, parse, validate, split and encode
@@ -61,7 +69,7 @@ def prep_settings(data):
         settings["classes"] = data["classes"]
     if data["format"] == "images":
         settings.update(image_size=data["image_size"], channels=data["channels"])
-    if data["format"] == "csv":
+    if data["format"] in contract.TABULAR_FORMATS:
         # only when set: the data sets of configs without them keep their fingerprints
         defaults = contract.section_defaults("data")
         for key in ("columns", "na_values", "drop_missing_labels", "max_vocabulary", "min_frequency",
@@ -245,6 +253,7 @@ def prepare_batch(task):
 
     batch, plan = task
     rows = sources.parse_batch(batch, plan["layout"])
+    unit = plan["layout"].get("unit", "line")
     ids = plan["ids"]
     if ids is None:
         ids, label_ids = {}, []
@@ -258,8 +267,8 @@ def prepare_batch(task):
                 if value < 0:
                     if not plan["labels_known"]:
                         raise LabelsNeedScan()
-                    raise BadInput("%s line %d column %r: class id %d is negative (expected 0 or "
-                                   "more)" % (batch[1], line, plan["layout"]["label"], value))
+                    raise BadInput("%s %s %d column %r: class id %d is negative (expected 0 or "
+                                   "more)" % (batch[1], unit, line, plan["layout"]["label"], value))
             label_ids.append(value)
     else:
         try:
@@ -267,7 +276,7 @@ def prepare_batch(task):
         except KeyError:
             line, raw = next((n, r) for n, r in zip(rows.lines, rows.labels) if r not in ids)
             raise BadInput(sources.undeclared_label(batch[1], line, plan["layout"]["label"], raw,
-                                                    plan["classes"]))
+                                                    plan["classes"], unit))
     label_ids = np.asarray(label_ids, dtype=np.int64)
     held_out = np.array([is_eval(key, plan["seed"], plan["fraction"]) for key in rows.keys],
                         dtype=bool).reshape(len(rows.keys))
@@ -447,13 +456,26 @@ def merge_hist(total, part):
 
 
 def _prep_csv(config, files, scans, tmp):
-    """Write the CSV data set's shards into ``tmp``; return ``(parsed, counts, shards, stats)``."""
-    data = config["data"]
-    layout = sources.csv_layout(config, files)
+    """Write the table's shards into ``tmp``; return ``(parsed, counts, shards, stats)``.
 
-    def batches():  # a generator: a quoted file's batches hold rows, made only as needed
-        return sources.csv_batches(files, layout, scans, BATCH_BYTES)
-    workers = worker_count(files, layout, scans)
+    A Parquet table takes the same way as a CSV one: its batches of rows become cell texts in the
+    workers (:func:`sources.arrow_rows`), which parse them as they parse CSV rows.
+    """
+    data = config["data"]
+    if data["format"] == "parquet":
+        layout = sources.parquet_layout(config, files)
+        scans.update((rel, {"lines": rows}) for rel, rows in layout["rows"].items())
+
+        def batches():
+            return sources.parquet_batches(files, layout)
+        workers = max(1, min(usable_cpus(), sources.parquet_batch_count(layout)))
+        LOG.info("prep: %d Parquet row(s) on %d worker process(es)", sum(layout["rows"].values()), workers)
+    else:
+        layout = sources.csv_layout(config, files)
+
+        def batches():  # a generator: a quoted file's batches hold rows, made only as needed
+            return sources.csv_batches(files, layout, scans, BATCH_BYTES)
+        workers = worker_count(files, layout, scans)
     plan = label_plan(layout, data)
     with Workers(workers) as pool:
         try:
@@ -664,7 +686,7 @@ def run(config):
         return hit
     root = common.datasets_root(config)
     with atomic.temp_dir(root) as tmp:
-        if data["format"] == "csv":
+        if data["format"] in contract.TABULAR_FORMATS:
             parsed, counts, shards, stats = _prep_csv(config, files, scans, tmp)
         else:
             parsed, counts, shards, stats = _prep_images(config, tmp)
@@ -723,7 +745,7 @@ def commit_dataset(config, fp, inputs, tmp, prepared, provenance=None, window=No
         "class_names": class_names, "num_classes": len(class_names),
         "counts": counts, "fingerprint": fp, "prep_version": PREP_VERSION,
     }
-    if fmt == "csv":
+    if fmt in contract.TABULAR_FORMATS:
         schema["features"] = parsed.get("features") or [
             {"name": n, "type": t} for n, t in zip(parsed["feature_names"], parsed["feature_types"])]
         schema["ignored"] = parsed.get("ignored", [])

@@ -17,7 +17,7 @@ Outputs: ``probabilities`` float32 ``[None, num_classes]``, ``class_id`` int64 `
 
 import re
 
-from trainer import columns, common
+from trainer import columns, common, contract
 
 common.quiet_tensorflow()
 import numpy as np  # noqa: E402
@@ -50,7 +50,7 @@ class ServingModule(tf.Module):
         self.model = model
         self.class_names = list(schema["class_names"])
         self._names_table = tf.constant(self.class_names)
-        if schema["format"] == "csv":
+        if schema["format"] in contract.TABULAR_FORMATS:
             self.features = [f["name"] for f in schema["features"]]
             self.types = [f.get("type", "float") for f in schema["features"]]
             self.inputs = signature_names(self.features)

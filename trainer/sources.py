@@ -36,20 +36,21 @@ def input_root(config):
 def input_files(config):
     """The sorted input files as ``(relative_path, absolute_path)`` pairs.
 
-    CSV: the file itself (relative path = its name) or every ``*.csv`` in the folder; with
-    ``data.window_days``, those of the window's date partitions (:mod:`trainer.partitions`). Images:
-    every PNG/JPEG inside a class sub-folder, relative to the image folder.
+    Tables: the file itself (relative path = its name) or every ``*.csv`` (CSV) or ``*.parquet``
+    (Parquet) file in the folder; with ``data.window_days``, those of the window's date partitions
+    (:mod:`trainer.partitions`). Images: every PNG/JPEG inside a class sub-folder, relative to the
+    image folder.
     """
     root = input_root(config)
     if partitions.enabled(config["data"]):
         return partitions.window_files(root, config["data"], config["run"].get(contract.WINDOW_END_KEY))
-    if config["data"]["format"] == "csv":
+    if config["data"]["format"] in contract.TABULAR_FORMATS:
         if os.path.isfile(root):
             return [(os.path.basename(root), root)]
-        names = sorted(n for n in os.listdir(root)
-                       if n.lower().endswith(".csv") and os.path.isfile(os.path.join(root, n)))
+        extension = partitions.extension(config["data"])
+        names = partitions.table_names(root, extension)
         if not names:
-            raise BadInput("data.path %s is a folder without any *.csv file" % root)
+            raise BadInput("data.path %s is a folder without any *%s file" % (root, extension))
         return [(n, os.path.join(root, n)) for n in names]
     if not os.path.isdir(root):
         raise BadInput("data.path %s must be a folder with one sub-folder per class "
@@ -234,14 +235,10 @@ def csv_layout(config, files):
     kinds ``float``, ``int``, ``boolean``, ``categorical``, or ``auto``: inferred, numeric until a
     train cell says otherwise), ``label`` and ``label_at``, ``key_at`` (None: the row text is the
     key), ``feature_names``, ``sources`` (where each type comes from), ``ignored``, ``na`` (cell
-    texts read as missing), ``drop_missing_labels``, ``starts``: ``{relative path: (byte offset,
-    line number)}`` of each file's first data line, and the fields of :func:`with_types`.
+    texts read as missing), ``drop_missing_labels``, ``unit`` (what a row number counts: ``line``),
+    ``starts``: ``{relative path: (byte offset, line number)}`` of each file's first data line, and
+    the fields of :func:`with_types`.
     """
-    data = config["data"]
-    label, key_col, declared = data["label"], data["key"], data["features"]
-    defaults = contract.section_defaults("data")
-    overrides = data.get("columns") or {}
-    ignored = sorted(name for name, kind in overrides.items() if kind == "ignore")
     header, starts = None, {}
     for rel, path in files:
         cells, line, offset = _read_header(rel, path)
@@ -251,31 +248,43 @@ def csv_layout(config, files):
                 raise BadInput(_other_header(rel, line, cells, files[0][0], header))
             continue
         header = cells
-        if len(set(header)) != len(header):
-            twice = sorted(name for name, count in collections.Counter(header).items() if count > 1)
-            names = ", ".join(repr(c) for c in twice[:HEADER_SHOWN])
-            if len(twice) > HEADER_SHOWN:
-                names += " and %d more" % (len(twice) - HEADER_SHOWN)
-            raise BadInput("%s line %d: the header names %s more than once (%d columns). Fix: give each "
-                           "column of the header row its own name" % (rel, line, names, len(header)))
-        for column, field in ((label, "data.label"), (key_col, "data.key")):
-            if column is not None and column not in header:
-                raise BadInput(_missing_column(rel, column, field, header))
-        _check_columns(rel, data, header)
-        if declared is None:
-            declared = [{"name": c, "type": "auto"} for c in header
-                        if c not in (label, key_col) and c not in ignored]
-            if not declared:
-                raise BadInput("%s: no feature columns besides the label %r. Fix: add feature columns, or "
-                               "type fewer of them \"ignore\" in data.columns" % (rel, label))
-        else:
-            declared = [f for f in declared if f["name"] not in ignored]
-            if not declared:
-                raise BadInput("data.columns types every column of data.features \"ignore\". Fix: keep "
-                               "at least one feature")
-        for feat in declared:
-            if feat["name"] not in header:
-                raise BadInput(_missing_column(rel, feat["name"], "data.features", header))
+        first = (rel, " line %d" % line)
+    return _table_layout(config["data"], first, header, starts, "line")
+
+
+def _table_layout(data, first, header, starts, unit):
+    """The layout of a table whose columns are ``header`` (checked against ``data``), first read
+    from ``first``: ``(relative path, where in it the header is)``."""
+    rel, at = first
+    label, key_col, declared = data["label"], data["key"], data["features"]
+    defaults = contract.section_defaults("data")
+    overrides = data.get("columns") or {}
+    ignored = sorted(name for name, kind in overrides.items() if kind == "ignore")
+    if len(set(header)) != len(header):
+        twice = sorted(name for name, count in collections.Counter(header).items() if count > 1)
+        names = ", ".join(repr(c) for c in twice[:HEADER_SHOWN])
+        if len(twice) > HEADER_SHOWN:
+            names += " and %d more" % (len(twice) - HEADER_SHOWN)
+        raise BadInput("%s%s: the header names %s more than once (%d columns). Fix: give each "
+                       "column of the header row its own name" % (rel, at, names, len(header)))
+    for column, field in ((label, "data.label"), (key_col, "data.key")):
+        if column is not None and column not in header:
+            raise BadInput(_missing_column(rel, column, field, header))
+    _check_columns(rel, data, header)
+    if declared is None:
+        declared = [{"name": c, "type": "auto"} for c in header
+                    if c not in (label, key_col) and c not in ignored]
+        if not declared:
+            raise BadInput("%s: no feature columns besides the label %r. Fix: add feature columns, or "
+                           "type fewer of them \"ignore\" in data.columns" % (rel, label))
+    else:
+        declared = [f for f in declared if f["name"] not in ignored]
+        if not declared:
+            raise BadInput("data.columns types every column of data.features \"ignore\". Fix: keep "
+                           "at least one feature")
+    for feat in declared:
+        if feat["name"] not in header:
+            raise BadInput(_missing_column(rel, feat["name"], "data.features", header))
     index, sources = [], []
     for feat in declared:
         kind = _KIND_OF_TYPE.get(overrides.get(feat["name"]), feat["type"])
@@ -287,7 +296,8 @@ def csv_layout(config, files):
                        "key_at": header.index(key_col) if key_col is not None else None,
                        "index": index, "feature_names": [f["name"] for f in declared],
                        "sources": sources, "ignored": ignored, "na": na,
-                       "drop_missing_labels": bool(data.get("drop_missing_labels")), "starts": starts})
+                       "drop_missing_labels": bool(data.get("drop_missing_labels")), "starts": starts,
+                       "unit": unit})
 
 
 def csv_batches(files, layout, scans, chunk_bytes, batch_rows=20000):
@@ -324,6 +334,145 @@ def csv_batches(files, layout, scans, chunk_bytes, batch_rows=20000):
             yield ("bytes", rel, path, start, scan["bytes"], start_line)
 
 
+# --- Parquet -------------------------------------------------------------------------------------
+
+#: Rows per Parquet batch: what one parse worker holds and what the reader holds while it reads.
+PARQUET_BATCH_ROWS = 20000
+
+
+def _arrow_kind(arrow_type):
+    """The layout kind of a Parquet column of ``arrow_type``: numbers ``float``, booleans
+    ``boolean``, texts ``categorical``, an all-null column ``auto``; None for any other type."""
+    import pyarrow.types as at
+
+    if at.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    if at.is_integer(arrow_type) or at.is_floating(arrow_type) or at.is_decimal(arrow_type):
+        return "float"
+    if at.is_boolean(arrow_type):
+        return "boolean"
+    if at.is_string(arrow_type) or at.is_large_string(arrow_type):
+        return "categorical"
+    if at.is_null(arrow_type):
+        return "auto"
+    return None
+
+
+def _parquet_schema(rel, path):
+    import pyarrow.parquet as pq
+
+    try:
+        with pq.ParquetFile(path) as handle:
+            return handle.schema_arrow, handle.metadata.num_rows
+    except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+        raise BadInput("%s is not a readable Parquet file (%s). Fix: write it with a Parquet writer "
+                       "(e.g. pyarrow or pandas' to_parquet), or move it out of data.path" % (rel, error))
+
+
+def parquet_layout(config, files):
+    """Check the Parquet files' schemas against the config; return the layout their rows are
+    read with: :func:`csv_layout`'s, over the columns a run reads (``read``: label, key and
+    features, in that order; ignored columns are never read), with ``rows`` (``{relative path:
+    row count}``) and ``unit`` ``row``. A feature column whose type is inferred takes it from its
+    Parquet type: numbers numeric, booleans boolean, texts categorical."""
+    data = config["data"]
+    schema, counts = None, {}
+    for rel, path in files:
+        found, counts[rel] = _parquet_schema(rel, path)
+        if schema is None:
+            schema = found
+        elif not found.equals(schema, check_metadata=False):
+            raise BadInput(_other_schema(rel, found, files[0][0], schema))
+    header = list(schema.names)
+    layout = _table_layout(data, (files[0][0], ""), header, {rel: (0, 1) for rel in counts}, "row")
+    read = [data["label"]] + ([data["key"]] if data["key"] is not None else [])
+    read += [name for _, _, name in layout["index"] if name not in read]
+    index, sources = [], list(layout["sources"])
+    for j, (_, kind, name) in enumerate(layout["index"]):
+        arrow_type = schema.field(name).type
+        found = _arrow_kind(arrow_type)
+        if found is None:
+            raise BadInput("%s column %r: its Parquet type %s cannot be a feature (numbers, booleans and "
+                           "texts can). Fix: set data.columns to {%r: \"ignore\"}, or store the column as "
+                           "numbers or texts" % (files[0][0], name, arrow_type, name))
+        if kind == "auto" and found != "auto":
+            kind = found
+        index.append((read.index(name), kind, name))
+    for column, field in ((data["label"], "data.label"), (data["key"], "data.key")):
+        if column is not None and _arrow_kind(schema.field(column).type) in (None, "auto"):
+            raise BadInput("%s column %r (%s): its Parquet type is %s; it needs numbers or texts. Fix: set "
+                           "%s to a column of numbers or texts" % (files[0][0], column, field,
+                                                                   schema.field(column).type, field))
+    return with_types(dict(layout, index=index, sources=sources, ncols=len(read), read=read, label_at=0,
+                           key_at=1 if data["key"] is not None else None, rows=counts))
+
+
+def _other_schema(rel, found, first_rel, schema):
+    """The error for a Parquet file whose columns are not the first file's: where they part, the fix."""
+    theirs = {f.name: f.type for f in schema}
+    mine = {f.name: f.type for f in found}
+    parts = ["column %r is %s here and %s there" % (n, mine[n], theirs[n])
+             for n in mine if n in theirs and mine[n] != theirs[n]]
+    parts += ["column %r is only here" % n for n in mine if n not in theirs]
+    parts += ["column %r is only there" % n for n in theirs if n not in mine]
+    if not parts:
+        parts = ["the columns are in another order"]
+    return ("%s: its columns differ from those of %s (%s); every Parquet file under data.path must have "
+            "the same columns and types. Fix: write the files with one schema, or move this file out of "
+            "data.path" % (rel, first_rel, "; ".join(parts[:HEADER_SHOWN])))
+
+
+def parquet_batches(files, layout, batch_rows=PARQUET_BATCH_ROWS):
+    """The Parquet inputs as batches of at most ``batch_rows`` rows, in order: ``("arrow", rel,
+    first row number, record batch)`` of the ``read`` columns. Files are read a batch at a time
+    (``ParquetFile.iter_batches``): the reader holds one row group's column chunks of the columns
+    read and one batch, whatever the file's size.
+
+    Not pyarrow's buffered stream (``buffer_size``), which would hold a page per column instead of
+    a row group: pyarrow 17 fails with "Cannot shrink read buffer if buffered data remains" on some
+    valid files with it (small pages without a dictionary, buffers under 1 MiB)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for rel, path in files:
+        first = 1
+        with pq.ParquetFile(path) as handle:
+            for table in handle.iter_batches(batch_size=batch_rows, columns=layout["read"]):
+                # in the layout's column order, whatever order the file keeps them in
+                table = pa.RecordBatch.from_arrays([table.column(n) for n in layout["read"]], layout["read"])
+                yield ("arrow", rel, first, table)
+                first += table.num_rows
+
+
+def parquet_batch_count(layout, batch_rows=PARQUET_BATCH_ROWS):
+    """How many batches :func:`parquet_batches` yields (at least; row groups may end batches early)."""
+    return sum(int(math.ceil(rows / float(batch_rows))) for rows in layout["rows"].values())
+
+
+def _arrow_texts(column):
+    """The cells of an Arrow column as the texts a CSV file would hold: numbers in their shortest
+    exact form, booleans ``true``/``false``, ``""`` for a null (and for a float NaN, which pandas
+    writes for a missing value)."""
+    import pyarrow.types as at
+
+    kind = column.type.value_type if at.is_dictionary(column.type) else column.type
+    values = column.to_pylist()
+    if at.is_boolean(kind):
+        return ["" if v is None else "true" if v else "false" for v in values]
+    if at.is_floating(kind):
+        return ["" if v is None or v != v else repr(float(v)) for v in values]
+    if at.is_string(kind) or at.is_large_string(kind):
+        return ["" if v is None else v for v in values]
+    return ["" if v is None else str(v) for v in values]
+
+
+def arrow_rows(table, first_row):
+    """``[(row number, cells)]`` of a record batch of :func:`parquet_batches` (cells in its column
+    order, as texts: :func:`_arrow_texts`); row numbers count from 1 in each file."""
+    cells = [_arrow_texts(table.column(i)) for i in range(table.num_columns)]
+    return [(first_row + r, list(row)) for r, row in enumerate(zip(*cells))]
+
+
 class Rows(object):
     """One parsed batch: ``values`` float64 ``[n, numeric columns]`` (NaN: missing), ``texts``
     (per row, the stripped texts of the categorical columns, ``""``: missing; None without such
@@ -339,6 +488,9 @@ class Rows(object):
 def _decode(batch):
     """A batch's rows: ``("rows", rel, [(line, cells)], physical)`` or, for an unquoted byte range
     the batch parser may take, ``("lines", rel, lines, numbers, physical)``."""
+    if batch[0] == "arrow":
+        _, rel, first_row, table = batch
+        return "rows", rel, arrow_rows(table, first_row), table.num_rows
     if batch[0] == "rows":
         _, rel, rows = batch
         return "rows", rel, rows, rows[-1][0] - rows[0][0] + 1
@@ -464,11 +616,12 @@ def _fast(rel, lines, numbers, layout, physical):
     return Rows(values, texts, labels, keys, numbers, physical)
 
 
-def missing_label(rel, line, column, text):
-    """The error for a row without a label: where, and the two fixes."""
+def missing_label(rel, line, column, text, unit="line"):
+    """The error for a row without a label: where, and the two fixes. ``unit``: what ``line``
+    counts (``line`` in a CSV file, ``row`` in a Parquet file)."""
     what = "empty label" if text == "" else "missing label (%r is in data.na_values)" % text
-    return BadInput("%s line %d column %r: %s. Fix: correct the row, or set data.drop_missing_labels to "
-                    "drop (and count) the rows without a label" % (rel, line, column, what))
+    return BadInput("%s %s %d column %r: %s. Fix: correct the row, or set data.drop_missing_labels to "
+                    "drop (and count) the rows without a label" % (rel, unit, line, column, what))
 
 
 def _exact(rel, rows, layout, physical):
@@ -476,6 +629,7 @@ def _exact(rel, rows, layout, physical):
     import numpy as np
 
     ncols, label, index, na = layout["ncols"], layout["label"], layout["index"], layout["na"]
+    unit = layout.get("unit", "line")
     numeric = [index[j] for j in layout["numeric"]]
     categorical = [index[j][0] for j in layout["categorical"]]
     nan = float("nan")
@@ -489,7 +643,7 @@ def _exact(rel, rows, layout, physical):
             if layout["drop_missing_labels"]:
                 dropped.append(line)
                 continue
-            raise missing_label(rel, line, label, raw_label)
+            raise missing_label(rel, line, label, raw_label, unit)
         parsed = []
         for col, kind, name in numeric:
             text = row[col].strip()
@@ -498,13 +652,13 @@ def _exact(rel, rows, layout, physical):
             elif kind == "boolean":
                 value = columns.boolean_value(text)
                 if value is None:
-                    raise BadInput("%s line %d column %r: %r is not a boolean (true, false, yes or no, any "
+                    raise BadInput("%s %s %d column %r: %r is not a boolean (true, false, yes or no, any "
                                    "case). Fix: correct the cell; if it marks a missing value, add it to "
                                    "data.na_values; if the column holds categories, set data.columns to "
-                                   "{%r: \"categorical\"}" % (rel, line, name, text, name))
+                                   "{%r: \"categorical\"}" % (rel, unit, line, name, text, name))
                 parsed.append(value)
             else:
-                parsed.append(_parse_number(text, kind, "%s line %d column %r" % (rel, line, name), name))
+                parsed.append(_parse_number(text, kind, "%s %s %d column %r" % (rel, unit, line, name), name))
         values.append(parsed)
         if categorical:
             texts.append([t if t not in na else "" for t in (row[col].strip() for col in categorical)])
@@ -536,13 +690,13 @@ def declared_classes(data):
     return list(classes) if classes is not None else None
 
 
-def undeclared_label(rel, line, column, label, classes):
+def undeclared_label(rel, line, column, label, classes, unit="line"):
     """The error for a label that ``data.classes`` does not list: where it is, the list, the fix."""
     close = difflib.get_close_matches(label, classes, n=3)
     hint = " (close: %s)" % ", ".join(repr(c) for c in close) if close else ""
-    return ("%s line %d column %r: label %r is not one of the %d classes of data.classes: %s%s. Fix: add "
+    return ("%s %s %d column %r: label %r is not one of the %d classes of data.classes: %s%s. Fix: add "
             "it to data.classes (at the end keeps the other classes' ids), or correct the row"
-            % (rel, line, column, label, len(classes), show_names(classes), hint))
+            % (rel, unit, line, column, label, len(classes), show_names(classes), hint))
 
 
 def check_classes(class_names, counts, where):

@@ -471,7 +471,7 @@ def run(config):
         LOG.info("starting from scratch")
         if training["warm_start"]:
             warm = checkpoints.warm_start(loop.model, common.model_root(config), schema["class_names"],
-                                          schema["features"] if schema["format"] == "csv" else None)
+                                          schema["features"] if schema["format"] in contract.TABULAR_FORMATS else None)
             if warm:
                 LOG.info("warm start: model weights initialised from version %d (%s)",
                          warm["version"], warm["path"])

@@ -562,7 +562,7 @@ class DataConfig(contract_fields("data")):
                                "remove data.columns for image folders")
         if self.shards > 1 and self.format != "csv":
             raise config_error("data.shards", f"sharded prep reads CSV files, data.format is {self.format!r}",
-                               "set data.shards to 1 for image folders")
+                               "set data.shards to 1 (one prep task reads images and Parquet files)")
         if self.window_days and self.format not in contract.TABULAR_FORMATS:
             raise config_error("data.window_days", f"date windows read CSV or Parquet partitions, data.format is "
                                f"{self.format!r}",

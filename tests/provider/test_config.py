@@ -109,7 +109,7 @@ BAD_CONFIGS = [
     (with_("data.path", DELETE), ["data.path"]),
     (with_("data.path", "/etc/passwd"), ["data.path", "leaves the data volume"]),
     (with_("data.path", "../secrets"), ["data.path", "leaves the data volume"]),
-    (with_("data.format", "parquet"), ["data.format", "'csv'"]),
+    (with_("data.format", "tsv"), ["data.format", "'csv'"]),
     (with_("data.eval_fraction", 1.0), ["data.eval_fraction", "(0, 1)"]),
     (with_("data.image_size", [32]), ["data.image_size", "[height, width]"]),
     (with_("data.channels", 2), ["data.channels"]),
@@ -274,3 +274,86 @@ def test_a_user_or_size_that_docker_would_misread_is_refused(key, value):
                                        ("shm_size", "1024")])
 def test_users_and_sizes_in_docker_form_are_taken(key, value):
     assert getattr(PipelineConfig.from_dict(with_(f"resources.{key}", value)).resources, key) == value
+
+
+def test_a_column_type_that_is_not_one_of_the_column_types_is_refused_with_a_did_you_mean():
+    """A misspelt data.columns type fails when the DAG is parsed, naming the column, the types and the closest one."""
+    with pytest.raises(TfpipeConfigError) as err:
+        PipelineConfig.from_dict(with_("data.columns", {"age": "numeric", "zip": "categoric"}))
+    assert str(err.value) == ("data.columns.zip: unknown type 'categoric'. Fix: use one of 'numeric', 'categorical', "
+                              "'boolean', 'ignore' (did you mean 'categorical'?).")
+
+
+@pytest.mark.parametrize("kind,hint", [("Numeric", " (did you mean 'numeric'?)"), ("float", ""), (3, "")])
+def test_a_column_type_in_the_wrong_case_or_of_another_kind_is_refused(kind, hint):
+    """'Numeric' gets a did-you-mean; a data.features type such as 'float', or a number, lists the types only."""
+    with pytest.raises(TfpipeConfigError) as err:
+        PipelineConfig.from_dict(with_("data.columns", {"age": kind}))
+    assert str(err.value) == (f"data.columns.age: unknown type {kind!r}. Fix: use one of 'numeric', 'categorical', "
+                              f"'boolean', 'ignore'{hint}.")
+
+
+@pytest.mark.parametrize("name", ["", "  ", 7])
+def test_a_column_name_that_is_empty_or_not_text_is_refused(name):
+    with pytest.raises(TfpipeConfigError, match=r"^data\.columns: keys must be column names as the CSV header writes "
+                       r"them, got .*\. Fix: e\.g\. \{'zip': 'categorical'\}\.$"):
+        PipelineConfig.from_dict(with_("data.columns", {name: "numeric"}))
+
+
+@pytest.mark.parametrize("kind", ["ignore", "categorical"])
+def test_the_label_column_cannot_be_typed_or_ignored(kind):
+    """The label is not a feature: data.columns naming it fails at parse time, before prep would."""
+    cfg = with_("data.label", "churned")
+    cfg["data"]["columns"] = {"churned": kind}
+    with pytest.raises(TfpipeConfigError) as err:
+        PipelineConfig.from_dict(cfg)
+    assert str(err.value) == ("data.columns.churned: is the label column (data.label), which is not a feature and has "
+                              "no type. Fix: remove it from data.columns.")
+
+
+def test_the_split_key_column_cannot_be_typed():
+    cfg = with_("data.key", "customer_id")
+    cfg["data"]["columns"] = {"customer_id": "categorical"}
+    with pytest.raises(TfpipeConfigError, match=r"^data\.columns\.customer_id: is the key column \(data\.key\), "
+                       r"which is not a feature and has no type\. Fix: remove it from data\.columns\.$"):
+        PipelineConfig.from_dict(cfg)
+
+
+def test_column_types_on_image_folders_are_refused():
+    cfg = with_("data.format", "images")
+    cfg["data"]["columns"] = {"zip": "categorical"}
+    cfg["training"] = {"model": "cnn"}
+    with pytest.raises(TfpipeConfigError, match=r"^data\.columns: types table columns, data\.format is 'images'\. Fix: "):
+        PipelineConfig.from_dict(cfg)
+
+
+def test_every_column_type_and_na_texts_are_taken():
+    cfg = with_("data.columns", {"age": "numeric", "zip": "categorical", "active": "boolean", "note": "ignore"})
+    cfg["data"]["na_values"] = ["", "?", "n/a"]
+    data = PipelineConfig.from_dict(cfg).data
+    assert data.columns == {"age": "numeric", "zip": "categorical", "active": "boolean", "note": "ignore"}
+    assert data.na_values == ("", "?", "n/a")
+    assert PipelineConfig.from_dict(with_("data.na_values", None)).data.na_values is None
+
+
+@pytest.mark.parametrize("values,bad", [(["NA", 0], 0), ([None], None), (["?", -1.5], -1.5)])
+def test_an_na_value_that_is_not_text_is_refused(values, bad):
+    """A cell is text: an NA value written as a number or null would never match one, so it is refused."""
+    with pytest.raises(TfpipeConfigError) as err:
+        PipelineConfig.from_dict(with_("data.na_values", values))
+    assert str(err.value) == (f"data.na_values[{values.index(bad)}]: must be a cell text, got {bad!r}. Fix: quote it, "
+                              f"e.g. {str(bad)!r}, or write null for only empty cells.")
+
+
+def test_columns_or_na_values_of_the_wrong_shape_keep_the_generic_errors():
+    with pytest.raises(TfpipeConfigError, match=r"^data\.columns: must be a mapping, got list\. Fix: "):
+        PipelineConfig.from_dict(with_("data.columns", ["zip"]))
+    with pytest.raises(TfpipeConfigError, match=r"^data\.na_values: must be a list, got 'NA'\. Fix: "):
+        PipelineConfig.from_dict(with_("data.na_values", "NA"))
+
+
+def test_column_types_on_parquet_tables_are_taken():
+    """data.columns types the columns of a Parquet table as of a CSV one."""
+    cfg = with_("data.format", "parquet")
+    cfg["data"]["columns"] = {"tags": "ignore", "zip": "categorical"}
+    assert PipelineConfig.from_dict(cfg).data.columns == {"tags": "ignore", "zip": "categorical"}

@@ -54,7 +54,7 @@ def test_utc_iso_takes_naive_times_as_utc_and_keeps_none():
 def test_window_config_checks_name_the_field_and_the_fix():
     """A window over image folders, and data.min_partitions above data.window_days, are refused when
     the DAG is parsed; an unsafe data.partition_key too."""
-    with pytest.raises(TfpipeConfigError, match=r"data.window_days: date windows read CSV partitions.*Fix: set "
+    with pytest.raises(TfpipeConfigError, match=r"data.window_days: date windows read CSV or Parquet partitions.*Fix: set "
                                                 r"data.window_days to 0"):
         pipeline(window_days=7, format="images")
     with pytest.raises(TfpipeConfigError, match=r"data.min_partitions: 8 is above data.window_days 7.*Fix"):

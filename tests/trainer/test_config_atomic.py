@@ -27,7 +27,7 @@ def test_resolve_fills_defaults_for_missing_sections(ws):
     ("training", {"epochs": "3"}, ["training.epochs", "integer"]),
     ("training", {"epochs": True}, ["training.epochs"]),
     ("training", {"optimizer": "adagrad"}, ["training.optimizer", "adam"]),
-    ("data", {"format": "parquet"}, ["data.format", "csv"]),
+    ("data", {"format": "tsv"}, ["data.format", "csv"]),
     ("data", {"image_size": [32]}, ["data.image_size"]),
     ("data", {"features": [{"name": "f0", "type": "complex"}]}, ["data.features[0].type"]),
     ("data", {"classes": "cat,dog"}, ["data.classes", "at least two class names"]),
