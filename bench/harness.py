@@ -9,8 +9,6 @@ The figures live in ``bench/figures/``, one module each, and import this module;
 lists them and calls :func:`main`. Imports run one way: run -> figures -> harness.
 """
 
-from __future__ import annotations
-
 import argparse
 import dataclasses
 import datetime as dt
@@ -36,7 +34,7 @@ RESULT_PREFIX = "BENCH_RESULT "  # the last stdout line of every bench/in_image 
 UID_GID = (1000, 1000)  # the trainer image's user: files on mounts belong to it
 #: What the whole bench needs at five pairs on a 2-core machine (the figures' ``seconds`` summed,
 #: with a margin): a figure that would start with less than its own estimate left is not run.
-DEFAULT_BUDGET_S = 3600
+DEFAULT_BUDGET_S = 4500
 
 
 def log(message: str) -> None:
@@ -191,10 +189,7 @@ def interleave(ctx: "Context", name: str, run_a: Callable[[int], Any], run_b: Ca
                ) -> tuple[list[float], list[float], list[float], list[float]]:
     """``ctx.pairs`` pairs, the order alternating (A B, B A, ...); returns the wall and CPU seconds of each
     side. ``run_a``/``run_b`` take the pair's index and return ``(wall_s, cpu_s)``."""
-    a: list[float] = []
-    b: list[float] = []
-    a_cpu: list[float] = []
-    b_cpu: list[float] = []
+    a, b, a_cpu, b_cpu = [], [], [], []
     for i in range(ctx.pairs):
         sides = [(run_a, a, a_cpu), (run_b, b, b_cpu)]
         for fn, wall, cpu in sides if i % 2 == 0 else sides[::-1]:

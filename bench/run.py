@@ -7,8 +7,6 @@
 The method and the figures: ``bench/README.md``; the harness: ``bench/harness.py``.
 """
 
-from __future__ import annotations
-
 import sys
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from figures import (  # noqa: E402
     gcs_stage_in_ratio,
     input_pipeline_ratio,
     orchestration_overhead_ratio,
+    prep_mixed_rows_per_s,
     prep_rows_per_s,
     provider_cost_ratio,
     resume_cost_ratio,
@@ -31,7 +30,8 @@ from figures import (  # noqa: E402
 
 FIGURES = [module.FIGURE for module in (
     dag_parse_ratio, provider_cost_ratio, orchestration_overhead_ratio, gcs_stage_in_ratio, input_pipeline_ratio,
-    checkpoint_overhead_ratio, train_loop_ratio, prep_rows_per_s, rss_drift_ratio, resume_cost_ratio)]
+    checkpoint_overhead_ratio, train_loop_ratio, prep_rows_per_s, prep_mixed_rows_per_s, rss_drift_ratio,
+    resume_cost_ratio)]
 
 if __name__ == "__main__":
     sys.exit(harness.main(FIGURES))

@@ -107,7 +107,7 @@ SECTIONS = {
                            "sorted names. Declared, ids stay put when a night lacks a class, a label "
                            "outside the list is an error, and sharded prep takes names"},
         "features": {"kind": "list?", "default": None,
-                     "doc": "feature columns as {name, type}; null = every other column, float"},
+                     "doc": "feature columns as {name, type}; null = every other column, each typed as prep infers it"},
         "key": {"kind": "str?", "default": None,
                 "doc": "column that identifies an example for the split; null = the row content"},
         "image_size": {"kind": "pair", "default": [32, 32], "minimum": 8, "maximum": 4096,

@@ -9,8 +9,6 @@ written out literally. Nothing here is deployed: its dag_id says so.
 """
 
 # ruff: noqa: E501  (the doc's Markdown table rows are as long as the generated ones)
-from __future__ import annotations
-
 import os
 from datetime import datetime, timedelta
 from pathlib import Path

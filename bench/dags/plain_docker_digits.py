@@ -1,16 +1,13 @@
 """Bench only: the digits pipeline as four hand-written DockerOperators, no tfpipe operator.
 
-``deployment_overhead_ratio`` runs it beside ``tfpipe_digits`` in the same ``make up`` stack: the
-same image, commands, stage configs (built here once, at parse time, as a user would paste them),
-mounts and TLS engine. It leaves out what the provider adds: the volume-preparing helper
-container, leftover clean-up, the engine ping, the result parsing, and the ``cleanup`` teardown
-(retention, beside training). The containers run as root, since nothing prepares the run dir
-for the image's user, unless ``TFPIPE_BENCH_USER`` names one (``provider_cost_ratio`` runs them as
-uid 1000, as tfpipe does, on volumes it prepared for that user beforehand). The run's ``run_id``
-reaches the configs through templating.
+``provider_cost_ratio`` runs it beside ``tfpipe_digits``: the same image, commands, stage configs
+(built here once, at parse time, as a user would paste them), mounts and engine. It leaves out what
+the provider adds: the volume-preparing helper container, leftover clean-up, the engine ping, the
+result parsing, and the ``cleanup`` teardown. The containers run as root, since nothing prepares
+the run dir for the image's user, unless ``TFPIPE_BENCH_USER`` names one (``provider_cost_ratio``
+runs them as uid 1000, on volumes it prepared for that user). The ``run_id`` reaches the configs
+through templating.
 """
-
-from __future__ import annotations
 
 import json
 import os
@@ -28,7 +25,7 @@ HOME = os.environ.get("TFPIPE_HOME", "/nonexistent")
 # The deployment's image, as tfpipe's tasks read it: the Airflow Variable tfpipe_image, rendered
 # (DockerOperator's image and environment are templated) when each task runs.
 IMAGE = "{{ var.value.tfpipe_image }}"
-#: the conf deployment_overhead_ratio triggers tfpipe_digits with
+#: the conf provider_cost_ratio triggers tfpipe_digits with
 CONF = json.loads(os.environ.get("TFPIPE_BENCH_CONF", '{"epochs": 2, "batch_size": 100}'))
 PLACEHOLDER = "RUNIDPLACEHOLDER"
 USER = os.environ.get("TFPIPE_BENCH_USER", "0:0")

@@ -5,8 +5,6 @@ Runs ``bench/in_image/checkpoint_overhead.py`` in the trainer image: the ``cnn``
 the saves' own time as a share of a run without them (``direct_estimate``).
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 from harness import LOGS, Context, Figure, ratio_stats

@@ -8,8 +8,6 @@ is byte-compiled first, as pip compiles an installed provider. A pair is one sam
 alternating order.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import sys

@@ -7,8 +7,6 @@ with the library: list the prefix, then one ``download_many`` into a fresh local
 (process workers, 8). Wall time and the machine's CPU time.
 """
 
-from __future__ import annotations
-
 import contextlib
 import io
 import os
@@ -22,6 +20,7 @@ import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
+from unittest import mock
 
 from harness import LOGS, BenchError, Context, Figure, interleave, ratio_stats, timed
 
@@ -68,13 +67,8 @@ def _fresh(path: Path) -> Path:
 
 
 def measure(ctx: Context) -> dict[str, Any]:
-    saved = os.environ.get("STORAGE_EMULATOR_HOST")
-    with emulator(LOGS / "gcs_stage_in_ratio.log") as host:
-        os.environ["STORAGE_EMULATOR_HOST"] = host
-        try:
-            return _measure(ctx)
-        finally:
-            os.environ.pop("STORAGE_EMULATOR_HOST") if saved is None else os.environ.update(STORAGE_EMULATOR_HOST=saved)
+    with emulator(LOGS / "gcs_stage_in_ratio.log") as host, mock.patch.dict(os.environ, STORAGE_EMULATOR_HOST=host):
+        return _measure(ctx)
 
 
 def _measure(ctx: Context) -> dict[str, Any]:

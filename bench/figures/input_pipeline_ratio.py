@@ -4,8 +4,6 @@ Runs ``bench/in_image/input_pipeline.py`` in the trainer image (its docstring sa
 the ``cnn`` on the synthetic 64x64 RGB images, CPU, process CPU time beside wall time.
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 from harness import LOGS, Context, Figure, ratio_stats

@@ -9,13 +9,12 @@ stages back to back with ``docker run`` and the operator's mounts, user, shm, ne
 environment, skipping export when evaluate does not bless, as Airflow does.
 """
 
-from __future__ import annotations
-
 import os
 import runpy
 import shutil
 import subprocess
 from typing import Any
+from unittest import mock
 
 from harness import LOGS, REPO, BenchError, Context, Figure, fresh_home, host_path, interleave, make_dirs, \
     ratio_stats, stage_docker_args, timed, tfpipe_run
@@ -42,11 +41,8 @@ def measure(ctx: Context) -> dict[str, Any]:
 
     def plain_run(i: int) -> tuple[float, float]:
         home = fresh_home(parent, f"plain-{i}")
-        saved, os.environ["TFPIPE_HOME"] = os.environ.get("TFPIPE_HOME"), str(home)  # read by the DAG file
-        try:
+        with mock.patch.dict(os.environ, TFPIPE_HOME=str(home)):  # read by the DAG file
             dag = runpy.run_path(str(REPO / "dags" / f"{DAG_ID}.py"), run_name="bench_dag")["dag"]
-        finally:
-            os.environ.pop("TFPIPE_HOME") if saved is None else os.environ.update(TFPIPE_HOME=saved)
         specs = sorted((t.spec for t in dag.tasks if getattr(t, "spec", None) is not None),
                        key=lambda spec: STAGES.index(spec.stage))
         commands = []

@@ -1,13 +1,9 @@
 """``prep_rows_per_s``: ``trainer.prep`` / the crude vectorised path, on the digits CSV repeated to 1,000,000 rows.
 
-Runs ``bench/in_image/prep_speed.py`` in the trainer image. A is ``trainer.prep`` (batched parse on
-worker processes, validation, split, stats, fingerprint) into a fresh work volume; B is
-``numpy.loadtxt`` of the whole file, then batches of 1,000 rows as ``tf.io.serialize_tensor``
-records (no validation, split or stats; the table in memory). Information, no ratio target: the
-issue's target is A's rows/s (at least 50,000), reported with both sides' peak RSS.
+Runs ``bench/in_image/prep_speed.py`` in the trainer image (its docstring says what A and B are).
+Information, no ratio target: the issue's target is A's rows/s (at least 50,000), reported with
+both sides' peak RSS.
 """
-
-from __future__ import annotations
 
 from typing import Any
 

@@ -9,8 +9,6 @@ tfpipe's whole task (engine ping, leftover removal, directory checks, result par
 metrics, the ``cleanup`` teardown). One untimed run of each side first. CPU time is the machine's.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import shutil

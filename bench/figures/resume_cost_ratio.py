@@ -10,8 +10,6 @@ against the uninterrupted one, and the machine's CPU time across each; ``tries``
 resume started and the resumed try's own start-up phases (``startup_s`` of its ``attempts.json``).
 """
 
-from __future__ import annotations
-
 import json
 import random
 import shutil

@@ -7,8 +7,6 @@ both: the default (jemalloc) and, for contrast, ``resources.jemalloc: false`` (g
 drift is a trend over epochs within the run, not a difference between two runs.
 """
 
-from __future__ import annotations
-
 import json
 import shutil
 import subprocess

@@ -7,8 +7,6 @@ TensorBoard scalars. The target is process CPU time, for each model: the headlin
 with the higher CPU ratio; each model's own figures are under ``models``.
 """
 
-from __future__ import annotations
-
 import os
 from typing import Any
 

@@ -69,8 +69,7 @@ def main():
         loop.fit(attempts, writer)
         seconds = time.perf_counter() - started
         writer.close()
-        sample.steps = loop.total_steps
-        sample.spe = loop.spe
+        sample.steps, sample.spe = loop.total_steps, loop.spe
         return seconds
 
     started = time.time()

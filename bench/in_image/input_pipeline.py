@@ -21,6 +21,7 @@ per-step seconds of each sample.
 """
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -89,12 +90,8 @@ def main():
             loop._train_step(x, y)
 
     memory_call = tf.function(_memory_call)
-    memory_chunks = []
-    start = 0
-    for steps in calls(0, spe):
-        chunk = in_memory[start:start + steps]
-        memory_chunks.append(([x for x, _ in chunk], [y for _, y in chunk]))
-        start += steps
+    ends = list(itertools.accumulate(calls(0, spe)))
+    memory_chunks = [([x for x, _ in in_memory[a:b]], [y for _, y in in_memory[a:b]]) for a, b in zip([0] + ends, ends)]
 
     def memory_sample():
         steps = 0

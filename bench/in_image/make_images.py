@@ -29,23 +29,19 @@ def write_pngs(root, count, size, channels, classes, seed):
     from PIL import Image
 
     rng = np.random.RandomState(seed)
-    written = 0
     for n in range(count):
         k = n % classes
         folder = os.path.join(root, "class_%d" % k)
-        if not os.path.isdir(folder):
-            os.makedirs(folder)
+        os.makedirs(folder, exist_ok=True)
         base = rng.randint(0, 96, size=(size, size, channels)).astype(np.int32)
         base[..., k % channels] += 40 + 10 * k  # class colour cast
         q = size // 4
         corner = [(0, 0), (0, size - q), (size - q, 0), (size - q, size - q)][k % 4]
         base[corner[0]:corner[0] + q, corner[1]:corner[1] + q, :] += 100
         pixels = np.clip(base, 0, 255).astype(np.uint8)
-        mode = "RGB" if channels == 3 else "L"
-        image = Image.fromarray(pixels if channels == 3 else pixels[..., 0], mode)
+        image = Image.fromarray(pixels if channels == 3 else pixels[..., 0], "RGB" if channels == 3 else "L")
         image.save(os.path.join(folder, "img_%05d.png" % n))
-        written += 1
-    return written
+    return count
 
 
 def main():
@@ -54,13 +50,11 @@ def main():
     parser.add_argument("--count", type=int, default=1200)
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--channels", type=int, default=3)
-    parser.add_argument("--classes", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
 
     started = time.time()
     images = os.path.join(args.root, "data", "images")
-    count = write_pngs(images, args.count, args.size, args.channels, args.classes, args.seed)
+    count = write_pngs(images, args.count, args.size, args.channels, classes=4, seed=7)
     png_s = time.time() - started
 
     from trainer import prep

@@ -1,12 +1,16 @@
-"""prep_rows_per_s: tfpipe's prep stage against a crude vectorised baseline, in the trainer image.
+"""prep_rows_per_s, prep_mixed_rows_per_s: tfpipe's prep stage, in the trainer image.
 
     python3 bench/in_image/prep_speed.py --root /bench --pairs 5 --rows 1000000
+    python3 bench/in_image/prep_speed.py --root /bench --table mixed --format parquet --rows 1000000 --b-rows 250000
 
-The input is the digits CSV (64 integer pixel features and a label) repeated to ``--rows`` rows.
+The input is the digits CSV (64 integer pixel features and a label) repeated to ``--rows`` rows,
+or with ``--table mixed`` a table of 20 numeric and 10 text columns (:func:`make_mixed`), as CSV
+or (``--format parquet``) as Parquet.
 A: ``python3 -m trainer prep`` on it (a fresh work volume each time, so never a cache hit).
 B: the crude vectorised path: ``numpy.loadtxt`` of the whole file, then batches of 1,000 rows
 serialised with ``tf.io.serialize_tensor`` into a TFRecord file (no validation, split, stats or
-fingerprint, and the whole table in memory). Each side runs in its own process; A B, B A, ...
+fingerprint, and the whole table in memory); with ``--b-rows N``, A's prep of the same kind of
+table of N rows instead. Each side runs in its own process; A B, B A, ...
 """
 
 import argparse
@@ -19,31 +23,64 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from util import emit, log, stage_config  # noqa: E402
+from util import emit, interleave, stage_config  # noqa: E402
 
 DIGITS = "/src/.demo/data/digits/digits.csv"
 
 
-def make_csv(root, rows):
-    """The digits CSV repeated to ``rows`` data rows, made once per size."""
-    path = os.path.join(root, "csv", "digits_%d.csv" % rows)
+def make_table(root, rows, table="digits", fmt="csv"):
+    """The ``table`` of ``rows`` data rows as a ``fmt`` file, made once per size. Parquet: the CSV typed
+    by pyarrow's CSV reader, empty cells null, in row groups of 100,000 rows (a longer table has more
+    row groups, not larger ones, as a writer that caps them makes)."""
+    path = os.path.join(root, "tables", "%s_%d.%s" % (table, rows, fmt))
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(DIGITS) as handle:
-            header, *lines = handle.read().splitlines()
-        with open(path + ".tmp", "w") as out:
-            out.write(header + "\n")
-            for start in range(0, rows, len(lines)):
-                out.write("\n".join(lines[:min(len(lines), rows - start)]) + "\n")
+        if fmt == "parquet":
+            from pyarrow import csv, parquet
+
+            typed = csv.read_csv(make_table(root, rows, table), convert_options=csv.ConvertOptions(strings_can_be_null=True))
+            parquet.write_table(typed, path + ".tmp", row_group_size=100000)
+        else:
+            (make_mixed if table == "mixed" else make_digits)(path + ".tmp", rows)
         os.rename(path + ".tmp", path)
     return path
 
 
-def fresh_volumes(root, name, csv_path):
+def make_digits(path, rows):
+    """The digits CSV repeated to ``rows`` data rows."""
+    with open(DIGITS) as handle:
+        header, *lines = handle.read().splitlines()
+    with open(path, "w") as out:
+        out.write(header + "\n")
+        for start in range(0, rows, len(lines)):
+            out.write("\n".join(lines[:min(len(lines), rows - start)]) + "\n")
+
+
+def make_mixed(path, rows):
+    """20 numeric columns, 10 text columns of 2 to 50,000 distinct values (so vocabularies, unseen
+    values and hashed columns all occur), 5% of the feature cells empty, and a 0/1 label."""
+    import numpy as np
+
+    rng = np.random.default_rng(rows)
+    numbers = np.array(["%.3f" % v for v in rng.normal(50, 20, 1000)], dtype=object)
+    with open(path, "w") as out:
+        out.write(",".join(["n%d" % i for i in range(20)] + ["t%d" % i for i in range(10)] + ["label"]) + "\n")
+        for start in range(0, rows, 100000):
+            n = min(100000, rows - start)
+            cells = [numbers[rng.integers(0, 1000, n)] for _ in range(20)] + [
+                np.char.add("v", rng.integers(0, d, n).astype(str)).astype(object)
+                for d in (2, 5, 20, 100, 500, 1000, 3000, 10000, 20000, 50000)]
+            for column in cells:
+                column[rng.random(n) < 0.05] = ""
+            cells.append(rng.integers(0, 2, n).astype(str).astype(object))
+            out.write("\n".join(map(",".join, zip(*cells))) + "\n")
+
+
+def fresh_volumes(root, name, table_path):
     base = os.path.join(root, "runs", name)
     shutil.rmtree(base, ignore_errors=True)
     os.makedirs(os.path.join(base, "data"))
-    os.symlink(csv_path, os.path.join(base, "data", "table.csv"))
+    os.symlink(table_path, os.path.join(base, "data", "table" + os.path.splitext(table_path)[1]))
     return base
 
 
@@ -56,7 +93,9 @@ def side_a(base):
     """tfpipe prep (in this process, which the host-side runner started fresh)."""
     from trainer import prep
 
-    result = prep.run(stage_config(base, "prep", "bench", "prep", {"path": "table.csv"}))
+    name = os.listdir(os.path.join(base, "data"))[0]
+    data = {"path": name, "format": "parquet" if name.endswith(".parquet") else "csv"}
+    result = prep.run(stage_config(base, "prep", "bench", "prep", data))
     return {"examples": sum(result["examples"].values())}
 
 
@@ -65,8 +104,7 @@ def side_b(base):
     import numpy as np
     import tensorflow as tf
 
-    table = np.loadtxt(os.path.join(base, "data", "table.csv"), delimiter=",", skiprows=1,
-                       dtype=np.float32)
+    table = np.loadtxt(os.path.join(base, "data", "table.csv"), delimiter=",", skiprows=1, dtype=np.float32)
     os.makedirs(os.path.join(base, "work"))
     with tf.io.TFRecordWriter(os.path.join(base, "work", "table.tfrecord")) as writer:
         for start in range(0, len(table), 1000):
@@ -74,50 +112,44 @@ def side_b(base):
     return {"examples": len(table)}
 
 
-def one(side, root, rows):
-    """Run one side in a fresh process; ``(wall s, CPU s incl. its workers, peak RSS MiB)``."""
-    base = fresh_volumes(root, side, make_csv(root, rows))
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.monotonic()
-    out = subprocess.run([sys.executable, __file__, "--root", root, "--side", side, "--base", base],
-                         stdout=subprocess.PIPE, universal_newlines=True, check=True).stdout
-    wall = time.monotonic() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    shutil.rmtree(base, ignore_errors=True)
-    detail = json.loads(out.strip().splitlines()[-1])
-    return wall, cpu, detail
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", required=True)
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--rows", type=int, default=1000000)
+    parser.add_argument("--table", choices=("digits", "mixed"), default="digits")
+    parser.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    parser.add_argument("--b-rows", type=int, help="B: prep of the same table at this many rows")
     parser.add_argument("--side")
     parser.add_argument("--base")
     args = parser.parse_args()
     if args.side:  # one timed side, in its own process
         detail = (side_a if args.side == "a" else side_b)(args.base)
         detail["peak_rss_mb"] = round(peak_mb(), 1)
-        detail["workers_peak_rss_mb"] = round(
-            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0, 1)
+        detail["workers_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0, 1)
         print(json.dumps(detail))
         return
-    result = {"a": [], "b": [], "a_cpu": [], "b_cpu": [], "a_rss_mb": [], "b_rss_mb": [],
-              "a_workers_rss_mb": [], "rows": args.rows, "unit": "s per %d rows" % args.rows}
-    make_csv(args.root, args.rows)
-    for pair in range(args.pairs):
-        for side in ("a", "b") if pair % 2 == 0 else ("b", "a"):
-            wall, cpu, detail = one(side, args.root, args.rows)
-            result[side].append(wall)
-            result[side + "_cpu"].append(cpu)
-            result[side + "_rss_mb"].append(detail["peak_rss_mb"])
-            if side == "a":
-                result["a_workers_rss_mb"].append(detail["workers_peak_rss_mb"])
-            log("pair %d %s: %.1f s (%.0f rows/s), CPU %.1f s, peak RSS %.0f MiB", pair + 1, side,
-                wall, args.rows / wall, cpu, detail["peak_rss_mb"])
-    emit(result)
+    rows = {"a": args.rows, "b": args.b_rows or args.rows}
+    tables = {side: make_table(args.root, n, args.table, args.format) for side, n in rows.items()}
+    details = {"a": [], "b": []}
+
+    def arm(side):
+        def run(_):
+            """One side in a fresh process (its workers' CPU time counts: they are its children)."""
+            base = fresh_volumes(args.root, side, tables[side])
+            started = time.monotonic()
+            out = subprocess.run([sys.executable, __file__, "--root", args.root, "--base", base, "--side",
+                                  "a" if args.b_rows else side], stdout=subprocess.PIPE, universal_newlines=True,
+                                 check=True).stdout
+            details[side].append(json.loads(out.strip().splitlines()[-1]))
+            return time.monotonic() - started
+        return run
+
+    result = interleave(args.pairs, [("A", arm("a")), ("B", arm("b"))])
+    for side in "ab":
+        result[side + "_rss_mb"] = [d["peak_rss_mb"] for d in details[side]]
+        result[side + "_workers_rss_mb"] = [d["workers_peak_rss_mb"] for d in details[side]]
+    emit(dict(result, rows=rows, unit="s per table"))
 
 
 if __name__ == "__main__":

@@ -81,20 +81,14 @@ def main():
         loop = train.Loop(config, strategy, schema, stats, dataset_dir)
         loop.state.record_inputs(schema["fingerprint"], args.batch_size, loop.spe)
         attempts, writer = util.first_try(loop, train, common)
-        save = loop.state.save
-        saves = []
-
-        def counted_save(*a, **kw):
-            saves.append(1)
-            return save(*a, **kw)
-        loop.state.save = counted_save
+        save, saves = loop.state.save, []
+        loop.state.save = lambda *a, **kw: saves.append(1) or save(*a, **kw)
         started = time.perf_counter()
         history = loop.fit(attempts, writer)
         seconds = time.perf_counter() - started
         writer.close()
-        loop_sample.steps, loop_sample.spe = loop.total_steps, loop.spe
+        loop_sample.steps, loop_sample.spe, loop_sample.saves = loop.total_steps, loop.spe, len(saves)
         loop_sample.val_accuracy = history[-1]["val_accuracy"]
-        loop_sample.saves = len(saves)
         return seconds
 
     class Checkpointing(tf.keras.callbacks.Callback):
@@ -157,21 +151,13 @@ def main():
                             validation_data=data.eval_dataset(base_eval, args.batch_size),
                             validation_steps=-(-schema["counts"]["eval"] // args.batch_size))
         seconds = time.perf_counter() - started
-        fit_sample.val_accuracy = history.history["val_accuracy"][-1]
-        fit_sample.saves = checkpointing.saves
+        fit_sample.val_accuracy, fit_sample.saves = history.history["val_accuracy"][-1], checkpointing.saves
         return seconds
 
     started = time.time()
     # B's steps_per_execution: the value with the least median CPU time over --tune-runs runs each
-    tuning = {}
-    for spe in candidates:
-        cpu = []
-        for run in range(args.tune_runs):
-            t0 = time.process_time()
-            wall = fit_sample(-1, spe)
-            cpu.append(time.process_time() - t0)
-            util.log("tuning steps_per_execution=%d: %.3f s wall, %.3f s CPU", spe, wall, cpu[-1])
-        tuning[spe] = statistics.median(cpu)
+    tuned = util.interleave(args.tune_runs, [(str(spe), lambda i, spe=spe: fit_sample(-1, spe)) for spe in candidates])
+    tuning = {spe: statistics.median(tuned["%d_cpu" % spe]) for spe in candidates}
     best = min(tuning, key=tuning.get)
     util.log("B uses steps_per_execution=%d", best)
     samples = util.interleave(args.pairs, [("A", loop_sample), ("B", lambda i: fit_sample(i, best))],

@@ -68,25 +68,28 @@ def find_dataset(root):
     return dataset_dir, schema, stats
 
 
+def cpu_s():
+    """CPU seconds of this process and of the children it has waited for."""
+    return time.process_time() + sum(os.times()[2:4])
+
+
 def interleave(pairs, arms, warmup=None):
     """Run ``warmup`` (untimed), then the arms in turn, ``pairs`` rounds, the order alternating: A B, B A, ...
 
     ``arms`` is a list of ``(name, fn)``; ``fn(i)`` returns the sample's value (seconds), or
     None to use the seconds the call took. Returns ``{"a": [...], "b": [...], ...}`` keyed by
-    the lower-case arm names, plus ``"a_cpu"``, ... with the process CPU seconds (all threads)
-    of each call: unlike wall time, hardly inflated by other processes on a shared machine.
+    the lower-case arm names, plus ``"a_cpu"``, ... with the process CPU seconds (all threads,
+    and the child processes it waited for) of each call: unlike wall time, hardly inflated by
+    other processes on a shared machine.
     """
     if warmup:
         warmup()
-    out = {}
-    for name, _ in arms:
-        out[name.lower()] = []
-        out[name.lower() + "_cpu"] = []
+    out = {name.lower() + suffix: [] for name, _ in arms for suffix in ("", "_cpu")}
     for i in range(pairs):
         for name, fn in arms if i % 2 == 0 else arms[::-1]:
-            started, cpu = time.perf_counter(), time.process_time()
+            started, cpu = time.perf_counter(), cpu_s()
             value = fn(i)
-            cpu = time.process_time() - cpu
+            cpu = cpu_s() - cpu
             value = time.perf_counter() - started if value is None else value
             out[name.lower()].append(value)
             out[name.lower() + "_cpu"].append(cpu)

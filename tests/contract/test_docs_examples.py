@@ -13,6 +13,7 @@ EXAMPLES = REPO / "docs" / "examples"
 DAG_IDS = {
     "alerts.py": "digits_with_alerts",
     "churn_model.py": "churn_model",
+    "churn_table.py": "churn_table",
     "custom_model.py": "churn_wide",
     "gcs.py": "churn_from_gcs",
     "gpus.py": "images_on_gpus",
@@ -110,3 +111,13 @@ def test_sharded_example_maps_prep_over_four_shards(dags):
     dag = dags["clicks_sharded"]
     assert {"prep_shard", "prep_merge"} <= set(dag.task_ids) and "prep" not in dag.task_ids
     assert "prep_merge" in dag.get_task("train").upstream_task_ids
+
+
+def test_churn_table_example_types_its_columns_and_missing_values_for_prep(dags):
+    """docs: your data: the column types, NA texts, dropped label-less rows and vocabulary settings
+    of ``data`` reach the prep stage as written."""
+    data = _config(dags["churn_table"], "prep")["data"]
+    assert dict(data["columns"]) == {"customer_id": "ignore", "zip": "categorical", "autopay": "boolean"}
+    assert list(data["na_values"]) == ["", "NA", "n/a"] and data["drop_missing_labels"] is True
+    assert (data["max_vocabulary"], data["min_frequency"], data["hash_threshold"], data["hash_bins"]) == (
+        500, 5, 20000, 4096)
