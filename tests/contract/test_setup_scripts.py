@@ -182,7 +182,7 @@ def test_unmount_under_a_missing_directory_is_nothing_to_do(tmp_path):
 
 @pytest.mark.parametrize("target", ["demo", "test"])
 def test_demo_and_test_build_the_venv_and_the_image_at_once_then_set_up_the_rest(target):
-    """README: ``make demo`` and ``make test`` do all set-up themselves, the venv and the image built
+    """README and the docs: ``make demo`` and ``make test`` do all set-up themselves, the venv and the image built
     at once (one ``make -j2``: the venv is mostly downloads, the image a CPU-bound build), then the
     metadata DB; ``make demo`` then runs ``tfpipe_digits``. Read from the recipes (``make -n``)."""
     def recipe(*args: str) -> list[str]:

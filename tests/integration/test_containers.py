@@ -247,7 +247,7 @@ class _WorkerLost(BaseException):
     """The worker process dying: nothing after it runs, the container it started keeps running."""
 
 
-#: the key README says the container id is kept under (operators find it there across tries)
+#: the key the docs (Resume and recovery) say the container id is kept under (operators find it there across tries)
 README_KEY = "tfpipe_container_id"
 
 

@@ -1,6 +1,6 @@
 """The trainer image's installed dependencies come in several layers, none of them huge.
 
-The README: the 4.3 GB dependency tree is five layers of at most about 1.3 GB, so that `docker
+The docs' image page: the 4.3 GB dependency tree is five layers of at most about 1.3 GB, so that `docker
 push` compresses several at once and a pull downloads several at once. Read from the engine's
 history of the image `make image` built (what a registry push sends, layer by layer).
 """
@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-#: The largest layer the README allows (bytes, as `docker history` counts them).
+#: The largest layer the docs allow (bytes, as `docker history` counts them).
 MAX_LAYER = 1.3e9
 
 

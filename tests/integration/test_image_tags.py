@@ -1,6 +1,6 @@
 """The image tags follow their inputs (``docker/build-image.sh --plan``, against the real engine).
 
-The README: each layer is "tagged by a hash of its inputs so a stale image is never used". A copy of
+The docs' image page: each layer is "tagged by a hash of its inputs so a stale image is never used". A copy of
 the image's inputs (``docker/`` and ``trainer/``) is planned before and after each kind of change;
 ``--plan`` builds nothing and reads only the engine's image list, so each plan takes about a second.
 """
@@ -136,7 +136,7 @@ def test_a_changed_offline_recipe_gives_a_new_root_and_the_script_says_which_roo
 
 
 def test_the_make_targets_set_the_image_variable_in_this_project_s_airflow(trainer_image):
-    """README: ``make image`` (and so ``make demo`` and ``make test``, through ``image-variable``) sets
+    """The docs: ``make image`` (and so ``make demo`` and ``make test``, through ``image-variable``) sets
     the Airflow Variable ``tfpipe_image`` to the image it built, so the example DAGs, which name no
     image, run without any environment variable. Read through Airflow's own CLI, with the tests'
     ``AIRFLOW_VAR_TFPIPE_IMAGE`` (which would shadow the Variable) taken away."""

@@ -1,4 +1,4 @@
-"""README claims of "Data at scale" and "Retention" that need no engine: the CUDA JIT cache's bound
+"""Claims of the docs' "Data at scale", "GPUs" and "Retention" that need no engine: the CUDA JIT cache's bound
 on every stage container, and the upper bound of ``data.shards``."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tfpipe.exceptions import TfpipeConfigError
 BASE = {"dag_id": "cuda_cache_and_shards", "image": {"ref": "tfpipe/trainer:0.1.0"},
         "volumes": {"data": "/srv/d", "work": "/srv/w", "models": "/srv/m"}, "data": {"path": "x.csv"}}
 
-#: README, Retention: "every stage container gets CUDA_CACHE_MAXSIZE=4294967296 (4 GiB, the
+#: the docs, GPUs (the CUDA cache): "every stage container gets CUDA_CACHE_MAXSIZE=4294967296 (4 GiB, the
 #: driver's maximum)", the cache living in ``work/cache/cuda``.
 CUDA_MAXSIZE = str(4 * 2**30)
 
@@ -60,7 +60,7 @@ def test_every_kubernetes_stage_pod_gets_the_4_gib_cuda_cache():
 
 
 def test_data_shards_up_to_1024_are_taken_and_1025_is_refused_naming_the_field():
-    """README, Data at scale: "What is refused when the DAG is parsed, naming `data.shards` and the
+    """The docs, Data at scale: "What is refused when the DAG is parsed, naming `data.shards` and the
     fix: a value below 1 or above 1024"."""
     dag = training_pipeline(PipelineConfig.from_dict({**BASE, "data": {"path": "x.csv", "shards": 1024}}))
     assert "prep_shard" in dag.task_ids and "prep_merge" in dag.task_ids

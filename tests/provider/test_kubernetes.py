@@ -314,7 +314,7 @@ def test_the_pod_environment_carries_the_time_zone_and_the_jemalloc_switch(timez
 
 
 def test_a_pod_task_records_no_run_location_so_the_report_route_says_it_cannot_serve_it(monkeypatch):
-    """README: the plugin cannot read a Kubernetes run's volumes, so its report route answers 404
+    """The docs (Monitoring): the plugin cannot read a Kubernetes run's volumes, so its report route answers 404
     for such runs. It finds a run's files through the location a Docker stage task records as an
     XCom; a pod task records none (the pod itself is not created here)."""
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator

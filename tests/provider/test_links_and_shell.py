@@ -256,7 +256,7 @@ def test_a_bad_tensorboard_setting_names_the_variable_and_the_fix(monkeypatch, n
     monkeypatch.setenv("TFPIPE_TENSORBOARD_IDLE_S", "90.5")
     assert TensorBoards.idle_seconds() == 90.5
     monkeypatch.delenv("TFPIPE_TENSORBOARD_IDLE_S")
-    assert TensorBoards.idle_seconds() == 1800, "README: an idle TensorBoard goes after 1800 s by default"
+    assert TensorBoards.idle_seconds() == 1800, "the docs: an idle TensorBoard goes after 1800 s by default"
 
 
 def test_jupyter_args_publish_on_loopback_with_a_token(dag):
@@ -350,7 +350,7 @@ def test_a_port_published_on_a_remote_engine_says_how_to_reach_it():
 
 
 def test_make_tensorboard_and_make_shell_pass_readme_s_defaults_and_settings():
-    """README: ``make tensorboard`` serves ``RUN=latest`` of ``DAG=tfpipe_digits`` on ``PORT=6006``;
+    """The docs (Monitoring): ``make tensorboard`` serves ``RUN=latest`` of ``DAG=tfpipe_digits`` on ``PORT=6006``;
     ``make shell`` opens ``TASK=train`` of the latest run; both take those settings. Read from the
     recipes make would run (``make -n`` runs none), then parsed as the CLI parses them."""
     import argparse

@@ -56,7 +56,7 @@ def test_provider_info_names_no_url():
 
 
 def test_the_plugin_comes_through_the_entry_point_only():
-    """The README: the plugin is registered by the ``airflow.plugins`` entry point, not also by the
+    """The docs (Monitoring): the plugin is registered by the ``airflow.plugins`` entry point, not also by the
     provider info's ``plugins`` key (Airflow would register it twice where it reads that key)."""
     assert "plugins" not in get_provider_info()
     dist = metadata.distribution("airflow-provider-tfpipe")

@@ -47,7 +47,7 @@ def test_active_runs_cost_the_same_small_calls_whatever_the_history():
     short, long = RunStates("manual__now", _history(3)), RunStates("manual__now", _history(3000))
     assert active_run_ids(short, "d", log) == active_run_ids(long, "d", log) == ["manual__now"]
     assert short.calls == long.calls
-    # exactly the two small calls the README promises for this usual case: a count of the active
+    # exactly the two small calls the docs (Scheduling: Retention) promise for this usual case: a count of the active
     # runs, then this run's state, each a one-value reply; a third call (or a read of every run's
     # task states) would be a cost paid on every run
     assert long.calls == [("get_dr_count", 1), ("get_dagrun_state", 1)], long.calls

@@ -1,5 +1,5 @@
-"""README claims of "Using the provider in an existing Airflow deployment" and "Early stopping, the
-learning-rate schedule and its warm-up" / "Gradient clipping", checked where a running task acts:
+"""Claims of the docs' "Deploying" and "Your pipeline" pages (the learning-rate schedule's warm-up,
+gradient clipping), checked where a running task acts:
 
 - A run whose conf lowers ``epochs`` below the warm-up "fails its train task at once, naming both fields
   and the fix"; the conf's patience and clip are "checked like the DAG file" (a bad one fails the task
@@ -104,7 +104,7 @@ def test_the_image_variable_is_read_when_the_task_runs_not_when_the_dag_is_parse
 
 def test_the_engine_setting_is_read_when_the_task_runs_not_when_the_dag_is_parsed(monkeypatch):
     """``[tfpipe] docker_url`` (here ``AIRFLOW__TFPIPE__DOCKER_URL``) is read in ``execute()`` on the
-    worker, as README says: the DAG processor, which holds no client keys and may be configured
+    worker, as the docs say: the DAG processor, which holds no client keys and may be configured
     without the section, parses with another value (here an unusable one) without an error, and
     the task goes to the engine its worker names when it runs."""
     from tfpipe.engine_settings import DEFAULT_DOCKER_URL

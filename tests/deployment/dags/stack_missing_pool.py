@@ -2,7 +2,7 @@
 
 - ``tfpipe_stack_missing_pool``: the digits pipeline whose ``train`` is in the pool
   ``tfpipe_stack_no_such_pool``, which nothing creates: ``prep`` runs, ``train`` must never be
-  queued (README, "Pools"). No ``cleanup`` (retention off), so once ``prep`` is done nothing of
+  queued (the docs: GPUs, "gpu_pool"). No ``cleanup`` (retention off), so once ``prep`` is done nothing of
   the run is left running while ``train`` waits, and the test can end the run without killing a task.
 
 Paths and the engine come from the stack's environment, as for the repository's DAGs.
