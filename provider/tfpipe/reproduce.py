@@ -62,17 +62,19 @@ class ContainerPlan:
 
 def task_plan(task: Any, *, dag_id: str, run_id: str, try_number: int, params: Mapping[str, Any] | None,
               map_index: int = -1, image: str | None = None,
-              image_identity: Mapping[str, Any] | None = None) -> ContainerPlan:
+              image_identity: Mapping[str, Any] | None = None, data_interval_end: Any = None) -> ContainerPlan:
     """The container a tfpipe stage task starts for one try, as its ``execute()`` builds it.
 
     ``params``: the run's params; ``image`` overrides the task's image; ``image_identity`` is what the
-    task adds to the config's ``run`` section. Private environment values are left out (named in ``left_out``).
+    task adds to the config's ``run`` section; ``data_interval_end``: the run's, where a date window ends
+    (``data.window_days``). Private environment values are left out (named in ``left_out``).
     """
     from docker.utils import parse_bytes
 
     spec = task.spec
     image = image or spec.image
-    plan = resolve_try(spec, TryIdentity(dag_id, run_id, task.task_id, try_number, map_index), params, image=image,
+    identity = TryIdentity(dag_id, run_id, task.task_id, try_number, map_index, data_interval_end=data_interval_end)
+    plan = resolve_try(spec, identity, params, image=image,
                        shard_index=getattr(task, "shard_index", None))
     private = dict(spec.private_environment)
     environment = {k: str(v) for k, v in (task.environment or {}).items()

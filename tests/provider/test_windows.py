@@ -85,3 +85,18 @@ def test_logical_date_option_reads_iso_dates_as_utc():
     assert logical_date_arg("2026-12-06T02:00:00+02:00").utcoffset() == timedelta(hours=2)
     with pytest.raises(argparse.ArgumentTypeError, match="not an ISO 8601 date"):
         logical_date_arg("yesterday")
+
+
+def test_a_shell_of_a_windowed_prep_reproduces_the_runs_window_end():
+    """``tfpipe shell`` builds prep's container of a windowed run with that run's data interval end, so
+    ``python3 -m trainer prep`` inside reads the run's window (without it the config has no window end)."""
+    from tfpipe import reproduce, training_pipeline
+
+    dag = training_pipeline(pipeline(window_days=7))
+    end = datetime(2026, 12, 7, tzinfo=timezone.utc)
+    plan = reproduce.task_plan(dag.get_task("prep"), dag_id=dag.dag_id, run_id="scheduled__2026-12-06", try_number=1,
+                               params=dag.params.dump(), data_interval_end=end)
+    assert plan.config["run"][contract.WINDOW_END_KEY] == "2026-12-07T00:00:00+00:00"
+    bare = reproduce.task_plan(dag.get_task("prep"), dag_id=dag.dag_id, run_id="scheduled__2026-12-06", try_number=1,
+                               params=dag.params.dump())
+    assert not bare.config["run"].get(contract.WINDOW_END_KEY)

@@ -90,7 +90,8 @@ def shell(args: argparse.Namespace) -> int:
                   f"{image} instead (the code may differ from the task's)")
     plan = reproduce.task_plan(task, dag_id=dag.dag_id, run_id=run_id, try_number=try_number, params=params,
                            map_index=map_index, image=image,
-                           image_identity=_image_identity(image, docker))
+                           image_identity=_image_identity(image, docker),
+                           data_interval_end=getattr(dag_run, "data_interval_end", None) or getattr(dag_run, "run_after", None))
     instance = f"[{map_index}]" if map_index >= 0 else ""
     note(f"{dag.dag_id} / {run_id} / {task.task_id}{instance} try {try_number}"
           f"{' (conf ' + json.dumps(conf, sort_keys=True) + ')' if conf else ''}; run dir {host_run_dir}")
