@@ -13,6 +13,9 @@ import pytest
 
 from tests.conftest import REPO
 
+# MkDocs is in the main venv only; the docs do not change with the Airflow release
+pytestmark = pytest.mark.docs
+
 #: README is the package's description on the index and the repository's front page.
 README_MAX_LINES = 200
 

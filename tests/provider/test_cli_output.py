@@ -29,7 +29,10 @@ MARKS = Path({marks!r})
 with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False):
     @task(retries=0)
     def prep():
+        import warnings
+
         print("prep: a line of the task's own")
+        warnings.warn("prep: a warning of the task's own")
 
     @task(retries=1, retry_delay=0)
     def once_flaky():
@@ -73,7 +76,9 @@ with DAG({dag_id!r}, schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz=
 '''
 
 #: An Airflow log line as Airflow's console renderer writes it: an ISO time, then the level.
-AIRFLOW_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z \[\w+\s*\] ", re.M)
+# A line of Airflow's own log: structlog's ("2026-...Z [info     ] ") from 3.1 on, the logging module's
+# ("[2026-...+0000] {dagbag.py:585} INFO - ") on 3.0
+AIRFLOW_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z \[\w+\s*\] |\[\d{4}-\d\d-\d\dT[^\]]+\] \{)", re.M)
 
 
 def _write(tmp_path: Path, template: str, prefix: str) -> tuple[str, Path, Path]:
@@ -98,7 +103,8 @@ def test_the_first_screen_is_the_stages_their_times_errors_and_the_result_and_ai
         tmp_path):
     """Without ``-v``: stdout is the one summary line; stderr a line per stage start and end with its
     time, the failed stage's error in full (with its fix), the stage that never ran, the result, and
-    the log file, named first and last; none of Airflow's own lines. The file has those lines."""
+    the log file, named first and last; none of Airflow's own lines, and no Python warning (a task's,
+    or Airflow's deprecations). The file has those lines and the warning."""
     dag_id, dags, _ = _write(tmp_path, STAGES_DAG, "cli_screen")
     cmd, env = _command(dag_id, dags)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
@@ -129,8 +135,9 @@ def test_the_first_screen_is_the_stages_their_times_errors_and_the_result_and_ai
     assert re.fullmatch(rf"{dag_id}: run {re.escape(summary['run_id'])} failed in \d+\.\d s", said[-2]), said[-2]
 
     text = log.read_text()
+    assert "a warning of the task's own" not in proc.stderr
     for airflow_said in ("Filling up the DagBag from", "[DAG TEST] starting task_id=prep",
-                         "prep: a line of the task's own", "Marking run"):
+                         "prep: a line of the task's own", "prep: a warning of the task's own", "Marking run"):
         assert airflow_said in text, airflow_said
     assert "Traceback" in text and "ValueError: check: the data has 3 columns" in text
     assert len(AIRFLOW_LINE.findall(text)) > 30, "Airflow's log lines are in the file"

@@ -198,7 +198,7 @@ PARSE_K8S = textwrap.dedent('''
     logging.getLogger().addHandler(handler)
     bag = DagBag(dag_folder=sys.argv[1])
     print(json.dumps({"dag_ids": sorted(bag.dag_ids), "import_errors": {k: str(v) for k, v in bag.import_errors.items()},
-                      "said": [m for m in records if "k8s_tfpipe_digits" in m],
+                      "said": [m for m in records if m.startswith("k8s_tfpipe_digits")],
                       "provider_loaded": any(m.startswith("airflow.providers.cncf.kubernetes") for m in sys.modules)}))
 ''')
 

@@ -74,8 +74,18 @@ def test_prep_lineage_names_the_partitions_read():
                             upstream={})
     (raw,) = lineage.inputs
     assert raw.name == "/srv/data/events" and raw.facets["tfpipe_window"] == window
-    event = to_operator_lineage(lineage)
-    facet = event.inputs[0].facets["tfpipe_window"]
+
+
+def test_prep_lineage_event_carries_the_window_facet():
+    """With the OpenLineage provider (the ``openlineage`` extra), the event's input dataset carries the
+    tfpipe_window facet with the partitions read and missing."""
+    pytest.importorskip("airflow.providers.openlineage", reason="the openlineage extra is not installed here")
+    window = {"partition_key": "dt", "days": 2, "end": "2026-12-07T00:00:00+00:00", "first": "2026-12-05",
+              "last": "2026-12-06", "partitions": ["dt=2026-12-06"], "missing": ["dt=2026-12-05"]}
+    lineage = stage_lineage("prep", volumes=pipeline().volumes, docker_url=None, image=None, data_path="events",
+                            result={"fingerprint": "abc", "dataset_dir": "/work/datasets/abc", "window": window},
+                            upstream={})
+    facet = to_operator_lineage(lineage).inputs[0].facets["tfpipe_window"]
     assert facet.partitions == ["dt=2026-12-06"] and facet.missing == ["dt=2026-12-05"]
 
 

@@ -12,6 +12,9 @@ import pytest
 from tests.conftest import chromium_path
 from tests.contract.test_docs_site import build_site
 
+# MkDocs is in the main venv only; the docs do not change with the Airflow release
+pytestmark = pytest.mark.docs
+
 
 class _QuietHandler(SimpleHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002  (the base class's signature)

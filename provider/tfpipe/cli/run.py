@@ -19,6 +19,7 @@ migrate`` does) and, for a DAG it cannot find, names the files Airflow's safe mo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -27,6 +28,7 @@ import time
 import traceback
 from datetime import datetime, timezone
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from tfpipe.cli.common import load_dag, note, quiet_stdout
@@ -213,7 +215,8 @@ def command(args: argparse.Namespace) -> int:
         summary = _run_summary(args, conf, None)
     else:
         console.begin(conf)
-        with open(console.log_path, "a", buffering=1) as log_file, quiet_stdout(to=log_file.fileno()):
+        with open(console.log_path, "a", buffering=1) as log_file, quiet_stdout(to=log_file.fileno()), \
+                _warnings_to(log_file):
             try:
                 summary = _run_summary(args, conf, console)
             except BaseException:  # its error reaches the terminal in full; the log holds what led to it
@@ -223,6 +226,25 @@ def command(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(summary, sort_keys=False, default=str), flush=True)
     return 0 if summary["state"] == "success" else 1
+
+
+@contextlib.contextmanager
+def _warnings_to(log_file: Any) -> Iterator[None]:
+    """Python's warnings (Airflow's deprecations among them) into the run's log file, not the screen."""
+    import warnings
+
+    import airflow  # noqa: F401  (its settings put their own showwarning in place at import: ours goes after)
+
+    shown = warnings.showwarning
+
+    def to_log(message, category, filename, lineno, file=None, line=None):  # warnings.showwarning's signature
+        log_file.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    warnings.showwarning = to_log
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
 
 
 def _run_summary(args: argparse.Namespace, conf: dict[str, Any], console: RunConsole | None) -> dict[str, Any] | None:
