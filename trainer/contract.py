@@ -24,8 +24,9 @@ CONFIG_ENV = "TFPIPE_CONFIG"
 #: Prefix of the one stdout line that carries a stage's JSON result back to the operator.
 RESULT_PREFIX = "TFPIPE_RESULT "
 
-#: The pipeline's stages, in order; ``python -m trainer <stage>`` runs one.
-STAGES = ("prep", "train", "evaluate", "export")
+#: The pipeline's stages, in order; ``python -m trainer <stage>`` runs one. ``validate`` is the data
+#: gate: it compares the data set prep wrote with the one the production model trained on.
+STAGES = ("prep", "validate", "train", "evaluate", "export")
 #: With ``data.shards`` above 1, prep is these two stages instead: one ``prep_shard`` task per
 #: slice of the input files (its index in the config's :data:`SHARD_INDEX_KEY`), then
 #: ``prep_merge``, which makes the one data set the later stages read.
@@ -90,6 +91,12 @@ EARLY_STOPPING_MONITORS = ("val_loss", "val_accuracy")
 #: by ``train examples / (classes present x examples of its class)`` (scikit-learn's "balanced";
 #: the weights average 1 over the training split), so a rare class counts as much as a common one.
 CLASS_WEIGHTS = ("none", "balanced")
+#: ``validation.on_anomaly``: ``fail`` stops the run before training (exit :attr:`ExitCode.DATA_REJECTED`),
+#: ``warn`` records and reports the anomalies, then goes on.
+ON_ANOMALY = ("fail", "warn")
+#: The per-column override keys of ``validation.columns`` (each a field of the validation section, or
+#: ``skip``: no drift or missing-rate check of that column).
+COLUMN_CHECKS = ("numeric_drift", "categorical_drift", "missing_increase", "skip")
 #: Model names and other names that become directories and container names.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
@@ -211,6 +218,34 @@ SECTIONS = {
                       "doc": "how much worse than the baseline (the newest exported version trained on the "
                              "same classes) a candidate may be"},
     },
+    "validation": {
+        "on_anomaly": {"kind": "str", "default": "fail", "choices": ON_ANOMALY,
+                       "doc": "fail: an anomaly stops the run before training (the production model stays); "
+                              "warn: anomalies are recorded and reported, and the run goes on"},
+        "accept_data_change": {"kind": "bool", "default": False, "override": "param",
+                               "doc": "let this run go on despite data anomalies (a real change): the run "
+                                      "records that it accepted them, and its data set becomes the next "
+                                      "baseline if its model is blessed"},
+        "numeric_drift": {"kind": "number", "default": 0.1, "minimum": 0, "parse_maximum": 1,
+                          "doc": "largest Jensen-Shannon divergence (base 2, 0..1) between a numeric column's "
+                                 "histogram and the production data set's"},
+        "categorical_drift": {"kind": "number", "default": 0.1, "minimum": 0, "parse_maximum": 1,
+                              "doc": "largest L-infinity distance between a text column's value frequencies "
+                                     "and the production data set's"},
+        "label_drift": {"kind": "number", "default": 0.1, "minimum": 0, "parse_maximum": 1,
+                        "doc": "largest L-infinity distance between the class frequencies and the production "
+                               "data set's"},
+        "missing_increase": {"kind": "number", "default": 0.1, "minimum": 0, "parse_maximum": 1,
+                             "doc": "largest rise of a column's share of missing values over the production "
+                                    "data set's"},
+        "min_row_ratio": {"kind": "number", "default": 0.5, "minimum": 0,
+                          "doc": "fewest rows, as a multiple of the production data set's rows"},
+        "max_row_ratio": {"kind": "number", "default": 2.0, "exclusive_minimum": 0,
+                          "doc": "most rows, as a multiple of the production data set's rows"},
+        "columns": {"kind": "dict", "default": {},
+                    "doc": "per-column overrides, column name -> {numeric_drift, categorical_drift, "
+                           "missing_increase, skip}"},
+    },
     "export": {
         "model_name": {"kind": "str", "default": "model", "pattern": NAME_PATTERN,
                        "doc": "directory under the models volume (TF Serving's model name)"},
@@ -246,6 +281,8 @@ METRICS_FILE = "metrics.json"
 ATTEMPTS_FILE = "attempts.json"
 EVALUATION_FILE = "evaluation.json"
 BLESSING_FILE = "blessing.json"
+#: The data gate's findings (the validate stage): checks, anomalies, baseline, decision.
+VALIDATION_FILE = "validation.json"
 #: The run report, next to ``evaluation.json`` (and in ``<version>/report/`` of an export).
 REPORT_FILE = "report.html"
 
@@ -274,10 +311,13 @@ class ExitCode:
     #: The Docker operator then prepares the run's directories and starts the stage once more;
     #: where no one prepares them, the task fails without retrying.
     DIRS_NOT_READY = 13
+    #: validate: tonight's data differs from the production model's data beyond the thresholds of the
+    #: validation section; the run stops before training and is not retried.
+    DATA_REJECTED = 14
     #: killed (SIGKILL: docker kill, the out-of-memory killer): retried like any unlisted code.
     KILLED = 137
 
-    NO_RETRY = (BAD_INPUT, DIVERGED, DIRS_NOT_READY)
+    NO_RETRY = (BAD_INPUT, DIVERGED, DIRS_NOT_READY, DATA_REJECTED)
 
     #: What usually resolves each code (the docs' exit-code reference is generated from it).
     FIXES = {
@@ -290,6 +330,9 @@ class ExitCode:
                   "(training.learning_rate_warmup_epochs), and look for extreme or missing values in the data.",
         DIRS_NOT_READY: "Make the work and models volumes writable by resources.user, or let tfpipe prepare them "
                         "(the Docker backend always does; Kubernetes: kubernetes.prepare_volumes).",
+        DATA_REJECTED: "Read the task log or the run report: they name each column, measure, value and threshold. "
+                       "Fix the upstream data and clear the run; or, when the change is real, trigger the run "
+                       "again with accept_data_change: true (or raise that measure in the validation section).",
         KILLED: "Usually the out-of-memory killer: raise resources.mem_limit or lower training.batch_size. The "
                 "task is retried and training resumes from its last checkpoint.",
         143: "The container was stopped (docker stop, a task timeout, a cleared or marked task); training "
@@ -305,6 +348,7 @@ class ExitCode:
             cls.BAD_INPUT: "bad input or config",
             cls.DIVERGED: "training diverged (NaN/inf loss)",
             cls.DIRS_NOT_READY: "a directory it writes is not writable by its user",
+            cls.DATA_REJECTED: "data rejected by the data gate",
             cls.KILLED: "killed (SIGKILL: docker kill, or the out-of-memory killer)",
             143: "terminated (SIGTERM)",
         }.get(code, "failed")
