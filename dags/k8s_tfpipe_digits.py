@@ -43,7 +43,7 @@ else:
     dag = training_pipeline(
         PipelineConfig(
             dag_id="k8s_tfpipe_digits",
-            description="Digits on Kubernetes: prep -> train -> evaluate -> export as pods",
+            description="Digits on Kubernetes: prep -> validate -> train -> evaluate -> export as pods",
             schedule=None,
             tags=("tfpipe", "kubernetes"),
             backend="kubernetes",

@@ -1,6 +1,6 @@
 """Airflow DAG: nightly retraining of the digits classifier (cron): the pipeline ``make demo`` runs.
 
-prep -> train -> evaluate -> export, every stage a container of the pinned trainer image.
+prep -> validate -> train -> evaluate -> export, every stage a container of the pinned trainer image.
 Trigger it from the UI to change epochs, batch size, learning rate, model, GPUs and more. Its data
 is on the data volume: a pipeline whose data is in a bucket sets ``data_uri`` (and ``publish_uri``
 for its models) in its config, and gets the ``stage_in`` (``publish``) task for it

@@ -1,9 +1,10 @@
-"""Command line of the trainer image: ``python3 -m trainer {prep,train,evaluate,export,prep_shard,prep_merge}``.
+"""Command line of the trainer image: ``python3 -m trainer {prep,validate,train,evaluate,export,prep_shard,prep_merge}``.
 
 The stage config is read from ``--config FILE`` (``-`` for stdin) or, by default, from the
 environment variable ``TFPIPE_CONFIG``. On success the last stdout line is
 ``TFPIPE_RESULT <json>`` and the exit code 0; see :class:`trainer.contract.ExitCode` for the rest
-(NotBlessed prints the result line too, then exits 10).
+(NotBlessed prints the result line too, then exits 10; DataRejected prints it, then its error, and
+exits 14).
 """
 
 import argparse
@@ -15,16 +16,17 @@ import sys
 import traceback
 
 from trainer import contract
-from trainer.errors import BadInput, NotBlessed, TrainerError
+from trainer.errors import BadInput, DataRejected, NotBlessed, TrainerError
 
 
 def _parser():
     parser = argparse.ArgumentParser(
         prog="python3 -m trainer", description="Run one tfpipe training stage.",
         epilog="Exit codes: 0 ok, %d not blessed, %d bad input, %d diverged, %d a directory it "
-        "writes is not writable, 1 other failure."
+        "writes is not writable, %d data rejected, 1 other failure."
         % (contract.ExitCode.NOT_BLESSED, contract.ExitCode.BAD_INPUT,
-           contract.ExitCode.DIVERGED, contract.ExitCode.DIRS_NOT_READY))
+           contract.ExitCode.DIVERGED, contract.ExitCode.DIRS_NOT_READY,
+           contract.ExitCode.DATA_REJECTED))
     parser.add_argument("stage", choices=contract.RUNNABLE_STAGES)
     parser.add_argument("--config", metavar="FILE",
                         help="stage config JSON file, '-' for stdin (default: $%s)"
@@ -80,6 +82,12 @@ def main(argv=None):
     except NotBlessed as error:
         print("NOT BLESSED: %s" % error, flush=True)
         _print_result(error.result)
+        return error.exit_code
+    except DataRejected as error:
+        # the findings first, for the operator's record; the error last, where a log tail shows it
+        _print_result(error.result)
+        print("ERROR (%s, exit %d): %s" % (type(error).__name__, error.exit_code, error),
+              file=sys.stderr, flush=True)
         return error.exit_code
     except TrainerError as error:
         sys.stdout.flush()

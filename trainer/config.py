@@ -9,6 +9,7 @@ typo never silently falls back to a default.
 """
 
 import copy
+import difflib
 import re
 
 from trainer import contract
@@ -156,6 +157,27 @@ def _check_training(training):
              "fewer than training.epochs (%d): lower the warm-up or train more epochs" % epochs, warmup)
 
 
+def _check_validation(validation):
+    """``validation.columns``: per column, only the keys of :data:`contract.COLUMN_CHECKS`, each a
+    threshold within its section field's bounds (``skip``: true or false)."""
+    fields = contract.SECTIONS["validation"]
+    for column, override in sorted(validation["columns"].items()):
+        field = "validation.columns[%r]" % column
+        _require(isinstance(override, dict), field,
+                 "an object of %s" % ", ".join(contract.COLUMN_CHECKS), override)
+        for key, value in sorted(override.items()):
+            if key not in contract.COLUMN_CHECKS:
+                close = difflib.get_close_matches(key, contract.COLUMN_CHECKS, n=1)
+                raise BadInput("%s.%s: not a per-column check%s. Fix: use %s"
+                               % (field, key, " (did you mean %r?)" % close[0] if close else "",
+                                  ", ".join(contract.COLUMN_CHECKS)))
+            if key == "skip":
+                _check_kind("%s.%s" % (field, key), value, "bool")
+            else:
+                _check_rules("%s.%s" % (field, key), _check_kind("%s.%s" % (field, key), value, "number"),
+                             fields[key])
+
+
 def resolve(config):
     """Return a copy of ``config`` with every section filled with defaults and validated.
 
@@ -171,6 +193,7 @@ def resolve(config):
         out[name] = _section(config, name)
     _check_data(out["data"])
     _check_training(out["training"])
+    _check_validation(out["validation"])
     try:
         out["run"]["try_number"] = int(out["run"]["try_number"])
     except (TypeError, ValueError):

@@ -42,6 +42,17 @@ class NotBlessed(TrainerError):
         self.result = result
 
 
+class DataRejected(TrainerError):
+    """The data gate refused tonight's data (exit 14, no retry); ``result`` (the findings) is still
+    printed as the result line, so the operator can record them."""
+
+    exit_code = ExitCode.DATA_REJECTED
+
+    def __init__(self, message, result):
+        super(DataRejected, self).__init__(message)
+        self.result = result
+
+
 class DirsNotReady(TrainerError):
     """A directory the stage writes is missing and cannot be made, or is not writable by the
     stage's user (exit 13, found before the stage starts: the operator prepares the directories

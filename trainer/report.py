@@ -11,6 +11,12 @@ Written by the evaluate stage into the run directory, blessed or not:
   ``data:image/png;base64`` URIs: no external file, stylesheet or script. Every piece of text is
   escaped with :func:`html.escape`.
 
+When the run directory holds ``validation.json`` (the validate stage, the data gate), a "Data check"
+section shows its checks, flagged first, and one plot per flagged column: a numeric column's
+shares over the gate's groups, a text column's (or the classes') most frequent values, baseline and
+tonight side by side. The validate stage writes a report of that section alone when it finds
+anomalies (:func:`write_data_check_report`); the evaluate stage's report replaces it.
+
 The PNGs are written first and ``report.html`` last, each atomically (mode 0644), so an existing
 ``report.html`` always belongs to a complete set. The export stage copies them into the model
 version (``<version>/report/``).
@@ -210,6 +216,34 @@ def plot_confusion(matrix, class_names):
     return _png(figure, Canvas)
 
 
+def plot_distribution(column, distribution):
+    """PNG bytes: a flagged column's shares, baseline and tonight side by side, over the gate's
+    groups (numeric) or its most frequent values (text, classes)."""
+    Figure, Canvas, _ = _matplotlib()
+    labels = [_mpl_text(label) for label in distribution.get("labels") or []]
+    figure = Figure(figsize=(7.5, 4.5), dpi=PLOT_DPI)
+    axes = figure.add_subplot(1, 1, 1)
+    kind = "groups of equal baseline mass" if distribution.get("kind") == "numeric" else "most frequent values"
+    axes.set_title(_mpl_text("%s: baseline vs tonight (%s)" % (column, kind)), fontsize=10)
+    if not labels:
+        _placeholder(axes, "no distribution recorded")
+        return _png(figure, Canvas)
+    positions = list(range(len(labels)))
+    width = 0.4
+    axes.bar([p - width / 2 for p in positions], distribution.get("baseline") or [0] * len(labels),
+             width, label="baseline (production data set)", color="C0")
+    axes.bar([p + width / 2 for p in positions], distribution.get("tonight") or [0] * len(labels),
+             width, label="tonight", color="C3")
+    axes.set_xticks(positions)
+    axes.set_xticklabels(labels, rotation=30 if max(len(label) for label in labels) > 6 else 0,
+                         ha="right" if max(len(label) for label in labels) > 6 else "center", fontsize=8)
+    axes.set_ylabel(_mpl_text(distribution.get("ylabel") or "share"))
+    axes.grid(True, axis="y", alpha=0.3)
+    axes.legend(fontsize=8, loc="best")
+    figure.tight_layout()
+    return _png(figure, Canvas)
+
+
 def render_plots(history, attempts, evaluation):
     """``{plot: png bytes}`` for every plot of :data:`PLOTS`."""
     return {
@@ -278,6 +312,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .decision { display: inline-block; padding: 0.3em 0.8em; border-radius: 4px; color: #fff;
             font-weight: bold; letter-spacing: 0.05em; }
 .blessed { background: #2e7d32; } .not-blessed { background: #c62828; }
+.flag { color: #c62828; font-weight: bold; }
 img { max-width: 100%; height: auto; border: 1px solid #eee; margin: 0.5em 0; }
 code { font-size: 0.9em; } .muted { color: #777; }
 """
@@ -470,9 +505,69 @@ def _lineage_section(run, attempts, model_name):
     return "\n".join(out)
 
 
+def _check_row(record):
+    where = "(data set)" if record.get("column") is None else record.get("column")
+    threshold = record.get("threshold")
+    if isinstance(threshold, list):
+        threshold = " .. ".join(_num(t) for t in threshold)
+    else:
+        threshold = _num(threshold)
+    flag = '<span class="flag">FLAGGED</span>' if not record.get("ok") else "ok"
+    return [flag, _e(where), _e(record.get("check")), _num(record.get("value")), threshold,
+            _e(record.get("detail"))]
+
+
+def _data_check_section(validation):
+    """The "Data check" section of ``validation.json``: decision, baseline, the checks (flagged
+    first), what could not be checked, and one plot per flagged column."""
+    decision = validation.get("decision") or "-"
+    baseline = validation.get("baseline")
+    if validation.get("same_data"):
+        base_text = "version %s: the same data set (%s)" % (_e(baseline.get("version")), _e(baseline.get("fingerprint")))
+    elif baseline:
+        base_text = "version %s, data set <code>%s</code>" % (_e(baseline.get("version")),
+                                                             _e(baseline.get("fingerprint")))
+    else:
+        base_text = "none: %s" % _e(validation.get("no_baseline_reason"))
+    records = [r for r in validation.get("checks") or [] if isinstance(r, dict)]
+    flagged = [r for r in records if not r.get("ok")]
+    rows = [("decision", '<span class="decision %s">%s</span>' % (
+                "blessed" if decision == "passed" else "not-blessed", _e(decision.upper()))),
+            ("baseline (production data set)", base_text),
+            ("tonight's data set", "<code>%s</code>" % _e(validation.get("fingerprint"))),
+            ("checks", "%d, %d flagged" % (len(records), len(flagged)))]
+    if validation.get("accepted"):
+        rows.append(("accepted", "yes: accept_data_change let the run go on despite the anomalies"))
+    out = [_pairs(rows)]
+    if records:
+        ordered = flagged + [r for r in records if r.get("ok")]
+        out.append(_table(["", "column", "check", "value", "threshold", "detail"],
+                          [_check_row(r) for r in ordered], numeric=(3, 4)))
+    skipped = [s for s in validation.get("skipped") or [] if isinstance(s, dict)]
+    if skipped:
+        out.append("<h3>Not checked</h3>")
+        out.append(_table(["column", "check", "why"], [
+            [_e("(data set)" if s.get("column") is None else s.get("column")), _e(s.get("check")), _e(s.get("why"))]
+            for s in skipped]))
+    for warning in validation.get("warnings") or []:
+        out.append('<p class="muted">%s</p>' % _e(warning))
+    distributions = validation.get("distributions") or {}
+    for column in sorted(distributions):
+        out.append("<h3>%s</h3>" % _e(column))
+        out.append(_img(plot_distribution(column, distributions[column]),
+                        "%s: baseline and tonight's distribution" % column))
+    return "\n".join(out)
+
+
+def data_check_plot_count(validation):
+    """The plots the "Data check" section of ``validation`` embeds (one per flagged column)."""
+    return len((validation or {}).get("distributions") or {})
+
+
 def render_html(pngs, evaluation, blessing, history, attempts, run=None, schema=None,
-                stats=None, dataset=None, model_name=None, training=None, generated=None):
-    """The self-contained HTML report (a string)."""
+                stats=None, dataset=None, model_name=None, training=None, generated=None,
+                validation=None):
+    """The self-contained HTML report (a string); a "Data check" section when ``validation``."""
     run = run or {}
     generated = generated or datetime.datetime.now(datetime.timezone.utc).replace(
         microsecond=0).isoformat()
@@ -494,6 +589,7 @@ def render_html(pngs, evaluation, blessing, history, attempts, run=None, schema=
         "<h2>Confusion matrix</h2>",
         _img(pngs["confusion_matrix"], "confusion matrix of the eval split"),
         "<h2>Training</h2>", _training_section(history, attempts, evaluation, pngs, training),
+    ] + (["<h2>Data check</h2>", _data_check_section(validation)] if validation else []) + [
         "<h2>Data</h2>", _data_section(schema, stats, evaluation, dataset),
         "<h2>Lineage</h2>", _lineage_section(run, attempts, model_name),
         "</body>",
@@ -525,7 +621,8 @@ def write_report(run_dir, config=None, evaluation=None, blessing=None, schema=No
     text = render_html(pngs, evaluation, blessing, history, attempts, run=config.get("run"),
                        schema=schema, stats=stats, dataset=_read(run_dir, "dataset.json"),
                        model_name=(config.get("export") or {}).get("model_name"),
-                       training=config.get("training"))
+                       training=config.get("training"),
+                       validation=_read(run_dir, contract.VALIDATION_FILE))
     plots = []
     for plot in PLOTS:
         path = os.path.join(run_dir, plot_name(plot))
@@ -534,3 +631,44 @@ def write_report(run_dir, config=None, evaluation=None, blessing=None, schema=No
     path = os.path.join(run_dir, REPORT_NAME)
     atomic.write_text(path, text)
     return {"report": path, "plots": plots}
+
+
+def render_data_check_html(validation, run=None, schema=None, stats=None, dataset=None, generated=None):
+    """The self-contained HTML report of a data check alone (the validate stage's), a string."""
+    run = run or {}
+    generated = generated or datetime.datetime.now(datetime.timezone.utc).replace(
+        microsecond=0).isoformat()
+    title = "tfpipe data check: %s / %s" % (run.get("dag_id"), run.get("run_id"))
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<title>%s</title>" % _e(title), "<style>%s</style>" % _CSS, "</head>", "<body>",
+        "<h1>%s</h1>" % _e(title),
+        '<p class="muted">generated %s by the validate task (try %s), before training</p>' % (
+            _e(generated), _e(run.get("try_number"))),
+        "<h2>Data check</h2>", _data_check_section(validation),
+        "<h2>Data</h2>", _data_section(schema, stats, {}, dataset),
+        "</body>", "</html>", ""])
+
+
+def write_data_check_report(run_dir, validation, config=None, schema=None, stats=None):
+    """Write ``report.html`` of a data check into ``run_dir``; return ``{"report", "plot_count"}``.
+
+    Its plots are embedded only: the evaluate stage's report, which replaces this one when the run
+    goes on, embeds them again. Raises on any failure (the caller decides it never fails a run).
+    """
+    text = render_data_check_html(validation, run=(config or {}).get("run"), schema=schema, stats=stats,
+                                  dataset=_read(run_dir, "dataset.json"))
+    path = os.path.join(run_dir, REPORT_NAME)
+    atomic.write_text(path, text)
+    return {"report": path, "plot_count": data_check_plot_count(validation)}
+
+
+def remove_data_check_report(run_dir):
+    """Delete an earlier try's data check report: before the run has an evaluation, ``report.html``
+    can only be one, and a data check without anomalies writes none."""
+    if not os.path.exists(os.path.join(run_dir, contract.EVALUATION_FILE)):
+        try:
+            os.remove(os.path.join(run_dir, REPORT_NAME))
+        except OSError:
+            pass

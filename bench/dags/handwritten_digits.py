@@ -1,7 +1,7 @@
 """Bench only: ``dags/tfpipe_digits.py`` as a user would write it by hand, without tfpipe.
 
 ``dag_parse_ratio`` times the parse of this file against the parse of ``dags/tfpipe_digits.py``:
-the same tasks (prep, train, evaluate, export and the cleanup teardown beside training, each
+the same tasks (prep, validate, train, evaluate, export and the cleanup teardown beside training, each
 a ``DockerOperator`` of the trainer image), the same schedule, retries and trigger rules, the
 same asset (the model, emitted by export, which other DAGs may be scheduled on), the
 same eleven Params (schemas, titles, descriptions) and docs of about the same size, all
@@ -25,7 +25,7 @@ DOC = f"""### bench_handwritten_digits
 
 Nightly retraining of the UCI digits classifier
 
-**prep -> train -> evaluate -> export**, each stage a container of the image named by the Airflow
+**prep -> validate -> train -> evaluate -> export**, each stage a container of the image named by the Airflow
 Variable `tfpipe_image` (read when each task runs; `airflow variables set tfpipe_image REF`).
 
 | volume | host path | in the container |
@@ -33,6 +33,9 @@ Variable `tfpipe_image` (read when each task runs; `airflow variables set tfpipe
 | data (read-only) | `{HOME}/data` | `/data` |
 | work | `{HOME}/work` | `/work` (datasets, `runs/<dag>/<run>/`, checkpoints) |
 | models | `{HOME}/models` | `/models/digits/<version>/` |
+
+The data gate, `validate`, stops the run before training when the prepared data differs from the
+production model's beyond its thresholds; `accept_data_change` lets one run through a real change.
 
 Training checkpoints live under the run (never the try): a retried or cleared `train` resumes
 from its newest checkpoint; a new run starts fresh unless `warm_start` is set. Evaluation
@@ -54,6 +57,7 @@ Trigger parameters (the run's `conf` overrides them; empty keeps the configured 
 | `warm_start` | `False` | Initialise from the newest blessed model instead of from scratch. |
 | `metric` | `accuracy` | Metric of the blessing gate (higher is better). One of: `accuracy`, `macro_precision`, `macro_recall`, `macro_f1`, `auc`. |
 | `threshold` | `0.95` | Absolute minimum of the metric for a blessing. |
+| `accept_data_change` | `False` | Let this run go on despite data anomalies (a real change). |
 | `gpus` | (as configured) | Empty = as configured; 'none' = CPU; 'all'; a count such as '2'; or ids '0,1'. |
 
 `cleanup` applies the work volume's retention (keep the newest 10 runs' dirs) once the run's data set is ready, beside training, in every run.
@@ -66,6 +70,9 @@ TASK_DOCS = {
     "prep": "**prep** validates the raw CSV and writes sharded TFRecords, the schema, statistics and the data "
             "fingerprint under `/work/datasets/<fingerprint>/`; a data set already prepared is reused. Bad rows fail "
             "the task without a retry.",
+    "validate": "**validate** compares the prepared data set with the one the production model trained on (columns, "
+                "missing values, drift, labels, row count) and exits 14 on an anomaly, which fails the run before "
+                "training without a retry; `accept_data_change` lets a real change through.",
     "train": "**train** trains the model with checkpoints under the run directory; a retried or cleared try "
              "resumes from the newest checkpoint and trains until the target epoch. Open the run report and TensorBoard "
              "events under the run directory.",
@@ -107,6 +114,10 @@ params = {
                     title="Blessing metric", description="Metric of the blessing gate (higher is better)."),
     "threshold": Param(0.95, type="number", minimum=0, maximum=1, title="Blessing threshold",
                        description="Absolute minimum of the metric for a blessing."),
+    "accept_data_change": Param(False, type="boolean", title="Accept a data change",
+                                description="Let this run go on despite data anomalies (a real change): the run records "
+                                "that it accepted them, and its data set becomes the next baseline if its model is "
+                                "blessed."),
     "gpus": Param(None, type=["null", "string"], pattern=GPUS, title="GPUs",
                   description="Empty = as configured; 'none' = CPU; 'all'; a count such as '2'; or ids '0,1'."),
 }
@@ -124,11 +135,12 @@ with DAG("bench_handwritten_digits", description="Nightly retraining of the UCI 
          schedule="0 3 * * *", start_date=datetime(2024, 1, 1), catchup=False, max_active_runs=1,
          params=params, doc_md=DOC, tags=["tfpipe", "bench"]) as dag:
     prep = container("prep", ["python3", "-m", "trainer", "prep"], retries=1)
+    validate = container("validate", ["python3", "-m", "trainer", "validate"], retries=1)
     train = container("train", ["python3", "-m", "trainer", "train"], retries=3, retry_exponential_backoff=True,
                       max_retry_delay=timedelta(hours=1))
     evaluate = container("evaluate", ["python3", "-m", "trainer", "evaluate"], retries=1, skip_on_exit_code=10)
     export = container("export", ["python3", "-m", "trainer", "export"], retries=1,
                        outlets=[Asset("tfpipe://models/digits")])
     cleanup = container("cleanup", ["python3", "-m", "trainer.volume_ops", "retention"], retries=1).as_teardown()
-    prep >> train >> evaluate >> export
-    prep >> cleanup
+    prep >> validate >> train >> evaluate >> export
+    validate >> cleanup

@@ -3,7 +3,7 @@
 Public API, imported lazily so ``import tfpipe`` stays light::
 
     from tfpipe import PipelineConfig, training_pipeline
-    from tfpipe.operators import PrepOperator, TrainOperator, EvaluateOperator, ExportOperator
+    from tfpipe.operators import PrepOperator, ValidateOperator, TrainOperator, EvaluateOperator, ExportOperator
 """
 
 from __future__ import annotations

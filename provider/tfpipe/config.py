@@ -616,6 +616,46 @@ class EvaluationConfig(contract_fields("evaluation")):
     section: ClassVar[str] = "evaluation"
 
 
+def _checked_column_checks(columns: Mapping[Any, Any]) -> dict[str, dict[str, Any]]:
+    """``validation.columns`` as ``{column name: {check: value}}``, each check one of
+    :data:`contract.COLUMN_CHECKS`: a drift or missing-rate threshold in [0, 1], or ``skip``."""
+    for name, checks in columns.items():
+        field_name = f"validation.columns.{name}"
+        if not isinstance(name, str) or not name:
+            raise config_error("validation.columns", f"keys must be column names, got {name!r}",
+                               "name the column as the table's header writes it")
+        if not isinstance(checks, Mapping):
+            raise config_error(field_name, f"must be a mapping of checks, got {checks!r}",
+                               "e.g. {'numeric_drift': 0.3} or {'skip': true}")
+        for check, value in checks.items():
+            if check not in contract.COLUMN_CHECKS:
+                import difflib  # only for a check that is wrong
+
+                close = difflib.get_close_matches(str(check), contract.COLUMN_CHECKS, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise config_error(f"{field_name}.{check}", f"unknown check{hint}",
+                                   f"use one of {', '.join(contract.COLUMN_CHECKS)}")
+            if check == "skip":
+                if not isinstance(value, bool):
+                    raise config_error(f"{field_name}.skip", f"must be true or false, got {value!r}",
+                                       "write skip: true to leave the column out of the drift checks")
+            elif isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise config_error(f"{field_name}.{check}", f"must be a number from 0 to 1, got {value!r}",
+                                   f"give the largest {check} this column may show")
+    return {name: dict(checks) for name, checks in columns.items()}
+
+
+class ValidationConfig(contract_fields("validation")):
+    """The data gate: how far tonight's data may differ from the production model's before the run stops."""
+
+    section: ClassVar[str] = "validation"
+
+    @field_validator("columns", mode="before")
+    @classmethod
+    def _columns(cls, value: Any) -> Any:
+        return _checked_column_checks(value) if isinstance(value, Mapping) else value
+
+
 class ExportConfig(contract_fields("export")):
     """Versioned SavedModel export."""
 
@@ -624,7 +664,8 @@ class ExportConfig(contract_fields("export")):
 
 #: The stage-config sections, by name (the contract's sections, as models).
 STAGE_SECTIONS: dict[str, type[_Section]] = {
-    "data": DataConfig, "training": TrainingConfig, "evaluation": EvaluationConfig, "export": ExportConfig,
+    "data": DataConfig, "training": TrainingConfig, "validation": ValidationConfig, "evaluation": EvaluationConfig,
+    "export": ExportConfig,
 }
 
 
@@ -892,13 +933,15 @@ def _checked_engine_url(field_name: str, url: Any) -> str:
 
 
 class PipelineConfig(_Section):
-    """A whole training pipeline: prep -> train -> evaluate -> export."""
+    """A whole training pipeline: prep -> validate -> train -> evaluate -> export."""
 
     dag_id: Name = Field(examples=["digits"], description="the DAG's id")
     image: ImageConfig = Field(description="the trainer image")
     volumes: VolumesConfig = Field(description="host directories mounted into every stage")
     data: DataConfig = Field(description="raw data and its split")
     training: TrainingConfig = Field(default_factory=TrainingConfig, description="model and hyperparameters")
+    validation: ValidationConfig = Field(default_factory=ValidationConfig, description=(
+        "the data gate: tonight's data against the production model's, before training"))
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig, description="the blessing gate")
     export: ExportConfig = Field(default_factory=ExportConfig, description="model name and versions kept")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="GPUs, memory, user, network")
@@ -925,7 +968,7 @@ class PipelineConfig(_Section):
         "such as `2026-01-01`; null = Airflow's default"))
     tags: tuple[str, ...] = Field(("tfpipe",), description=(
         "DAG tags, a list of strings (a bare string is refused rather than split into letters)"))
-    description: str = Field("TensorFlow training pipeline: prep -> train -> evaluate -> export",
+    description: str = Field("TensorFlow training pipeline: prep -> validate -> train -> evaluate -> export",
                              description="one-line DAG description (null: none)")
     data_uri: Optional[str] = Field(None, description=(
         "default `gs://bucket/prefix` synced to `volumes.data`/`data.path` before prep (a run's `data_uri` Param "
@@ -945,8 +988,8 @@ class PipelineConfig(_Section):
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig,
                                          description="namespace, claims and connection of the Kubernetes backend")
 
-    @field_validator("image", "volumes", "data", "training", "evaluation", "export", "resources", "retention",
-                     "kubernetes", mode="before")
+    @field_validator("image", "volumes", "data", "training", "validation", "evaluation", "export", "resources",
+                     "retention", "kubernetes", mode="before")
     @classmethod
     def _empty_section(cls, value: Any) -> Any:
         return {} if value is None else value  # a YAML key with nothing under it: every default

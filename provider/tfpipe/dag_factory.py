@@ -1,4 +1,4 @@
-"""The DAG factory: a :class:`~tfpipe.config.PipelineConfig` becomes prep -> train -> evaluate -> export.
+"""The DAG factory: a :class:`~tfpipe.config.PipelineConfig` becomes prep -> validate -> train -> evaluate -> export.
 
 The graph is planned as plain :class:`~tfpipe.specs.StageSpec` objects, then each becomes an operator here.
 """
@@ -56,6 +56,8 @@ def pipeline_params(cfg: PipelineConfig) -> dict[str, Param]:
         "warm_start": schema_param("training", "warm_start", t.warm_start, title="Warm start"),
         "metric": schema_param("evaluation", "metric", e.metric, title="Blessing metric"),
         "threshold": schema_param("evaluation", "threshold", e.threshold, title="Blessing threshold"),
+        "accept_data_change": schema_param("validation", "accept_data_change", cfg.validation.accept_data_change,
+                                           title="Accept a data change"),
         "gpus": Param(None, type=["null", "string"], pattern=GPU_PARAM_PATTERN, title="GPUs",
                            description="Empty = as configured; 'none' = CPU; 'all'; a count such as '2'; or ids '0,1'."),
     }
@@ -88,13 +90,18 @@ def _doc_md(cfg: PipelineConfig, params: dict[str, Param]) -> str:
 
 {cfg.description}
 
-**prep -> train -> evaluate -> export**, each stage a container of {_image_doc(cfg)}.
+**prep -> validate -> train -> evaluate -> export**, each stage a container of {_image_doc(cfg)}.
 
 | volume | host path | in the container |
 | --- | --- | --- |
 | data (read-only) | `{cfg.volumes.data}` | `/data` |
 | work | `{cfg.volumes.work}` | `/work` (datasets, `runs/<dag>/<run>/`, checkpoints) |
 | models | `{cfg.volumes.models}` | `/models/{cfg.export.model_name}/<version>/` |
+
+The data gate, `validate`, compares the prepared data with the data the production model trained
+on (schema, missing values, drift, labels, row count) and stops the run before training when they
+differ beyond the `validation` thresholds ({cfg.validation.on_anomaly}); the `accept_data_change`
+parameter lets one run through a real change.
 
 Training checkpoints live under the run (never the try): a retried or cleared `train` resumes
 from its newest checkpoint; a new run starts fresh unless `warm_start` is set. Evaluation

@@ -5,7 +5,8 @@ The chain a lineage tool (Marquez, DataHub, ...) shows for one DAG run::
     gs://raw/...  --stage_in-->  <data volume>/<data.path>  --prep-->  <work>/datasets/<fingerprint>
       --train-->  <work>/runs/<dag>/<run>/train/final  --export-->  <models>/<name>/<version>
       --publish-->  gs://models/<prefix>/<name>/<version>
-    (evaluate reads train/final and the dataset, and writes evaluation.json with the blessing)
+    (validate reads the dataset: OpenLineage's data-quality facets on it; evaluate reads train/final
+    and the dataset, and writes evaluation.json with the blessing)
 
 Volume paths are files on the Docker engine's host: namespace ``file`` for a local engine,
 ``file://<host>`` for a remote one; ``gs://`` URIs follow OpenLineage's naming (namespace
@@ -39,6 +40,8 @@ class LineageDataset:
     namespace: str
     name: str
     facets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: OpenLineage's standard input facets of an input (``dataQualityMetrics``, ``dataQualityAssertions``)
+    input_facets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,26 @@ def image_facet(image: str | None) -> dict[str, Any] | None:
     return {"image": image} if image else None
 
 
+def data_quality_facets(result: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """OpenLineage's data-quality input facets of the data set the gate checked: its row count and
+    column metrics (``dataQualityMetrics``) and one assertion per check it ran (``dataQualityAssertions``,
+    ``success`` false for an anomaly)."""
+    if not result or not isinstance(result.get("dataset"), Mapping):
+        return {}
+    dataset = result["dataset"]
+    metrics = {name: {"nullCount": col.get("missing"), "distinctCount": col.get("distinct"),
+                      "min": col.get("min"), "max": col.get("max")}
+               for name, col in (dataset.get("columns") or {}).items() if isinstance(col, Mapping)}
+    checks = result.get("checks") if isinstance(result.get("checks"), list) else result.get("anomalies") or []
+    assertions = [{"assertion": str(check.get("check")), "success": bool(check.get("ok")),
+                   "column": check.get("column"), "severity": None if check.get("ok") else "error",
+                   "expected": None if check.get("threshold") is None else f"<= {check['threshold']}",
+                   "actual": None if check.get("value") is None else str(check["value"])}
+                  for check in checks if isinstance(check, Mapping)]
+    return {"dataQualityMetrics": {"rowCount": dataset.get("rows"), "columnMetrics": metrics},
+            "dataQualityAssertions": {"assertions": assertions}}
+
+
 # --- per stage ----------------------------------------------------------------------------------
 
 def stage_lineage(stage: str, *, volumes: Any, docker_url: str | None, image: str | None,
@@ -134,6 +157,10 @@ def stage_lineage(stage: str, *, volumes: Any, docker_url: str | None, image: st
         host = container_to_host(container_path, volumes)
         return volume_dataset(ns, host, **facets) if host else None
 
+    def checked(dataset: LineageDataset | None) -> LineageDataset | None:
+        quality = data_quality_facets(result)
+        return LineageDataset(dataset.namespace, dataset.name, dataset.facets, quality) if dataset else None
+
     prep = upstream.get("prep") or upstream.get("prep_merge") or {}  # sharded prep: the merge made the data set
     train = upstream.get("train") or {}
     evaluation = upstream.get("evaluate") or {}
@@ -144,6 +171,9 @@ def stage_lineage(stage: str, *, volumes: Any, docker_url: str | None, image: st
         inputs.append(at(f"{contract.CONTAINER_DATA}/{data_path}" if data_path else None,
                          tfpipe_fingerprint=fingerprint, tfpipe_window=window_facet(result.get("window"))))
         outputs.append(at(result.get("dataset_dir"), tfpipe_fingerprint=fingerprint))
+    elif stage == "validate":
+        inputs.append(checked(at(prep.get("dataset_dir"),
+                                 tfpipe_fingerprint=fingerprint_facet(prep.get("fingerprint")))))
     elif stage == "train":
         inputs.append(at(prep.get("dataset_dir"), tfpipe_fingerprint=fingerprint_facet(prep.get("fingerprint"))))
         final = {k[len("final_"):]: v for k, v in result.items() if k.startswith("final_") and k != "final_dir"}
@@ -230,16 +260,36 @@ def upstream_results(task: Any, task_instance: Any, stages: tuple[str, ...]) -> 
 
 
 def to_operator_lineage(lineage: StageLineage) -> Any:
-    """The provider's ``OperatorLineage`` with ``tfpipe_*`` dataset facets."""
+    """The provider's ``OperatorLineage`` with ``tfpipe_*`` dataset facets (and the standard data-quality
+    input facets of a checked input)."""
     from airflow.providers.openlineage.extractors import OperatorLineage
-    from openlineage.client.event_v2 import Dataset
+    from openlineage.client.event_v2 import Dataset, InputDataset
 
     def convert(dataset: LineageDataset) -> Any:
-        return Dataset(namespace=dataset.namespace, name=dataset.name,
-                       facets={name: _facet(name, fields) for name, fields in dataset.facets.items()})
+        facets = {name: _facet(name, fields) for name, fields in dataset.facets.items()}
+        if dataset.input_facets:
+            return InputDataset(namespace=dataset.namespace, name=dataset.name, facets=facets,
+                                inputFacets=_quality_facets(dataset.input_facets))
+        return Dataset(namespace=dataset.namespace, name=dataset.name, facets=facets)
 
     return OperatorLineage(inputs=[convert(d) for d in lineage.inputs],
                            outputs=[convert(d) for d in lineage.outputs])
+
+
+def _quality_facets(fields: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    from openlineage.client.facet_v2 import data_quality_assertions_dataset as assertions
+    from openlineage.client.facet_v2 import data_quality_metrics_input_dataset as metrics
+
+    out: dict[str, Any] = {}
+    if "dataQualityMetrics" in fields:
+        found = fields["dataQualityMetrics"]
+        out["dataQualityMetrics"] = metrics.DataQualityMetricsInputDatasetFacet(
+            rowCount=found.get("rowCount"),
+            columnMetrics={name: metrics.ColumnMetrics(**column) for name, column in found["columnMetrics"].items()})
+    if "dataQualityAssertions" in fields:
+        out["dataQualityAssertions"] = assertions.DataQualityAssertionsDatasetFacet(
+            assertions=[assertions.Assertion(**check) for check in fields["dataQualityAssertions"]["assertions"]])
+    return out
 
 
 def _facet(name: str, fields: Mapping[str, Any]) -> Any:

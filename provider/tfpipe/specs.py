@@ -156,6 +156,13 @@ STAGE_DOCS = {
         "`schema.json`, `stats.json` and fingerprint under `work/datasets/<fingerprint>/` as a single prep task "
         "writes for the same input, then removes the parts."
     ),
+    "validate": (
+        "**validate** is the data gate: it compares the prepared data set with the one the production model (the "
+        "newest blessed version) trained on: columns gone, new or retyped, missing values, numeric and text "
+        "drift, label shift and row count. An anomaly stops the run here (`validation.on_anomaly: fail`), before "
+        "any GPU time, and the production model stays; the findings are in the log, `validation.json` and the run "
+        "report. Trigger with `accept_data_change` to let a real change through."
+    ),
     "train": (
         "**train** streams the TFRecords through tf.data and trains the model, checkpointing every "
         "epoch and every N steps under `work/runs/<dag>/<run>/train/checkpoints`. A retried or cleared "
@@ -373,7 +380,7 @@ def volume_mounts(volumes: VolumesConfig) -> tuple[MountSpec, ...]:
 
 
 def plan_pipeline(cfg: PipelineConfig) -> list[StageSpec]:
-    """The pipeline as plain specs, in order: prep -> train -> evaluate -> export (prep is
+    """The pipeline as plain specs, in order: prep -> validate -> train -> evaluate -> export (prep is
     prep_shard -> prep_merge with ``data.shards`` > 1: :func:`pipeline_stages`)."""
     gpus = GpuRequest.parse(cfg.resources.gpus, field_name="resources.gpus")
     mounts = volume_mounts(cfg.volumes)

@@ -110,7 +110,8 @@ def test_sharded_example_maps_prep_over_four_shards(dags):
     """docs: data at scale: ``data.shards: 4`` replaces ``prep`` with ``prep_shard`` (mapped) and ``prep_merge``."""
     dag = dags["clicks_sharded"]
     assert {"prep_shard", "prep_merge"} <= set(dag.task_ids) and "prep" not in dag.task_ids
-    assert "prep_merge" in dag.get_task("train").upstream_task_ids
+    assert "prep_merge" in dag.get_task("validate").upstream_task_ids
+    assert "validate" in dag.get_task("train").upstream_task_ids
 
 
 def test_churn_table_example_types_its_columns_and_missing_values_for_prep(dags):

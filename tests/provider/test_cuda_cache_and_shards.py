@@ -41,7 +41,7 @@ def test_every_docker_stage_container_gets_the_4_gib_cuda_cache_on_the_work_volu
     dag = training_pipeline(PipelineConfig.from_dict({**BASE, "data": {"path": "x.csv", "shards": shards}}))
     envs = _stage_environments(dag)
     stages = ["prep_shard", "prep_merge"] if shards > 1 else ["prep"]
-    assert sorted(envs) == sorted(stages + ["train", "evaluate", "export"]), sorted(envs)
+    assert sorted(envs) == sorted(stages + ["validate", "train", "evaluate", "export"]), sorted(envs)
     for stage, env in envs.items():
         assert env["CUDA_CACHE_MAXSIZE"] == CUDA_MAXSIZE, (stage, env.get("CUDA_CACHE_MAXSIZE"))
         assert env["CUDA_CACHE_PATH"] == f"{contract.CONTAINER_WORK}/cache/cuda", stage

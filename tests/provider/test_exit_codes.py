@@ -26,6 +26,7 @@ from .test_config import GOOD
 pytestmark = pytest.mark.integration
 
 RESULT = contract.RESULT_PREFIX + '{"blessing": {"blessed": false}}'
+GATE = contract.RESULT_PREFIX + '{"decision": "rejected", "anomalies": [{"column": "w", "check": "numeric_drift"}]}'
 
 
 class _RecordingTI:
@@ -55,6 +56,8 @@ EXIT_TABLE = [
     ("evaluate", f"echo working; echo '{RESULT}'; exit {contract.ExitCode.NOT_BLESSED}", None,
      DownstreamTasksSkipped, False),
     ("prep", f"exit {contract.ExitCode.BAD_INPUT}", None, StageRejectedError, False),
+    # the data gate rejected the data: not retried, and its findings stay in XCom for the note and lineage
+    ("validate", f"echo '{GATE}'; exit {contract.ExitCode.DATA_REJECTED}", None, StageRejectedError, False),
     ("train", f"exit {contract.ExitCode.BAD_INPUT}", None, StageRejectedError, False),
     ("train", f"exit {contract.ExitCode.DIVERGED}", None, StageRejectedError, False),
     # a directory it writes is not writable, and nothing prepares them in this try: no retry helps
@@ -98,6 +101,9 @@ def test_real_container_exits_map_through_the_operator(stage, script, mem_limit,
     else:
         assert code == int(script.split()[-1])
         assert f"(exit {code})" in str(err.value)
+    if code == contract.ExitCode.DATA_REJECTED:
+        assert ti.pushed["return_value"]["anomalies"] == [{"column": "w", "check": "numeric_drift"}]
+        assert "data rejected by the data gate" in str(err.value)
 
 
 def test_the_docs_exit_codes_are_the_contract_s_numbers():

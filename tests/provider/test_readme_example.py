@@ -26,7 +26,7 @@ def test_the_example_dag_file_builds_the_dag_it_describes():
     dag = namespace["dag"]
     assert dag.dag_id == "churn_model"
     # no bucket settings: no Cloud Storage tasks
-    assert set(dag.task_ids) == {"prep", "train", "evaluate", "export", "cleanup"}
+    assert set(dag.task_ids) == {"prep", "validate", "train", "evaluate", "export", "cleanup"}
     assert _scheduled(dag).summary == "0 3 * * *"
     train = dag.get_task("train")
     assert train.image == "registry.local/tfpipe/trainer:1.4.0"

@@ -35,10 +35,10 @@ def test_cleanup_is_a_teardown_beside_training_once_the_data_set_is_ready():
     assert cleanup.is_teardown and not cleanup.on_failure_fail_dagrun
     assert str(cleanup.trigger_rule.value) == "all_done_setup_success"  # all done: no setup tasks here
     # after what train waits for (the data set), off the run's critical path: nothing waits for it
-    assert cleanup.upstream_task_ids == dag.get_task("train").upstream_task_ids == {"prep"}
+    assert cleanup.upstream_task_ids == dag.get_task("train").upstream_task_ids == {"validate"}
     assert cleanup.downstream_task_ids == set()
     with_buckets = training_pipeline(PipelineConfig.from_dict({**BASE, "dag_id": "n3", "gcs_tasks": True}))
-    assert with_buckets.get_task("cleanup").upstream_task_ids == {"prep"}
+    assert with_buckets.get_task("cleanup").upstream_task_ids == {"validate"}
     assert cleanup.retention.keep_runs == 4 and cleanup.model_name == "model"
     assert "cleanup" not in training_pipeline(
         PipelineConfig.from_dict({**BASE, "dag_id": "n2", "retention": {"enabled": False}})).task_ids

@@ -33,7 +33,8 @@ def test_shards_make_a_mapped_prep_then_a_merge_before_training():
     cfg = _cfg(4)
     specs = plan_pipeline(cfg)
     assert [(s.stage, s.upstream) for s in specs] == [
-        ("prep_shard", ()), ("prep_merge", ("prep_shard",)), ("train", ("prep_merge",)),
+        ("prep_shard", ()), ("prep_merge", ("prep_shard",)), ("validate", ("prep_merge",)),
+        ("train", ("validate",)),
         ("evaluate", ("train",)), ("export", ("evaluate",))]
     assert [s.command[-1] for s in specs[:2]] == ["prep_shard", "prep_merge"]
     assert writable_dirs("prep_merge", cfg, "/work/runs/x/y")[-1] == "/work/datasets"
@@ -45,7 +46,8 @@ def test_shards_make_a_mapped_prep_then_a_merge_before_training():
     assert shard.expand_input.value == {"shard_index": [0, 1, 2, 3]}
     assert shard.partial_kwargs["spec"].stage == "prep_shard"
     assert shard.partial_kwargs["retries"] == 1, "a failed shard is retried on its own"
-    assert merge.upstream_task_ids == {"prep_shard"} and train.upstream_task_ids == {"prep_merge"}
+    assert merge.upstream_task_ids == {"prep_shard"} and train.upstream_task_ids == {"validate"}
+    assert dag.get_task("validate").upstream_task_ids == {"prep_merge"}
     assert shard.upstream_task_ids == set(), "a pipeline without a bucket has no stage-in"
     # With a bucket, Cloud Storage stage-in comes before the shards; its skip must not skip them
     dag = training_pipeline(_cfg(4, gcs_tasks=True))
@@ -247,8 +249,8 @@ def test_the_shell_finds_a_shard_instance_and_its_engine_and_refuses_a_missing_o
             ("prep_shard", 3, "--map-index 3: prep_shard has instances 0..2. Fix:"),
             ("prep_shard", -1, "--map-index -1: prep_shard has instances 0..2. Fix:"),
             ("train", 0, "--map-index 0: train is not a mapped task. Fix: leave --map-index out."),
-            ("prep", None, "has no tfpipe stage task 'prep' (stage tasks: prep_shard, prep_merge, train, "
-                           "evaluate, export)")]:
+            ("prep", None, "has no tfpipe stage task 'prep' (stage tasks: prep_shard, prep_merge, validate, "
+                           "train, evaluate, export)")]:
         with pytest.raises(SystemExit) as err:
             stage_task(dag, task_id, index)
         assert words in str(err.value), str(err.value)

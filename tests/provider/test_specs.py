@@ -28,10 +28,10 @@ def cfg() -> PipelineConfig:
     return PipelineConfig.from_dict({**GOOD, "resources": {"gpus": "all"}, "retries": 4})
 
 
-def test_plan_is_four_chained_stages(cfg):
+def test_plan_is_five_chained_stages(cfg):
     specs = plan_pipeline(cfg)
-    assert [s.stage for s in specs] == ["prep", "train", "evaluate", "export"]
-    assert [s.upstream for s in specs] == [(), ("prep",), ("train",), ("evaluate",)]
+    assert [s.stage for s in specs] == ["prep", "validate", "train", "evaluate", "export"]
+    assert [s.upstream for s in specs] == [(), ("prep",), ("validate",), ("train",), ("evaluate",)]
     assert [s.command for s in specs] == [("python3", "-m", "trainer", s) for s in contract.STAGES]
 
 
@@ -93,7 +93,7 @@ def test_image_identity_picks_the_references_own_repo_digest():
 
 
 def test_export_emits_model_asset(cfg):
-    assert plan_pipeline(cfg)[3].outlets == ("tfpipe://models/model",)
+    assert plan_pipeline(cfg)[4].outlets == ("tfpipe://models/model",)
 
 
 @pytest.mark.parametrize("value,expected", [

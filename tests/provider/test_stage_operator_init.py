@@ -103,5 +103,5 @@ def test_constructing_a_stage_operator_opens_no_connection_or_process():
                                       docker_url="tcp://engine.invalid:2376").expand(shard_index=[0, 1])
     finally:
         _RECORDING.pop()
-    assert {op.stage for op in made} == {"prep_merge", "train", "evaluate", "export"}
+    assert {op.stage for op in made} == {"prep_merge", "validate", "train", "evaluate", "export"}
     assert events == []

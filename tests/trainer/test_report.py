@@ -4,6 +4,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -30,11 +31,13 @@ class Checker(HTMLParser):
     def __init__(self):
         HTMLParser.__init__(self, convert_charrefs=True)
         self.stack, self.problems, self.text, self.images, self.tags = [], [], [], [], set()
+        self.image_tags = []
 
     def handle_starttag(self, tag, attrs):
         self.tags.add(tag)
         if tag == "img":
             self.images.append(dict(attrs)["src"])
+            self.image_tags.append(attrs)
         if tag not in VOID:
             self.stack.append(tag)
 
@@ -175,6 +178,39 @@ def test_a_report_failure_never_fails_the_run(trained, monkeypatch, capsys):
     assert exported["report"] is None
     assert not os.path.exists(os.path.join(exported["model_dir"], "report"))
     assert json.load(open(os.path.join(exported["model_dir"], "metadata.json")))["report"] is None
+
+
+def test_the_evaluate_report_shows_the_data_check_of_a_run_that_went_on(trained):
+    """A run whose data gate warned and went on: evaluate's report has the "Data check" section, its
+    flagged checks and the plot of each flagged column, besides its own three plots."""
+    from trainer import validate
+
+    pointer = trained.read("dataset.json")
+    tonight_dir = os.path.join(trained.work, "datasets", pointer["fingerprint"])
+    base_dir = os.path.join(trained.work, "datasets", "baseline")
+    shutil.copytree(tonight_dir, base_dir)
+    schema = atomic.read_json(os.path.join(base_dir, "schema.json"))
+    schema.update(fingerprint="baseline", features=schema["features"][:-1])  # tonight's last column is new
+    atomic.write_json(os.path.join(base_dir, "schema.json"), schema)
+    stats = atomic.read_json(os.path.join(base_dir, "stats.json"))
+    stats["class_histogram"] = {"train": [200, 20, 20], "eval": [50, 5, 5]}  # the classes were skewed
+    atomic.write_json(os.path.join(base_dir, "stats.json"), stats)
+    atomic.write_json(os.path.join(trained.models, "blobs", "1", "metadata.json"), {
+        "dag_id": trained.dag_id, "run_id": "an earlier run", "data": {"fingerprint": "baseline"},
+        "evaluation": {"blessing": {"blessed": True}}})
+    config = trained.config("validate")
+    config["validation"] = {"on_anomaly": "warn"}
+    checked = validate.run(config)
+    assert checked["decision"] == "warned"
+    assert [(a["column"], a["check"]) for a in checked["anomalies"]] == [(None, "label_drift"), ("f3", "column_new")]
+
+    result = evaluate.run(trained.config("evaluate"))
+    page = parse(result["report"])
+    assert len(page.images) == 4 and page.source.count("data:image/png;base64,") == 4
+    assert "Data check" in page.text and "WARNED" in page.text
+    assert "FLAGGED (data set) label_drift" in page.text and "FLAGGED f3 column_new" in page.text
+    assert page.text.index("Data check") < page.text.index("Class histogram")
+    assert "(label): baseline and tonight's distribution" in [dict(a)["alt"] for a in page.image_tags]
 
 
 def test_report_text_is_escaped_and_odd_class_names_plot(tmp_path):

@@ -9,6 +9,7 @@ from typing import Any
 _LAZY = {
     "TfpipeStageOperator": "tfpipe.operators.docker",
     "PrepOperator": "tfpipe.operators.docker",
+    "ValidateOperator": "tfpipe.operators.docker",
     "TrainOperator": "tfpipe.operators.docker",
     "EvaluateOperator": "tfpipe.operators.docker",
     "ExportOperator": "tfpipe.operators.docker",

@@ -38,6 +38,8 @@ _NO_BIND_SOURCE = "bind source path does not exist"
 PREPARE_ROLE = "prepare-volumes"
 #: Upstream stages whose results a stage's OpenLineage event names (dataset dir, model, blessing).
 _LINEAGE_STAGES = ("prep", "prep_merge", "train", "evaluate")
+#: Exits that are decisions rather than breakdowns: their result still counts for metrics and lineage.
+_DECISIONS = {contract.ExitCode.NOT_BLESSED: "evaluate", contract.ExitCode.DATA_REJECTED: "validate"}
 
 
 def docker_mount(mount: MountSpec) -> Any:
@@ -439,8 +441,8 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         from tfpipe.metrics import emit_stage_metrics
         from tfpipe.operators.exits import raise_for_exit
 
-        if code == contract.ExitCode.NOT_BLESSED and self.stage == "evaluate":
-            result = contract.parse_result_line(logs)  # a decision too: its figures and lineage count
+        if _DECISIONS.get(code) == self.stage:
+            result = contract.parse_result_line(logs)  # a decision: its figures and lineage count
             emit_stage_metrics(self.dag_id, self.stage, result)
             self.lineage_inputs = capture(self, context, result, _LINEAGE_STAGES)
         raise_for_exit(stage=self.stage, code=code, oom_killed=oom_killed, logs=logs, context=context,
@@ -540,6 +542,14 @@ class PrepOperator(TfpipeStageOperator):
     stage = "prep"
 
 
+class ValidateOperator(TfpipeStageOperator):
+    """The data gate: compare the prepared data with the production model's; anomalies fail the task
+    without a retry (or only warn), before any training."""
+
+    stage = "validate"
+    operator_extra_links = (RunReportLink(),)
+
+
 class TrainOperator(TfpipeStageOperator):
     """Train with checkpoints; a retried or cleared try resumes from the newest checkpoint."""
 
@@ -584,11 +594,11 @@ class PrepMergeOperator(TfpipeStageOperator):
     stage = "prep_merge"
 
 
-#: The operator of each stage (``contract.RUNNABLE_STAGES``: an unsharded pipeline's four and
+#: The operator of each stage (``contract.RUNNABLE_STAGES``: an unsharded pipeline's five and
 #: sharded prep's two).
 OPERATORS: dict[str, type[TfpipeStageOperator]] = {
-    op.stage: op for op in (PrepOperator, PrepShardOperator, PrepMergeOperator, TrainOperator, EvaluateOperator,
-                            ExportOperator)
+    op.stage: op for op in (PrepOperator, PrepShardOperator, PrepMergeOperator, ValidateOperator, TrainOperator,
+                            EvaluateOperator, ExportOperator)
 }
 
 

@@ -37,6 +37,11 @@ def raise_for_exit(*, stage: str, code: int | None, oom_killed: bool, logs: list
         if log:
             log.info("candidate not blessed: skipping %s", ", ".join(skipped) or "nothing")
         raise DownstreamTasksSkipped(tasks=skipped)
+    if code == contract.ExitCode.DATA_REJECTED and stage == "validate":
+        # the findings (columns, measures, thresholds) stay readable for the run note and lineage
+        result = contract.parse_result_line(logs)
+        if result is not None:
+            context["ti"].xcom_push(key="return_value", value=result)
     if code in contract.ExitCode.NO_RETRY:
         raise StageRejectedError(
             f"{stage} rejected its input: {what} (exit {code}); retrying cannot fix this.\n{log_tail(logs)}",

@@ -282,6 +282,13 @@ class PrepPodOperator(TfpipeStagePodOperator):
     stage = "prep"
 
 
+class ValidatePodOperator(TfpipeStagePodOperator):
+    """validate (the data gate) as a pod; anomalies fail it without a retry."""
+
+    stage = "validate"
+    operator_extra_links = (RunReportLink(),)
+
+
 class TrainPodOperator(TfpipeStagePodOperator):
     """train as a pod; a retried try resumes from the checkpoints on the work volume."""
 
@@ -304,5 +311,6 @@ class ExportPodOperator(TfpipeStagePodOperator):
 
 
 POD_OPERATORS: dict[str, type[TfpipeStagePodOperator]] = {
-    op.stage: op for op in (PrepPodOperator, TrainPodOperator, EvaluatePodOperator, ExportPodOperator)
+    op.stage: op for op in (PrepPodOperator, ValidatePodOperator, TrainPodOperator, EvaluatePodOperator,
+                            ExportPodOperator)
 }

@@ -35,9 +35,32 @@ def _blessing(evaluate: Mapping[str, Any] | None) -> str | None:
     return " ".join(parts)
 
 
+def _data_gate(validate: Mapping[str, Any] | None) -> str | None:
+    """What the data gate found, when it found anything: each anomaly as column, measure, value > threshold."""
+    if not validate or not validate.get("anomalies"):
+        return None
+    found = []
+    for anomaly in validate["anomalies"]:
+        if not isinstance(anomaly, Mapping):
+            continue
+        what = f"{anomaly.get('column') or 'data set'} {anomaly.get('check')}"
+        value, threshold = anomaly.get("value"), anomaly.get("threshold")
+        if isinstance(value, (int, float)) and isinstance(threshold, (list, tuple)) and len(threshold) == 2:
+            what += f" {_fmt(value)} outside [{_fmt(threshold[0])}, {_fmt(threshold[1])}]"  # a ratio's bounds
+        elif isinstance(value, (int, float)) and threshold is not None:
+            what += f" {_fmt(value)} > {_fmt(threshold)}"
+        found.append(what)
+    heading = {"rejected": "data rejected", "accepted": "data change accepted",
+               "warned": "data anomalies (warn)"}.get(str(validate.get("decision")), "data anomalies")
+    baseline = validate.get("baseline")
+    against = f" vs v{baseline.get('version')}" if isinstance(baseline, Mapping) else ""
+    return f"{heading}{against}: {', '.join(found)}"
+
+
 def summary_line(results: Mapping[str, Mapping[str, Any] | None], *, train_tries: int | None,
                  state: str, failed_tasks: list[str] | tuple[str, ...] = ()) -> str:
-    """One line: blessing with metric vs threshold and baseline, model version, tries and resumes.
+    """One line: the data gate's anomalies, blessing with metric vs threshold and baseline, model version,
+    tries and resumes.
 
     :param results: stage name -> that task's result (``None`` or missing when it has none).
     :param train_tries: the train task's try number (attempts), ``None`` when it never ran.
@@ -48,6 +71,9 @@ def summary_line(results: Mapping[str, Mapping[str, Any] | None], *, train_tries
     blessing = _blessing(results.get("evaluate"))
     if state != "success":
         parts.append(f"run {state}" + (f" at {', '.join(failed_tasks)}" if failed_tasks else ""))
+    gate = _data_gate(results.get("validate"))
+    if gate:
+        parts.append(gate)
     if blessing:
         parts.append(blessing)
     export = results.get("export")
