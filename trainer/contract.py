@@ -238,9 +238,9 @@ SECTIONS = {
         "missing_increase": {"kind": "number", "default": 0.1, "minimum": 0, "parse_maximum": 1,
                              "doc": "largest rise of a column's share of missing values over the production "
                                     "data set's"},
-        "min_row_ratio": {"kind": "number", "default": 0.5, "minimum": 0,
+        "min_row_ratio": {"kind": "number", "default": 0.5, "minimum": 0, "maximum": 1,
                           "doc": "fewest rows, as a multiple of the production data set's rows"},
-        "max_row_ratio": {"kind": "number", "default": 2.0, "exclusive_minimum": 0,
+        "max_row_ratio": {"kind": "number", "default": 2.0, "minimum": 1,
                           "doc": "most rows, as a multiple of the production data set's rows"},
         "columns": {"kind": "dict", "default": {},
                     "doc": "per-column overrides, column name -> {numeric_drift, categorical_drift, "
