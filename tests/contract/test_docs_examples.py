@@ -15,6 +15,7 @@ DAG_IDS = {
     "churn_model.py": "churn_model",
     "churn_table.py": "churn_table",
     "custom_model.py": "churn_wide",
+    "data_gate.py": "orders_nightly",
     "gcs.py": "churn_from_gcs",
     "gpus.py": "images_on_gpus",
     "scheduling.py": "churn_nightly",
@@ -122,3 +123,17 @@ def test_churn_table_example_types_its_columns_and_missing_values_for_prep(dags)
     assert list(data["na_values"]) == ["", "NA", "n/a"] and data["drop_missing_labels"] is True
     assert (data["max_vocabulary"], data["min_frequency"], data["hash_threshold"], data["hash_bins"]) == (
         500, 5, 20000, 4096)
+
+
+def test_data_gate_example_sets_thresholds_and_per_column_overrides_for_validate(dags):
+    """docs: the data gate: the example's ``validation`` section (fail on an anomaly, tighter missing and
+    row bounds, a looser column and a skipped one) reaches the validate stage as written, and validate
+    runs between prep and train."""
+    dag = dags["orders_nightly"]
+    assert dag.get_task("validate").upstream_task_ids == {"prep"}
+    assert dag.get_task("train").upstream_task_ids == {"validate"}
+    gate = _config(dag, "validate")["validation"]
+    assert (gate["on_anomaly"], gate["numeric_drift"], gate["categorical_drift"], gate["missing_increase"]) == (
+        "fail", 0.1, 0.1, 0.05)
+    assert (gate["min_row_ratio"], gate["max_row_ratio"]) == (0.8, 1.5)
+    assert dict(gate["columns"]) == {"discount": {"numeric_drift": 0.3}, "note": {"skip": True}}

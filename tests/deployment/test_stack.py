@@ -562,6 +562,54 @@ def test_sharded_prep_runs_its_shards_on_two_engines_that_share_the_volumes(stac
 
 
 
+def _scale_column(folder: Path, column: str, factor: float) -> None:
+    """Multiply ``column`` of every CSV file in ``folder`` by ``factor`` (a unit change upstream)."""
+    for path in folder.glob("*.csv"):
+        header, *rows = path.read_text().splitlines()
+        at = header.split(",").index(column)
+        cells = [row.split(",") for row in rows]
+        for row in cells:
+            row[at] = repr(float(row[at]) * factor)
+        path.write_text("\n".join([header] + [",".join(row) for row in cells]) + "\n")
+
+
+def test_a_night_whose_data_changed_is_stopped_at_validate_with_its_error_and_note(stack, rest):
+    """(7c) The data gate under the scheduler: after a blessed night of the sharded DAG, a night whose
+    ``pixel_20`` changed unit (x1000) fails at the validate task on its first try, train never starts, the
+    task's log names the column and the measure, the run's note says the data was rejected against the
+    production version, and no model version is added."""
+    from tests.integration.test_sharded_prep import _split_digits
+
+    dag_id = "tfpipe_stack_shards"
+    parts, models = stack.volumes / "data" / "digits_parts", stack.volumes / "models" / dag_id
+
+    def versions() -> list[str]:
+        return sorted(p.name for p in models.iterdir() if p.name.isdigit()) if models.is_dir() else []
+
+    if not parts.is_dir():
+        _split_digits(stack.volumes)
+    if not versions():  # the sharded test above blesses one; alone, this test makes its own baseline
+        baseline = rest.trigger(dag_id)
+        assert rest.wait_for_run(dag_id, baseline, timeout=480)["state"] == "success"
+    before = versions()
+    _scale_column(parts, "pixel_20", 1000.0)
+    try:
+        run_id = rest.trigger(dag_id)
+        run = rest.wait_for_run(dag_id, run_id, timeout=480)
+    finally:
+        _scale_column(parts, "pixel_20", 0.001)
+    tis = {t["task_id"]: t for t in rest.task_instances(dag_id, run_id) if t["map_index"] in (-1, None)}
+    assert run["state"] == "failed", {k: v["state"] for k, v in tis.items()}
+    assert (tis["validate"]["state"], tis["validate"]["try_number"]) == ("failed", 1)
+    assert tis["train"]["state"] in ("upstream_failed", None), tis["train"]
+    log = rest.task_log(dag_id, run_id, "validate", 1)
+    assert "pixel_20" in log and "numeric_drift" in log and "accept_data_change" in log, log[-3000:]
+    note = rest.run(dag_id, run_id)["note"]
+    assert note and note.startswith(f"tfpipe: run failed at validate; data rejected vs v{before[-1]}: "), note
+    assert "pixel_20 numeric_drift" in note
+    assert versions() == before
+
+
 def test_a_stage_in_of_many_objects_runs_in_a_celery_task(stack, rest, gcs_emulator, monkeypatch):
     """80 objects download in the transfer manager's threads of a Celery worker's task process (the
     stage-in alone, from the Cloud Storage emulator), onto the GPU host's data volume through the

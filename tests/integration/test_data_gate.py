@@ -48,8 +48,7 @@ def nights(tmp_path_factory, trainer_image):
     home, dags = root / "home", root / "dags"
     table = home / "data" / "orders" / "orders.csv"
     table.parent.mkdir(parents=True)
-    write_dag(dags, DAG_ID, data={"path": "orders/orders.csv", "label": "returned", "key": "order_id",
-                                  "columns": {"order_id": "ignore"}},
+    write_dag(dags, DAG_ID, data={"path": "orders/orders.csv", "label": "returned", "key": "order_id"},
               training={"model": "mlp", "epochs": 1, "batch_size": 128},
               evaluation={"threshold": 0.0, "tolerance": 1.0})
     plan = [
@@ -80,7 +79,8 @@ def _note(run_id: str) -> str | None:
     from sqlalchemy import select
 
     with create_session() as session:
-        return session.scalar(select(DagRun.note).where(DagRun.dag_id == DAG_ID, DagRun.run_id == run_id))
+        run = session.scalars(select(DagRun).where(DagRun.dag_id == DAG_ID, DagRun.run_id == run_id)).one()
+        return run.note
 
 
 @pytest.mark.parametrize("night,column,check", [

@@ -122,10 +122,13 @@ def test_the_docs_exit_codes_are_the_contract_s_numbers():
                 contract.ExitCode.BAD_INPUT: "bad input or config and",
                 contract.ExitCode.DIVERGED: "diverged training",
                 contract.ExitCode.DIRS_NOT_READY: "a directory the stage writes is not writable by its user",
+                contract.ExitCode.DATA_REJECTED: "the data gate rejected the data",
                 contract.ExitCode.KILLED: "included"}
     assert listed == expected
     assert (contract.ExitCode.OK, contract.ExitCode.NOT_BLESSED, contract.ExitCode.BAD_INPUT,
-            contract.ExitCode.DIVERGED, contract.ExitCode.DIRS_NOT_READY) == (0, 10, 11, 12, 13)
+            contract.ExitCode.DIVERGED, contract.ExitCode.DIRS_NOT_READY, contract.ExitCode.DATA_REJECTED) == (
+                0, 10, 11, 12, 13, 14)
     # the two other places the docs name a code by number
     pages = " ".join(" ".join(page.read_text().split()) for page in docs.glob("*.md"))
     assert "training diverged (exit 12)" in pages and "(exit 12, no retry)" in pages
+    assert "fails with exit code 14 and is **not retried**" in pages
