@@ -78,6 +78,9 @@ def test_the_run_note_names_each_anomaly_and_the_production_version():
     value and threshold."""
     line = summary_line({"validate": REJECTED}, train_tries=None, state="failed", failed_tasks=["validate"])
     assert line == ("tfpipe: run failed at validate; data rejected vs v3: weight numeric_drift 0.8300 > 0.1000")
+    rows = dict(REJECTED, anomalies=[{"column": None, "check": "row_count", "value": 0.25, "threshold": [0.5, 2.0]}])
+    assert summary_line({"validate": rows}, train_tries=None, state="failed").endswith(
+        "data rejected vs v3: data set row_count 0.2500 outside [0.5000, 2.0000]")
     accepted = dict(REJECTED, decision="accepted")
     assert "data change accepted vs v3" in summary_line({"validate": accepted}, train_tries=1, state="success")
     assert "data" not in summary_line({"validate": dict(REJECTED, anomalies=[], decision="passed")},
