@@ -216,7 +216,16 @@ SECTIONS = {
                       "doc": "absolute minimum of the metric for a blessing"},
         "tolerance": {"kind": "number", "default": 0.01, "minimum": 0, "parse_maximum": 1,
                       "doc": "how much worse than the baseline (the newest exported version trained on the "
-                             "same classes) a candidate may be"},
+                             "same classes) a candidate may be, both scored on this run's eval split"},
+        "slices": {"kind": "list?", "default": None,
+                   "doc": "columns whose values slice the eval split (tables): a text or yes/no column's name, or "
+                          "{column, buckets: [ascending edges]} for a numeric one; metrics per slice value, for "
+                          "the candidate and the baseline"},
+        "slice_floor": {"kind": "number", "default": 0, "minimum": 0, "parse_maximum": 1,
+                        "doc": "the gate's metric every slice with at least slice_min_rows eval rows must reach "
+                               "for a blessing (0: no floor)"},
+        "slice_min_rows": {"kind": "int", "default": 30, "minimum": 1,
+                           "doc": "eval rows a slice needs for its floor to count"},
     },
     "validation": {
         "on_anomaly": {"kind": "str", "default": "fail", "choices": ON_ANOMALY,
