@@ -610,10 +610,45 @@ class TrainingConfig(contract_fields("training")):
         return self
 
 
+def _checked_slices(slices: Any) -> Any:
+    """``evaluation.slices``: column names, or ``{column, buckets}`` with ascending numeric edges."""
+    if slices is None:
+        return None
+    if isinstance(slices, (str, Mapping)) or not isinstance(slices, (list, tuple)):
+        raise config_error("evaluation.slices", f"must be a list of columns, got {slices!r}",
+                           "e.g. ['plan', {'column': 'tenure', 'buckets': [12, 24]}]")
+    for i, item in enumerate(slices):
+        field_name = f"evaluation.slices[{i}]"
+        if isinstance(item, str) and item:
+            continue
+        if not isinstance(item, Mapping):
+            raise config_error(field_name, f"must be a column name or {{column, buckets}}, got {item!r}",
+                               "name a text or yes/no column, or give a numeric column with its bucket edges")
+        unknown = sorted(set(item) - {"column", "buckets"})
+        if unknown:
+            raise config_error(f"{field_name}.{unknown[0]}", "unknown key", "use column and buckets")
+        if not isinstance(item.get("column"), str) or not item.get("column"):
+            raise config_error(f"{field_name}.column", f"must be a column name, got {item.get('column')!r}",
+                               "name the numeric column the buckets cut")
+        edges = item.get("buckets")
+        if (not isinstance(edges, (list, tuple)) or not edges
+                or any(isinstance(e, bool) or not isinstance(e, (int, float)) for e in edges)
+                or any(b <= a for a, b in zip(edges, edges[1:]))):
+            raise config_error(f"{field_name}.buckets", f"must be ascending numbers, got {edges!r}",
+                               "give the bucket edges in ascending order, e.g. [12, 24, 48]")
+    return tuple(item if isinstance(item, str) else {"column": item["column"], "buckets": list(item["buckets"])}
+                 for item in slices)
+
+
 class EvaluationConfig(contract_fields("evaluation")):
     """The blessing gate: what a candidate must score to be exported."""
 
     section: ClassVar[str] = "evaluation"
+
+    @field_validator("slices", mode="before")
+    @classmethod
+    def _slices(cls, value: Any) -> Any:
+        return _checked_slices(value)
 
 
 def _checked_column_checks(columns: Mapping[Any, Any]) -> dict[str, dict[str, Any]]:

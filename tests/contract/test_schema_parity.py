@@ -163,7 +163,7 @@ def test_every_gate_metric_is_selectable_in_a_dag_and_in_the_trigger_form():
         cfg = PipelineConfig.from_dict({**GOOD, "evaluation": {"metric": metric}})
         assert cfg.evaluation.metric == metric
         assert apply_overrides(template, {"metric": metric, "threshold": 0.7})["evaluation"] == {
-            "metric": metric, "threshold": 0.7, "tolerance": contract.SECTIONS["evaluation"]["tolerance"]["default"]}
+            **contract.section_defaults("evaluation"), "metric": metric, "threshold": 0.7}
 
 
 def test_form_params_take_type_bounds_and_choices_from_the_contract():
