@@ -343,3 +343,70 @@ def test_network_errors_are_retried_and_helpers_have_no_network(tmp_path, traine
         assert seen["HostConfig"]["NetworkMode"] == "none"
         assert list(seen["NetworkSettings"]["Networks"]) == ["none"]
         assert seen["HostConfig"]["Privileged"] is False
+
+
+#: Run in the trainer image (it has pyarrow; the host venv does not): two days of Parquet partitions
+#: under /out/dt=YYYY-MM-DD/, with a number that has nulls, a text category with nulls and a boolean.
+DAILY_PARQUET = """
+import os, pyarrow as pa, pyarrow.parquet as pq
+for day, offset in (("2026-12-05", 0), ("2026-12-06", 1)):
+    os.makedirs("/out/dt=%s" % day)
+    n = 120
+    pq.write_table(pa.table({
+        "amount": pa.array([None if i % 9 == 4 else float(i % 50 + offset) for i in range(n)], pa.float64()),
+        "plan": pa.array([None if i % 13 == 6 else ("basic", "plus", "pro")[i % 3] for i in range(n)], pa.string()),
+        "autopay": pa.array([i % 4 < 2 for i in range(n)], pa.bool_()),
+        "label": pa.array([int(i % 3 == 0) for i in range(n)], pa.int64())}), "/out/dt=%s/part-0.parquet" % day)
+"""
+
+
+def test_a_date_partitioned_parquet_folder_staged_in_is_prepared_with_its_window_and_types(
+        tmp_path, trainer_image, bucket, docker_client):
+    """Date partitions of Parquet files (numbers and texts with nulls, booleans) in a bucket arrive byte
+    for byte, and prep reads the staged folder as it reads a local one: the window's partitions, the
+    types from Parquet's, the missing cells counted."""
+    import os
+
+    from tfpipe import PipelineConfig, contract
+    from tfpipe.specs import plan_pipeline
+    from tfpipe.tries import TryIdentity, resolve_try
+
+    made = tmp_path / "made"
+    made.mkdir()
+    docker_client.containers.run(trainer_image, ["python3", "-c", DAILY_PARQUET], remove=True, network_mode="none",
+                                 user=f"{os.getuid()}:{os.getgid()}", volumes={str(made): {"bind": "/out", "mode": "rw"}})
+    files = sorted(p for p in made.rglob("*.parquet"))
+    assert len(files) == 2
+    for path in files:
+        bucket.blob("lake/events/" + path.relative_to(made).as_posix()).upload_from_filename(str(path))
+    home = tmp_path / "home"
+    result = _operator(home, trainer_image, "events/", source_uri=f"gs://{bucket.name}/lake/events").execute(
+        fake_context("stage_in"))
+    assert result["downloaded"] == 2
+    for path in files:
+        assert (home / "data" / "events" / path.relative_to(made)).read_bytes() == path.read_bytes()
+
+    cfg = PipelineConfig.from_dict({
+        "dag_id": "staged_parquet", "image": {"ref": trainer_image},
+        "volumes": {name: str(home / name) for name in ("data", "work", "models")},
+        "data": {"path": "events", "format": "parquet", "window_days": 2}})
+    for name in ("work", "models"):
+        (home / name).mkdir(exist_ok=True)
+        os.chown(home / name, 1000, 1000)
+    spec = next(s for s in plan_pipeline(cfg) if s.stage == "prep")
+    plan = resolve_try(spec, TryIdentity("staged_parquet", "manual__1", "prep", data_interval_end="2026-12-07T00:00:00Z"))
+    docker_client.containers.run(
+        trainer_image, list(spec.command), remove=True, network_mode="none", user="1000:1000",
+        environment={contract.CONFIG_ENV: contract.dumps(plan.config)},
+        volumes={str(home / "data"): {"bind": contract.CONTAINER_DATA, "mode": "ro"},
+                 str(home / "work"): {"bind": contract.CONTAINER_WORK, "mode": "rw"},
+                 str(home / "models"): {"bind": contract.CONTAINER_MODELS, "mode": "rw"}})
+    (dataset,) = (home / "work" / "datasets").glob("*/schema.json")
+    schema = json.loads(dataset.read_text())
+    assert schema["format"] == "parquet" and sum(schema["counts"].values()) == 240
+    features = {f["name"]: f for f in schema["features"]}
+    assert {n: f["type"] for n, f in features.items()} == {"amount": "float", "plan": "categorical",
+                                                           "autopay": "boolean"}
+    assert sum(features["amount"]["missing"].values()) == 2 * len(range(4, 120, 9))
+    window = json.loads((dataset.parent / "fingerprint.json").read_text())["window"]
+    assert window["partitions"] == ["dt=2026-12-05", "dt=2026-12-06"]

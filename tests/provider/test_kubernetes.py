@@ -341,3 +341,32 @@ def test_default_args_reach_every_pod_task_as_they_do_the_docker_ones():
     for task in dag.tasks:
         assert isinstance(task, TfpipeStagePodOperator), task.task_id
         assert list(task.on_failure_callback) == [on_failure] and task.owner == "ml-platform", task.task_id
+
+
+def test_a_real_table_s_settings_reach_the_prep_and_validate_pods_as_on_docker():
+    """A Parquet table in date partitions, with typed columns, NA texts and the data gate's overrides:
+    the prep and validate pods get the same data and validation sections as the Docker backend's
+    containers (the stage config is the only backend boundary), and the run's window end."""
+    import json
+    from datetime import datetime, timezone
+
+    from tfpipe.specs import config_template
+
+    table = {"path": "events", "format": "parquet", "window_days": 7, "min_partitions": 5,
+             "columns": {"customer_id": "ignore", "zip": "categorical"}, "na_values": ["", "n/a"],
+             "drop_missing_labels": True}
+    gate = {"on_anomaly": "warn", "columns": {"zip": {"categorical_drift": 0.3}}}
+    dag = _dag(data=table, validation=gate)
+    docker = PipelineConfig.from_dict({**copy.deepcopy(SETTINGS), "backend": "docker", "data": table,
+                                       "validation": gate})
+    for stage in ("prep", "validate"):
+        task = dag.get_task(stage)
+        context = _context(dag, task)
+        context["ti"].data_interval_end = datetime(2026, 12, 7, tzinfo=timezone.utc)
+        task.prepare_try(context)
+        pod = ApiClient().sanitize_for_serialization(task.build_pod_request_obj(context, dry_run=True))
+        env = {e["name"]: e for e in _stage_container(pod)["env"]}
+        config = contract.validate_stage_config(json.loads(env[contract.CONFIG_ENV]["value"]))
+        expected = config_template(docker, stage)
+        assert config["data"] == expected["data"] and config["validation"] == expected["validation"]
+        assert config["run"][contract.WINDOW_END_KEY] == "2026-12-07T00:00:00+00:00"
