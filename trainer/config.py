@@ -157,6 +157,41 @@ def _check_training(training):
              "fewer than training.epochs (%d): lower the warm-up or train more epochs" % epochs, warmup)
 
 
+def _check_evaluation(evaluation):
+    """``evaluation.slices``: null or a list of column names and ``{column, buckets}`` objects with
+    ascending numeric edges (whether the columns exist is checked against the data set's schema)."""
+    slices = evaluation["slices"]
+    if slices is None:
+        return
+
+    def fail(field, problem, fix):
+        raise BadInput("%s: %s. Fix: %s." % (field, problem, fix))
+    if not isinstance(slices, list):
+        fail("evaluation.slices", "must be a list of columns, got %r" % (slices,),
+             "e.g. [\"plan\", {\"column\": \"tenure\", \"buckets\": [12, 24]}]")
+    for i, item in enumerate(slices):
+        field = "evaluation.slices[%d]" % i
+        if isinstance(item, str) and item:
+            continue
+        if not isinstance(item, dict):
+            fail(field, "must be a column name or {column, buckets}, got %r" % (item,),
+                 "name a text or yes/no column, or give a numeric column with its bucket edges")
+        unknown = sorted(set(item) - {"column", "buckets"})
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], ["column", "buckets"], n=1)
+            fail("%s.%s" % (field, unknown[0]), "unknown key%s" % (" (did you mean %r?)" % close[0] if close else ""),
+                 "use column and buckets")
+        if not isinstance(item.get("column"), str) or not item.get("column"):
+            fail(field + ".column", "must be a column name, got %r" % (item.get("column"),),
+                 "name the numeric column the buckets cut")
+        edges = item.get("buckets")
+        if (not isinstance(edges, list) or not edges
+                or any(isinstance(e, bool) or not isinstance(e, (int, float)) or e != e for e in edges)
+                or any(b <= a for a, b in zip(edges, edges[1:]))):
+            fail(field + ".buckets", "must be ascending numbers, got %r" % (edges,),
+                 "give the bucket edges in ascending order, e.g. [12, 24, 48]")
+
+
 def _check_validation(validation):
     """``validation.columns``: per column, only the keys of :data:`contract.COLUMN_CHECKS`, each a
     threshold within its section field's bounds (``skip``: true or false)."""
@@ -193,6 +228,7 @@ def resolve(config):
         out[name] = _section(config, name)
     _check_data(out["data"])
     _check_training(out["training"])
+    _check_evaluation(out["evaluation"])
     _check_validation(out["validation"])
     try:
         out["run"]["try_number"] = int(out["run"]["try_number"])

@@ -209,7 +209,7 @@ def run(config):
                      "window": (atomic.read_json(os.path.join(run_dir, "dataset.json")) or {}).get("window")},
             "hyperparameters": config["training"],
             "evaluation": {"metrics": evaluation.get("metrics", {}), "blessing": blessing,
-                           "per_class": evaluation.get("per_class")},
+                           "per_class": evaluation.get("per_class"), "slices": evaluation.get("slices")},
             "tensorflow_version": tf.__version__,
             "training": atomic.read_json(os.path.join(run_dir, contract.FINAL_SUBDIR,
                                                       "final.json")),

@@ -6,7 +6,9 @@ Written by the evaluate stage into the run directory, blessed or not:
   attempt of the train stage (``metrics.json``), one colour per try, and a dotted vertical line,
   labelled, where a retry took over (a resume from a checkpoint, or a restart);
 * ``confusion_matrix.png``: counts ``[true][predicted]`` annotated, class names from the schema;
-* ``report.html``: metrics, per-class precision/recall, the blessing decision and why, data
+* ``report.html``: metrics, per-class precision/recall, the blessing decision and why, the
+  candidate beside the production model on this run's eval split ("Champion vs challenger"),
+  both per slice value when ``evaluation.slices`` names columns ("Slices"), data
   statistics, lineage (DAG run, image, attempts) and the three plots embedded as
   ``data:image/png;base64`` URIs: no external file, stylesheet or script. Every piece of text is
   escaped with :func:`html.escape`.
@@ -32,7 +34,7 @@ import io
 import os
 import sys
 
-from trainer import atomic, contract
+from trainer import atomic, contract, slices
 
 REPORT_NAME = contract.REPORT_FILE
 #: The plots, in the order they are listed and embedded.
@@ -339,6 +341,10 @@ def _decision_section(blessing, evaluation):
     passed_over = _e(passed_over_text(blessing.get("passed_over")))
     if baseline:
         base_text = "version %s: %s" % (_e(baseline.get("version")), _num(baseline.get("value")))
+        if baseline.get("same_split"):
+            base_text += " on this run's eval split (recorded %s)" % _num(baseline.get("recorded_value"))
+        elif "same_split" in baseline:
+            base_text += " recorded, since it cannot score this run's data: %s" % _e(baseline.get("why"))
         if passed_over:
             base_text += " (passed over %s)" % passed_over
     else:
@@ -372,6 +378,68 @@ def _metrics_section(evaluation):
         [_e(c.get("class_name")), _num(c.get("precision")), _num(c.get("recall")),
          _num(c.get("f1")), _num(c.get("auc")), _num(c.get("support"))]
         for c in evaluation.get("per_class") or []], numeric=(1, 2, 3, 4, 5)))
+    return "\n".join(out)
+
+
+def _champion_section(evaluation):
+    """Candidate and production model side by side, overall and per class, on this run's eval split;
+    when the production model could not score it, why, and its recorded figures."""
+    baseline = evaluation.get("baseline")
+    if not baseline:
+        return "<p class=\"muted\">no production model: no earlier exported version to compare with</p>"
+    version = _e(baseline.get("version"))
+    if not baseline.get("same_split"):
+        out = ["<p>production version %s cannot score this run's data: %s. The gate compares the figures "
+               "recorded when it was exported, measured on an older eval split.</p>" % (version, _e(baseline.get("why")))]
+        theirs, label = (baseline.get("recorded") or {}).get("metrics") or {}, "production v%s (recorded)" % version
+        their_classes = (baseline.get("recorded") or {}).get("per_class") or []
+    else:
+        out = ["<p>Both models scored on this run's eval split (%s examples).</p>" % _num(baseline.get("examples"))]
+        theirs, label = baseline.get("metrics") or {}, "production v%s" % version
+        their_classes = baseline.get("per_class") or []
+    ours = evaluation.get("metrics") or {}
+    names = [m for m in _METRIC_ORDER if m in ours] + sorted(m for m in ours if m not in _METRIC_ORDER)
+
+    def diff(a, b):
+        return _num(a - b) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else _num(None)
+    out.append(_table(["metric", "candidate", label, "candidate - production"],
+                      [[_e(m), _num(ours.get(m)), _num(theirs.get(m)), diff(ours.get(m), theirs.get(m))]
+                       for m in names], numeric=(1, 2, 3)))
+    by_name = {c.get("class_name"): c for c in their_classes if isinstance(c, dict)}
+    out.append("<h3>Per class</h3>")
+    out.append(_table(["class", "candidate F1", "production F1", "candidate recall", "production recall",
+                       "support"], [
+        [_e(c.get("class_name")), _num(c.get("f1")), _num(by_name.get(c.get("class_name"), {}).get("f1")),
+         _num(c.get("recall")), _num(by_name.get(c.get("class_name"), {}).get("recall")), _num(c.get("support"))]
+        for c in evaluation.get("per_class") or []], numeric=(1, 2, 3, 4, 5)))
+    return "\n".join(out)
+
+
+#: Slice values a report lists per column (the most rows first); evaluation.json holds them all.
+SLICE_VALUES_SHOWN = 50
+
+
+def _slices_section(sliced):
+    """One row per slice value: rows, the gate's metric of both models, and the floor's verdict."""
+    metric, floor, min_rows = sliced.get("metric"), sliced.get("floor"), sliced.get("min_rows")
+    below = set(sliced.get("below_floor") or [])
+    out = ["<p>%s per slice value of this run's eval split%s.</p>" % (
+        _e(metric), "; floor %s for the slices of at least %s rows" % (_num(floor), _e(min_rows)) if floor else "")]
+    rows, hidden = [], 0
+    for column in sliced.get("columns") or []:
+        entries = [e for e in sliced.get("values") or [] if e.get("column") == column.get("column")]
+        shown = sorted(entries, key=lambda e: -e.get("rows", 0))[:SLICE_VALUES_SHOWN]
+        hidden += len(entries) - len(shown)
+        for entry in [e for e in entries if e in shown]:
+            name = slices.slice_name(entry)
+            verdict = '<span class="flag">below the floor</span>' if name in below else ""
+            rows.append([_e(entry.get("column")), _e(name[len(entry.get("column")) + 1:]),
+                         _num(entry.get("rows")), _num((entry.get("candidate") or {}).get(metric)),
+                         _num((entry.get("production") or {}).get(metric)), verdict])
+    out.append(_table(["column", "value", "rows", "candidate %s" % metric, "production %s" % metric, "floor"],
+                      rows, numeric=(2, 3, 4)))
+    if hidden:
+        out.append("<p class=\"muted\">%d more slice values with fewer rows are in evaluation.json</p>" % hidden)
     return "\n".join(out)
 
 
@@ -586,6 +654,8 @@ def render_html(pngs, evaluation, blessing, history, attempts, run=None, schema=
         '<p class="muted">generated %s</p>' % _e(generated),
         "<h2>Blessing decision</h2>", _decision_section(blessing, evaluation),
         "<h2>Evaluation metrics</h2>", _metrics_section(evaluation),
+        "<h2>Champion vs challenger</h2>", _champion_section(evaluation),
+    ] + (["<h2>Slices</h2>", _slices_section(evaluation["slices"])] if evaluation.get("slices") else []) + [
         "<h2>Confusion matrix</h2>",
         _img(pngs["confusion_matrix"], "confusion matrix of the eval split"),
         "<h2>Training</h2>", _training_section(history, attempts, evaluation, pngs, training),

@@ -112,23 +112,8 @@ class ServingModule(tf.Module):
     def raw_inputs(self, x):
         """The signature's raw form of a batch of model inputs (eval examples) as kwargs."""
         if self.features:
-            if isinstance(x, dict):
-                numbers, texts = np.asarray(x["features"]), np.asarray(x["categories"])
-            else:
-                numbers, texts = np.asarray(x), None
-            raw, n, t = {}, 0, 0
-            for name, kind in zip(self.inputs, self.types):
-                if kind == "categorical":
-                    raw[name], t = tf.constant(texts[:, t]), t + 1
-                    continue
-                column, n = numbers[:, n], n + 1
-                if kind == "boolean":
-                    raw[name] = tf.constant(["" if v != v else "true" if v else "false" for v in column])
-                else:
-                    raw[name] = tf.constant(column, tf.float32)
-            return raw
-        x = np.asarray(x)
-        return {IMAGE_INPUT: tf.stack([tf.io.encode_png(tf.constant(img)) for img in x])}
+            return dict(zip(self.inputs, raw_values(self.types, x)))
+        return {IMAGE_INPUT: encoded_images(x)}
 
     def describe(self):
         """The signature for metadata.json: inputs, outputs and the feature-name mapping."""
@@ -145,3 +130,31 @@ class ServingModule(tf.Module):
             "class_id": {"dtype": "int64", "shape": [None]},
             "class_name": {"dtype": "string", "shape": [None]}},
             "class_names": self.class_names}
+
+
+def raw_values(types, x):
+    """A batch of table examples ``x`` (records as :mod:`trainer.data` parses them) turned back into
+    the raw features a serving signature takes: one tensor per feature of ``types`` (the schema's
+    feature types, in schema order), float32 for a numeric column, ``"true"``/``"false"``/``""``
+    for a boolean one, the text (``""``: missing) for a categorical one."""
+    if isinstance(x, dict):
+        numbers, texts = np.asarray(x["features"]), np.asarray(x["categories"])
+    else:
+        numbers, texts = np.asarray(x), None
+    raw, n, t = [], 0, 0
+    for kind in types:
+        if kind == "categorical":
+            raw.append(tf.constant(texts[:, t]))
+            t += 1
+            continue
+        column, n = numbers[:, n], n + 1
+        if kind == "boolean":
+            raw.append(tf.constant(["" if v != v else "true" if v else "false" for v in column], tf.string))
+        else:
+            raw.append(tf.constant(column, tf.float32))
+    return raw
+
+
+def encoded_images(x):
+    """A batch of raw uint8 images as the PNG files the image signature takes."""
+    return tf.stack([tf.io.encode_png(tf.constant(img)) for img in np.asarray(x)])

@@ -56,9 +56,12 @@ def test_a_candidate_worse_than_the_baseline_is_not_blessed(trained):
         evaluate.run(trained.config("evaluate", run_id="weak", training=weak,
                                     evaluation={"threshold": 0.0, "tolerance": 0.05}))
     blessing = trained.read("blessing.json", run_id="weak")
-    assert blessing["baseline"]["version"] == 1 and blessing["baseline"]["value"] == good
+    # both runs read the same data set: the production model's same-split score is its recorded one
+    assert blessing["baseline"]["version"] == 1 and blessing["baseline"]["recorded_value"] == good
+    assert blessing["baseline"]["same_split"] is True and blessing["baseline"]["value"] == pytest.approx(good)
     assert blessing["candidate"]["value"] < good - 0.05
-    assert "worse than baseline version 1" in info.value.result["reason"]
+    assert "worse than baseline version 1 (%.4f on this run's eval split)" % blessing["baseline"]["value"] \
+        in info.value.result["reason"]
     # within tolerance of the baseline: blessed
     ok = evaluate.run(trained.config("evaluate", run_id="weak", training=weak,
                                      evaluation={"threshold": 0.0, "tolerance": 1.0}))
@@ -96,7 +99,8 @@ def test_a_version_exported_before_auc_existed_is_no_baseline_for_an_auc_gate(tr
         in capsys.readouterr().out
     version_1 = json.load(open(os.path.join(trained.models, "blobs", "1", "metadata.json")))
     assert result["baseline"]["version"] == 1
-    assert result["baseline"]["value"] == version_1["evaluation"]["metrics"]["auc"] > 0.9
+    assert result["baseline"]["recorded_value"] == version_1["evaluation"]["metrics"]["auc"] > 0.9
+    assert result["baseline"]["value"] == pytest.approx(result["baseline"]["recorded_value"], abs=1e-3)
     blessing = trained.read("blessing.json", run_id="new")
     assert blessing["passed_over"] == [{"version": 2, "why": "no auc in its metadata"}]
     assert blessing["reason"].endswith("(passed over version 2: no auc in its metadata)"), blessing["reason"]
@@ -106,7 +110,8 @@ def test_a_version_trained_on_other_classes_is_no_baseline(trained, capsys):
     """Version 2, from another run, lists the classes in another order (as when data.classes grows
     or is reordered) and records an accuracy no candidate reaches: the gate skips it, saying why, and
     compares with version 1, trained on the same classes. With version 2's list restored, version 2
-    is the baseline and the candidate is held back: the list alone made the difference."""
+    is the baseline: the list alone made the difference (and the gate compares its score on this run's
+    eval split, not the recorded one no candidate reaches)."""
     path, metadata = _two_versions(trained)
     classes = metadata["data"]["class_names"]
     assert classes == ["0", "1", "2"], classes
@@ -141,10 +146,10 @@ def test_a_version_trained_on_other_classes_is_no_baseline(trained, capsys):
     metadata["data"]["class_names"] = classes
     with open(path, "w") as handle:
         json.dump(metadata, handle)
-    with pytest.raises(NotBlessed) as info:
-        evaluate.run(trained.config("evaluate", run_id="new", evaluation=gate))
-    assert info.value.result["baseline"]["version"] == 2
-    assert "worse than baseline version 2 (2.0000)" in info.value.result["reason"]
+    again = evaluate.run(trained.config("evaluate", run_id="new", evaluation=gate))
+    assert again["baseline"]["version"] == 2 and again["baseline"]["recorded_value"] == 2.0
+    assert again["baseline"]["same_split"] is True and again["baseline"]["value"] <= 1.0
+    assert "baseline version 2 (%.4f on this run's eval split)" % again["baseline"]["value"] in again["reason"]
 
 
 def pairwise_auc(scores, positives):
@@ -189,14 +194,24 @@ def test_auc_is_one_class_against_the_rest_averaged_over_the_classes_it_is_defin
 
 
 def test_decide_boundaries():
-    baseline = {"version": 3, "value": 0.9}
+    """The gate at its edges: the threshold and baseline - tolerance reached exactly or not, the reason
+    saying which baseline figure it compared (same split or recorded), and slices below the floor
+    refusing a blessing the other checks grant."""
+    baseline = {"version": 3, "value": 0.9, "same_split": True}
     assert evaluate.decide(0.9, "accuracy", 0.9, 0.0, None)[0] is True
     assert evaluate.decide(0.89, "accuracy", 0.5, 0.01, baseline)[0] is True
     assert evaluate.decide(0.88, "accuracy", 0.5, 0.01, baseline)[0] is False
     passed_over = [{"version": 4, "why": "trained on other classes"}]
     assert evaluate.decide(0.88, "accuracy", 0.5, 0.01, baseline, passed_over) == (
-        False, "accuracy 0.8800 is worse than baseline version 3 (0.9000) minus tolerance 0.0100 "
-               "(passed over version 4: trained on other classes)")
+        False, "accuracy 0.8800 is worse than baseline version 3 (0.9000 on this run's eval split) minus "
+               "tolerance 0.0100 (passed over version 4: trained on other classes)")
+    recorded = dict(baseline, same_split=False)
+    assert evaluate.decide(0.88, "accuracy", 0.5, 0.01, recorded)[1] == (
+        "accuracy 0.8800 is worse than baseline version 3 (0.9000 recorded: it cannot score this run's data) "
+        "minus tolerance 0.0100")
+    assert evaluate.decide(0.95, "accuracy", 0.5, 0.01, baseline, (), "slice plan=basic: ...") == (
+        False, "accuracy 0.9500 reaches the threshold 0.5000 and baseline version 3 (0.9000 on this run's eval "
+               "split) minus tolerance 0.0100, but slice plan=basic: ...")
     assert evaluate.decide(0.4, "accuracy", 0.5, 0.01, None, passed_over) == (
         False, "accuracy 0.4000 is below the threshold 0.5000")
 

@@ -273,3 +273,51 @@ def test_matplotlib_reads_the_font_list_built_into_the_image():
     assert "Using fontManager instance from /opt/tfpipe/matplotlib/fontlist-v" in proc.stderr
     assert "generated new fontManager" not in proc.stderr
     assert stat.S_IMODE(os.stat("/opt/tfpipe/matplotlib").st_mode) == 0o1777
+
+
+def test_champion_and_slice_sections_show_both_models_escaped_and_bounded(tmp_path):
+    """The "Champion vs challenger" section puts the candidate beside the production model (overall and
+    per class), or says why the production model could not score this run's data and shows its recorded
+    figures; the "Slices" section lists each slice value (texts escaped, missing as "(missing)") with
+    both models' metric, flags a value below the floor, and lists at most SLICE_VALUES_SHOWN values per
+    column, the most rows first, saying how many more evaluation.json holds."""
+    run_dir = str(tmp_path / "run")
+    per_class = [{"class_id": i, "class_name": n, "precision": 0.5, "recall": 0.25 + i / 10.0, "f1": 0.3 + i / 10.0,
+                  "support": 4} for i, n in enumerate(["no", "yes"])]
+    theirs = [dict(c, f1=0.11 + c["class_id"] / 100.0, recall=0.21) for c in per_class]
+    many = [{"column": "city", "value": "c%03d" % i, "rows": 100 + i, "candidate": {"accuracy": 0.5},
+             "production": {"accuracy": 0.25}} for i in range(report.SLICE_VALUES_SHOWN + 3)]
+    values = [{"column": "plan", "value": "<b>gold</b>", "rows": 40, "candidate": {"accuracy": 0.6125},
+               "production": {"accuracy": 0.8125}},
+              {"column": "plan", "value": None, "rows": 7, "candidate": {"accuracy": 0.9375}, "production": None}]
+    evaluation = {"metrics": {"accuracy": 0.75, "loss": 0.5}, "per_class": per_class,
+                  "confusion_matrix": [[3, 1], [1, 3]], "class_names": ["no", "yes"], "examples": 8,
+                  "baseline": {"version": 4, "same_split": True, "why": None, "examples": 8,
+                               "metrics": {"accuracy": 0.625, "loss": 0.75}, "per_class": theirs},
+                  "slices": {"columns": [{"column": "plan", "kind": "text", "buckets": None},
+                                         {"column": "city", "kind": "text", "buckets": None}],
+                             "metric": "accuracy", "floor": 0.7, "min_rows": 30,
+                             "below_floor": ["plan=<b>gold</b>"], "values": values + many}}
+    blessing = {"blessed": False, "decision": "not blessed", "reason": "slice", "metric": "accuracy",
+                "candidate": {"value": 0.75}, "threshold": 0.5, "tolerance": 0.01,
+                "baseline": {"version": 4, "value": 0.625, "recorded_value": 0.875, "same_split": True}}
+    page = parse(report.write_report(run_dir, evaluation=evaluation, blessing=blessing)["report"])
+    text, source = page.text, page.source
+    champion = text[text.index("Champion vs challenger"):text.index("Slices")]
+    assert "production v4" in champion and "accuracy 0.7500 0.6250 0.1250" in champion
+    assert "yes 0.4000 0.1200 0.3500 0.2100 4" in champion
+    assert "version 4: 0.6250 on this run's eval split (recorded 0.8750)" in text
+    sliced = text[text.index("Slices"):text.index("Confusion matrix")]
+    assert "plan <b>gold</b> 40 0.6125 0.8125 below the floor" in sliced and "<b>gold" not in source
+    assert "plan (missing) 7 0.9375 -" in sliced
+    assert "c052 152" in sliced and "c000 " not in sliced and "c003 103" in sliced
+    assert "3 more slice values with fewer rows are in evaluation.json" in sliced
+    # a production model that could not score this run's data: why, and its recorded figures
+    evaluation["baseline"] = {"version": 4, "same_split": False, "why": "its column(s) 'plan' are not in this run's data",
+                              "recorded": {"metrics": {"accuracy": 0.875}, "per_class": theirs}}
+    blessing["baseline"].update(value=0.875, same_split=False, why=evaluation["baseline"]["why"])
+    text = parse(report.write_report(run_dir, evaluation=evaluation, blessing=blessing)["report"]).text
+    champion = text[text.index("Champion vs challenger"):text.index("Slices")]
+    assert "production version 4 cannot score this run's data: its column(s) 'plan' are not in this run's data" \
+        in champion and "production v4 (recorded)" in champion and "accuracy 0.7500 0.8750 -0.1250" in champion
+    assert "version 4: 0.8750 recorded, since it cannot score this run's data: its column(s)" in text
