@@ -16,6 +16,7 @@ with more than ``data.hash_threshold`` distinct train values, by hashing into
 """
 
 import collections
+import zlib
 
 #: Boolean cell texts (compared lower-cased) and the number each stands for.
 BOOLEAN_VALUES = {"true": 1.0, "false": 0.0, "yes": 1.0, "no": 0.0}
@@ -28,6 +29,9 @@ OOV_INDEX, MISSING_INDEX = 0, 1
 #: The parse kinds of a column in the CSV layout (:func:`trainer.sources.csv_layout`): ``float``
 #: and ``int`` are numeric, ``auto`` is numeric until a train cell says otherwise.
 NUMERIC_KINDS = ("float", "int", "auto")
+#: Buckets of a hashed column's value profile in ``stats.json`` (crc32 of the UTF-8 text, modulo
+#: this): fixed, so that the profiles of two nights compare bucket by bucket.
+PROFILE_BUCKETS = 64
 
 
 def boolean_value(text):
@@ -78,37 +82,66 @@ def infer_type(profile):
     return "categorical"
 
 
+def profile_buckets(counter):
+    """The :data:`PROFILE_BUCKETS` counts of a ``{value: count}`` counter's values by crc32 bucket."""
+    buckets = [0] * PROFILE_BUCKETS
+    crc32 = zlib.crc32
+    for value, count in counter.items():
+        buckets[crc32(value.encode("utf-8")) % PROFILE_BUCKETS] += count
+    return buckets
+
+
 class Counts(object):
     """The train-split value counts of the categorical columns, merged batch by batch.
 
     Memory stays bounded: a column with more than ``hash_threshold`` distinct values will be
-    hashed, so its counts are dropped as soon as it passes the threshold.
+    hashed, so its counts are dropped as soon as it passes the threshold. Its crc32 buckets
+    (:func:`profile_buckets`, summed over the batches) stay: they are its profile.
     """
 
     def __init__(self, width, hash_threshold):
         self.threshold = hash_threshold
         self.counters = [collections.Counter() for _ in range(width)]
         self.hashed = [False] * width
+        self.buckets = [[0] * PROFILE_BUCKETS for _ in range(width)]
 
-    def merge(self, parts):
-        """Add one batch's counters (one per categorical column)."""
+    def merge(self, parts, buckets=None, hashed=None):
+        """Add one batch's counters (one per categorical column), their buckets (one list of
+        :data:`PROFILE_BUCKETS` counts per column) and which of them passed the threshold already
+        (a part of sharded prep drops such a counter, as this does)."""
         for i, part in enumerate(parts):
+            if buckets is not None:
+                self.buckets[i] = [a + b for a, b in zip(self.buckets[i], buckets[i])]
             if self.hashed[i]:
                 continue
             self.counters[i].update(part)
-            if len(self.counters[i]) > self.threshold:
+            if (hashed is not None and hashed[i]) or len(self.counters[i]) > self.threshold:
                 self.hashed[i], self.counters[i] = True, collections.Counter()
+
+    def _ranked(self, i):
+        return sorted(self.counters[i].items(), key=lambda item: (-item[1], item[0]))
 
     def entry(self, i, data):
         """The schema entry fields of categorical column ``i``: its encoding and vocabulary."""
         if self.hashed[i]:
             return {"encoding": "hash", "hash_bins": data["hash_bins"], "distinct_above": self.threshold}
         counter = self.counters[i]
-        ranked = sorted(counter.items(), key=lambda item: (-item[1], item[0]))
-        kept = [value for value, count in ranked if count >= data["min_frequency"]][:data["max_vocabulary"]]
+        kept = [value for value, count in self._ranked(i) if count >= data["min_frequency"]][:data["max_vocabulary"]]
         share = sum(counter[v] for v in kept)
         return {"encoding": "vocabulary", "vocabulary": kept, "distinct": len(counter),
                 "oov_train": sum(counter.values()) - share}
+
+    def frequencies(self, i, data):
+        """The value profile of categorical column ``i`` (``stats.json``): a vocabulary column's
+        ``data.max_vocabulary`` most frequent train values (ranked as :meth:`entry` ranks them, with
+        no ``data.min_frequency`` cut), their ``counts`` and the ``other`` cells; a hashed column's
+        :data:`PROFILE_BUCKETS` crc32 ``buckets``."""
+        if self.hashed[i]:
+            return {"hashed": True, "buckets": list(self.buckets[i])}
+        top = self._ranked(i)[:data["max_vocabulary"]]
+        counts = [count for _, count in top]
+        return {"values": [value for value, _ in top], "counts": counts,
+                "other": sum(self.counters[i].values()) - sum(counts)}
 
 
 def input_layout(features):

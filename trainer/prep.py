@@ -20,6 +20,13 @@ CSV column types, missing values and vocabularies (:mod:`trainer.columns`): ever
 ``ignore`` are listed in ``ignored``; rows dropped for a missing label are counted in
 ``dropped_rows``.
 
+``stats.json`` holds per feature the train split's profile, made in the same pass (the data gate,
+:mod:`trainer.validate`, compares two nights' profiles): the numeric, int and boolean features have
+``mean``, ``std``, ``min``, ``max``, ``count``, ``missing`` and ``histogram``, their non-missing
+values counted in fixed bins (:mod:`trainer.profile`); the categorical ones ``count``,
+``missing``, ``distinct`` and ``frequencies`` (:meth:`trainer.columns.Counts.frequencies`: the
+most frequent values and their counts, or a hashed column's crc32 buckets).
+
 Parquet inputs (``data.format`` parquet: a file or a folder of ``*.parquet`` files with one schema)
 take the same way: :func:`sources.parquet_batches` reads them a batch of rows at a time, the
 workers turn a batch's cells into the texts a CSV file would hold (:func:`sources.arrow_rows`:
@@ -45,6 +52,7 @@ import os
 import time
 
 from trainer import atomic, columns, common, contract, partitions, records, sources
+from trainer import profile as histograms
 from trainer.common import LOG
 from trainer.errors import BadInput, WorkerDied
 
@@ -287,12 +295,19 @@ def prepare_batch(task):
     for i, key in enumerate(rows.keys):
         out["eval" if held_out[i] else "train"].append(
             encoder.encode(packed[i].tobytes(), int(label_ids[i]), key, None if texts is None else texts[i]))
-    out["moments"] = Moments.of(rows.values[~held_out])
+    train_values = rows.values[~held_out]
+    out["moments"] = Moments.of(train_values)
+    # sparse: the dense bins are mostly empty, and each result is pickled back to the main process
+    dense = histograms.column_counts(train_values).reshape(-1)
+    bins = np.flatnonzero(dense)
+    out["histogram"] = (bins, dense[bins])
     out["hist"] = {"train": np.bincount(label_ids[~held_out]),
                    "eval": np.bincount(label_ids[held_out])}
     out["labels"] = set(rows.labels)
     out["lines"] = rows.physical_lines
     out["missing"], out["counts"] = _missing_and_counts(rows, plan["layout"], held_out)
+    # here, before the main process's columns.Counts may drop a counter that passed the threshold
+    out["buckets"] = [columns.profile_buckets(counter) for counter in out["counts"]]
     out["dropped"] = rows.dropped
     return out
 
@@ -455,14 +470,18 @@ def merge_hist(total, part):
     return total
 
 
-def _prep_csv(config, files, scans, tmp):
-    """Write the table's shards into ``tmp``; return ``(parsed, counts, shards, stats)``.
+def table_layout(config, files):
+    """The layout of a CSV or Parquet table (:func:`sources.csv_layout`, :func:`sources.parquet_layout`)."""
+    if config["data"]["format"] == "parquet":
+        return sources.parquet_layout(config, files)
+    return sources.csv_layout(config, files)
 
-    A Parquet table takes the same way as a CSV one: its batches of rows become cell texts in the
-    workers (:func:`sources.arrow_rows`), which parse them as they parse CSV rows.
-    """
-    data = config["data"]
-    if data["format"] == "parquet":
+
+def table_source(config, files, scans):
+    """``(layout, batches, workers)`` of a CSV or Parquet table: its layout, a function that
+    returns a fresh iterator of its batches, and the parse workers it takes. ``scans`` is the
+    fingerprint's (CSV); a Parquet table's row counts are added to it (the progress counts them)."""
+    if config["data"]["format"] == "parquet":
         layout = sources.parquet_layout(config, files)
         scans.update((rel, {"lines": rows}) for rel, rows in layout["rows"].items())
 
@@ -470,12 +489,33 @@ def _prep_csv(config, files, scans, tmp):
             return sources.parquet_batches(files, layout)
         workers = max(1, min(usable_cpus(), sources.parquet_batch_count(layout)))
         LOG.info("prep: %d Parquet row(s) on %d worker process(es)", sum(layout["rows"].values()), workers)
-    else:
-        layout = sources.csv_layout(config, files)
+        return layout, batches, workers
+    layout = sources.csv_layout(config, files)
 
-        def batches():  # a generator: a quoted file's batches hold rows, made only as needed
-            return sources.csv_batches(files, layout, scans, BATCH_BYTES)
-        workers = worker_count(files, layout, scans)
+    def batches():  # a generator: a quoted file's batches hold rows, made only as needed
+        return sources.csv_batches(files, layout, scans, BATCH_BYTES)
+    return layout, batches, worker_count(files, layout, scans)
+
+
+def scan_table(pool, batches, plan):
+    """``(distinct label texts, {column: type})`` of a table's batches: the types of its inferred
+    columns, from their train cells (:func:`scan_batch`, :func:`columns.infer_type`)."""
+    distinct, profiles = set(), {}
+    for labels, found in pool.map(scan_batch, ((b, plan) for b in batches)):
+        distinct |= labels
+        for name, profile in found.items():
+            profiles.setdefault(name, columns.Profile()).merge(profile)
+    return distinct, {name: columns.infer_type(profile) for name, profile in profiles.items()}
+
+
+def _prep_csv(config, files, scans, tmp):
+    """Write the table's shards into ``tmp``; return ``(parsed, counts, shards, stats)``.
+
+    A Parquet table takes the same way as a CSV one: its batches of rows become cell texts in the
+    workers (:func:`sources.arrow_rows`), which parse them as they parse CSV rows.
+    """
+    data = config["data"]
+    layout, batches, workers = table_source(config, files, scans)
     plan = label_plan(layout, data)
     with Workers(workers) as pool:
         try:
@@ -485,15 +525,8 @@ def _prep_csv(config, files, scans, tmp):
         except sources.TypesNeedScan:
             LOG.info("prep: a column holds cells that are not numbers: inferring the column types "
                      "from the train split first")
-        distinct, profiles = set(), {}
-        for labels, found in pool.map(scan_batch, ((b, plan) for b in batches())):
-            distinct |= labels
-            for name, profile in found.items():
-                profiles.setdefault(name, columns.Profile()).merge(profile)
-        types = {name: columns.infer_type(profile) for name, profile in profiles.items()}
-        plan["layout"] = layout = sources.with_types(layout, types)
-        LOG.info("prep: column types: %s", ", ".join(
-            "%s %s" % (name, kind) for name, kind in zip(layout["feature_names"], layout["feature_types"])))
+        distinct, types = scan_table(pool, batches(), plan)
+        plan["layout"] = layout = with_scanned_types(layout, types)
         class_names = plan["classes"]
         if not plan["labels_known"]:
             class_names, plan["ids"] = sources.label_mapping(distinct) if distinct else ([], None)
@@ -501,6 +534,14 @@ def _prep_csv(config, files, scans, tmp):
         for name in os.listdir(tmp):  # the shards the first attempt began
             os.remove(os.path.join(tmp, name))
         return _write_csv(pool, batches(), plan, layout, data, scans, tmp, class_names)
+
+
+def with_scanned_types(layout, types):
+    """``layout`` with the types a scan inferred (:func:`sources.with_types`), logged."""
+    layout = sources.with_types(layout, types)
+    LOG.info("prep: column types: %s", ", ".join(
+        "%s %s" % (name, kind) for name, kind in zip(layout["feature_names"], layout["feature_types"])))
+    return layout
 
 
 def label_plan(layout, data):
@@ -513,29 +554,49 @@ def label_plan(layout, data):
             "labels_known": classes is not None}
 
 
-def _write_csv(pool, batches, plan, layout, data, scans, tmp, class_names=None):
-    """One pass over the batches: workers prepare them, this process writes them in order."""
-    import numpy as np
+class TableSummary(object):
+    """What one pass over a table's batches adds up besides the records: label histograms per
+    split, the train moments (merged, and, with ``keep_batches``, each batch's in order: a part
+    of sharded prep hands them to the merge), the distinct labels and the :class:`ColumnProfile`."""
 
+    def __init__(self, layout, data, keep_batches=False):
+        import numpy as np
+
+        self.hist = {"train": np.zeros(0, np.int64), "eval": np.zeros(0, np.int64)}
+        self.moments = Moments(len(layout["numeric"]))
+        self.batch_moments = [] if keep_batches else None
+        self.distinct = set()
+        self.profile = ColumnProfile(layout, data)
+
+    def add(self, result):
+        """Add one :func:`prepare_batch` result."""
+        import numpy as np
+
+        for split in self.hist:
+            self.hist[split] = merge_hist(self.hist[split], result["hist"][split])
+        self.moments.merge(result["moments"])
+        if self.batch_moments is not None and np.any(result["moments"].count):
+            self.batch_moments.append(result["moments"])  # an all-eval batch adds nothing (and has no min/max)
+        self.distinct |= result["labels"]
+        self.profile.add(result)
+
+
+def write_batches(pool, batches, plan, layout, data, scans, writers, keep_batches=False):
+    """One pass over the batches: workers prepare them, this process writes their records in order
+    to ``writers`` (one :class:`ShardWriter` per split); returns the :class:`TableSummary`. A failure
+    closes the shard being written."""
     lines = sum(s["lines"] for s in scans.values())
     headers = sum(first_line - 1 for _, first_line in layout["starts"].values())
     reading = common.Progress("prep: read", lines, "lines")
     reading.add(headers)
     # at most one example per data line; the exact total is known at the end
     writing = common.Progress("prep: wrote", lines - headers, "examples")
-    writers = {split: ShardWriter(tmp, split, data["shard_size"]) for split in ("train", "eval")}
-    moments = Moments(len(layout["numeric"]))
-    hist = {"train": np.zeros(0, np.int64), "eval": np.zeros(0, np.int64)}
-    distinct = set()
-    profile = ColumnProfile(layout, data)
+    summary = TableSummary(layout, data, keep_batches)
     try:
         for result in pool.map(prepare_batch, ((b, plan) for b in batches)):
             for split, writer in writers.items():
                 writer.write(result[split])
-                hist[split] = merge_hist(hist[split], result["hist"][split])
-            moments.merge(result["moments"])
-            distinct |= result["labels"]
-            profile.add(result)
+            summary.add(result)
             reading.add(result["lines"])
             writing.add(len(result["train"]) + len(result["eval"]))
     except BaseException:
@@ -545,14 +606,23 @@ def _write_csv(pool, batches, plan, layout, data, scans, tmp, class_names=None):
     reading.finish()
     writing.total = writing.done
     writing.finish()
+    return summary
+
+
+def _write_csv(pool, batches, plan, layout, data, scans, tmp, class_names=None):
+    """One pass over the batches into the data set's shards in ``tmp``; the data set's summary."""
+    writers = {split: ShardWriter(tmp, split, data["shard_size"]) for split in ("train", "eval")}
+    summary = write_batches(pool, batches, plan, layout, data, scans, writers)
     counts = {split: writer.count for split, writer in writers.items()}
     shards = {split: writer.close() for split, writer in writers.items()}
-    return finish_csv(layout, ", ".join(sorted(scans)), counts, shards, hist, moments, distinct,
-                      class_names, profile)
+    return finish_csv(layout, ", ".join(sorted(scans)), counts, shards, summary.hist, summary.moments,
+                      summary.distinct, class_names, summary.profile)
 
 
 class ColumnProfile(object):
-    """Missing cells per feature and split, vocabulary counts and dropped rows, over all batches."""
+    """Per feature, over all batches: missing cells per split, the train histogram of a numeric or
+    boolean column (:mod:`trainer.profile`), the train value counts and crc32 buckets of a
+    categorical one (:class:`columns.Counts`), and the rows dropped for a missing label."""
 
     def __init__(self, layout, data):
         import numpy as np
@@ -560,6 +630,7 @@ class ColumnProfile(object):
         self.layout, self.data = layout, data
         width = len(layout["index"])
         self.missing = {"train": np.zeros(width, np.int64), "eval": np.zeros(width, np.int64)}
+        self.histogram = np.zeros((len(layout["numeric"]), 2 * histograms.SPAN + 1), np.int64)
         self.counts = columns.Counts(len(layout["categorical"]), data["hash_threshold"])
         self.dropped, self.dropped_lines = 0, []
 
@@ -567,9 +638,38 @@ class ColumnProfile(object):
         """Add one :func:`prepare_batch` result."""
         for split in self.missing:
             self.missing[split] += result["missing"][split]
-        self.counts.merge(result["counts"])
-        self.dropped += len(result["dropped"])
-        self.dropped_lines.extend(result["dropped"][:max(0, 10 - len(self.dropped_lines))])
+        bins, counts = result["histogram"]
+        self.histogram.reshape(-1)[bins] += counts  # bins are distinct: a plain indexed add
+        self.counts.merge(result["counts"], result["buckets"])
+        self._drop(len(result["dropped"]), result["dropped"])
+
+    def _drop(self, count, lines):
+        self.dropped += count
+        self.dropped_lines.extend(lines[:max(0, 10 - len(self.dropped_lines))])
+
+    def to_json(self):
+        """This profile as JSON, for a part of sharded prep (:meth:`add_json` adds it back exactly).
+        A counter that passed ``data.hash_threshold`` is left out, as :class:`columns.Counts` drops it."""
+        return {"missing": {split: [int(m) for m in counts] for split, counts in self.missing.items()},
+                "histograms": [histograms.to_json(row) for row in self.histogram],
+                "categories": [{"hashed": hashed, "counts": dict(counter), "buckets": buckets}
+                               for hashed, counter, buckets in zip(self.counts.hashed, self.counts.counters,
+                                                                   self.counts.buckets)],
+                "dropped": {"count": self.dropped, "first_lines": self.dropped_lines}}
+
+    def add_json(self, part):
+        """Add a part's profile (:meth:`to_json`)."""
+        import numpy as np
+
+        for split in self.missing:
+            self.missing[split] += np.asarray(part["missing"][split], np.int64)
+        for row, histogram in zip(self.histogram, part["histograms"]):
+            for bin_id, count in histograms.from_json(histogram).items():
+                row[bin_id + histograms.SPAN] += count
+        categories = part["categories"]
+        self.counts.merge([c["counts"] for c in categories], [c["buckets"] for c in categories],
+                          [c["hashed"] for c in categories])
+        self._drop(part["dropped"]["count"], part["dropped"]["first_lines"])
 
     def features(self):
         """The schema's ``features`` entries (see the module docstring)."""
@@ -584,13 +684,24 @@ class ColumnProfile(object):
             out.append(entry)
         return out
 
+    def stats(self):
+        """Per feature name, its profile in ``stats.json``: ``histogram`` (numeric, int and boolean
+        features) or ``frequencies`` (categorical ones): see :meth:`columns.Counts.frequencies`."""
+        names = self.layout["feature_names"]
+        out = {names[j]: {"histogram": histograms.to_json(self.histogram[i])}
+               for i, j in enumerate(self.layout["numeric"])}
+        out.update((names[j], {"frequencies": self.counts.frequencies(c, self.data)})
+                   for c, j in enumerate(self.layout["categorical"]))
+        return out
+
 
 def finish_csv(layout, where, counts, shards, hist, moments, distinct, class_names=None, profile=None):
     """The class names, checks and stats of a CSV data set whose shards are written.
 
     ``hist`` maps each split to its label-id histogram, ``moments`` is the train split's
-    :class:`Moments`, ``distinct`` the label texts seen. Returns ``(parsed, counts, shards,
-    stats)``; shared by one-task prep and the merge of sharded prep (:mod:`trainer.prep_merge`).
+    :class:`Moments`, ``distinct`` the label texts seen, ``profile`` the :class:`ColumnProfile`.
+    Returns ``(parsed, counts, shards, stats)``; shared by one-task prep and the merge of sharded
+    prep (:mod:`trainer.prep_merge`).
     """
     import numpy as np
 
@@ -616,6 +727,8 @@ def finish_csv(layout, where, counts, shards, hist, moments, distinct, class_nam
             if feature["type"] == "categorical":
                 summary.update(count=counts["train"] - feature["missing"]["train"],
                                distinct=feature.get("distinct"))
+        for name, found in profile.stats().items():
+            stats["features"][name].update(found)
         if profile.dropped:
             LOG.warning("prep: dropped %d row(s) without a label (data.drop_missing_labels), e.g. line(s) %s",
                         profile.dropped, ", ".join(map(str, profile.dropped_lines)))

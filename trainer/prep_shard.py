@@ -2,17 +2,21 @@
 
 Every shard fingerprints all input files (reading is far cheaper than parsing), so that a data
 set already prepared is a cache hit here too and no shard parses anything. Otherwise shard ``k``
-parses, validates, splits and encodes its own slice (:func:`trainer.shards.slice_positions`)
-with the same batch workers as one prep task (:func:`trainer.prep.prepare_batch`), and commits
-its part on its own (:mod:`trainer.shards`): records, label histogram, distinct labels and the
-per-batch moments, so that :mod:`trainer.prep_merge` rebuilds exactly what one prep task writes.
+parses, validates, splits and encodes its own slice of the CSV or Parquet files
+(:func:`trainer.shards.slice_positions`) with the same batch workers as one prep task
+(:func:`trainer.prep.prepare_batch`), and commits its part on its own (:mod:`trainer.shards`):
+records, label histogram, distinct labels, the per-batch moments, the types it gave its inferred
+columns (from its own slice's train rows) and its column profile (:meth:`trainer.prep.ColumnProfile.to_json`:
+missing cells per split, histograms, the categorical counters, bounded by ``data.hash_threshold``
+as in one prep task, and their crc32 buckets, the dropped rows), so that :mod:`trainer.prep_merge`
+rebuilds exactly what one prep task writes.
 """
 
 import os
 import time
 import uuid
 
-from trainer import atomic, columns, common, prep, shards, sources
+from trainer import atomic, common, contract, prep, shards, sources
 from trainer.common import LOG
 from trainer.errors import BadInput
 
@@ -29,12 +33,12 @@ def run(config):
     config = common.begin(config, "prep_shard")
     data = config["data"]
     index, count = shards.shard_of(config)
-    if data["format"] != "csv":
-        raise BadInput("config field data.shards is %d but data.format is %r: sharded prep reads CSV "
-                       "files only. Fix: set data.shards to 1" % (count, data["format"]))
+    if data["format"] not in contract.TABULAR_FORMATS:
+        raise BadInput("config field data.shards is %d but data.format is %r: sharded prep reads CSV and "
+                       "Parquet tables. Fix: set data.shards to 1" % (count, data["format"]))
     files = sources.input_files(config)
     scans = {}
-    fp, inputs = prep.fingerprint(data, files, scans)
+    fp, inputs = prep.fingerprint(data, files, scans if data["format"] == "csv" else None)
     result = {"fingerprint": fp, "shard": index, "shards": count}
     dataset_dir = os.path.join(common.datasets_root(config), fp)
     if os.path.exists(os.path.join(dataset_dir, "_SUCCESS")):
@@ -71,78 +75,45 @@ def run(config):
 
 def _write_part(config, files, scans, tmp):
     """Prepare ``files`` into ``tmp``; return the part's summary (without identity)."""
-    import numpy as np
-
     data = config["data"]
-    layout = sources.csv_layout(config, files) if files else None
-    if layout is not None:
-        typed = [name for name, kind in zip(layout["feature_names"], layout["feature_types"])
-                 if kind in ("categorical", "boolean")]
-        if typed:
-            raise _tables_need_one_task(data, "data.columns types %s as text or boolean" % ", ".join(map(repr, typed)))
-    while True:
-        writers = {split: prep.ShardWriter(tmp, split, PART_FILE_RECORDS) for split in ("train", "eval")}
-        hist = {"train": np.zeros(0, np.int64), "eval": np.zeros(0, np.int64)}
-        moments, distinct = [], set()
-        if layout is None:
-            break
-        plan = prep.label_plan(layout, data)
-        batches = sources.csv_batches(files, layout, scans, prep.BATCH_BYTES)
-        with prep.Workers(prep.worker_count(files, layout, scans)) as pool:
+    writers = {split: prep.ShardWriter(tmp, split, PART_FILE_RECORDS) for split in ("train", "eval")}
+    if not files:  # more shards than files: an empty part
+        return {"counts": {split: 0 for split in writers},
+                "shards": {split: writer.close() for split, writer in writers.items()},
+                "hist": {"train": [], "eval": []}, "labels": [], "moments": [], "feature_names": None,
+                "types": {}, "profile": None}
+    scans = {rel: scans[rel] for rel, _ in files if rel in scans}  # this slice's: the progress counts them
+    layout, batches, workers = prep.table_source(config, files, scans)
+    plan = prep.label_plan(layout, data)
+    with prep.Workers(workers) as pool:
+        try:
             try:
-                for done in pool.map(prep.prepare_batch, ((b, plan) for b in batches)):
-                    if done["dropped"] or any(m.any() for m in done["missing"].values()):
-                        raise _tables_need_one_task(data, "%s has missing values (empty or data.na_values "
-                                                    "cells, or labels)" % ", ".join(rel for rel, _ in files))
-                    for split, writer in writers.items():
-                        writer.write(done[split])
-                        hist[split] = prep.merge_hist(hist[split], done["hist"][split])
-                    if done["moments"].count:  # an all-eval batch adds nothing (and has no min/max)
-                        moments.append(shards.moments_to_json(done["moments"]))
-                    distinct |= done["labels"]
-                break
+                summary = prep.write_batches(pool, batches(), plan, layout, data, scans, writers, keep_batches=True)
             except sources.TypesNeedScan:
-                layout = _numeric_types(pool, files, layout, scans, plan, data)
-            except prep.LabelsNeedScan:
-                raise BadInput(
-                    "config field data.shards is %d, and the label column %r of %s holds labels that are not "
-                    "class ids (0, 1, 2, ...): a shard cannot number names it has not all seen. Fix: list "
-                    "the class names in data.classes, write the labels as class ids, or set data.shards to 1"
-                    % (data["shards"], data["label"], ", ".join(rel for rel, _ in files)))
-            finally:
-                for writer in writers.values():
-                    writer.close_shard()
-        for name in os.listdir(tmp):  # what the pass that met a text began
-            os.remove(os.path.join(tmp, name))
+                LOG.info("prep_shard: a column holds cells that are not numbers: inferring the column types "
+                         "from this slice's train split first")
+                _, types = prep.scan_table(pool, batches(), plan)
+                plan["layout"] = layout = prep.with_scanned_types(layout, types)
+                for name in os.listdir(tmp):  # the files the first attempt began
+                    os.remove(os.path.join(tmp, name))
+                writers = {split: prep.ShardWriter(tmp, split, PART_FILE_RECORDS) for split in ("train", "eval")}
+                summary = prep.write_batches(pool, batches(), plan, layout, data, scans, writers, keep_batches=True)
+        except prep.LabelsNeedScan:
+            raise BadInput(
+                "config field data.shards is %d, and the label column %r of %s holds labels that are not "
+                "class ids (0, 1, 2, ...): a shard cannot number names it has not all seen. Fix: list "
+                "the class names in data.classes, write the labels as class ids, or set data.shards to 1"
+                % (data["shards"], data["label"], ", ".join(rel for rel, _ in files)))
     counts = {split: writer.count for split, writer in writers.items()}
+    inferred = [(kind, name) for kind, name, source in zip(layout["feature_types"], layout["feature_names"],
+                                                            layout["sources"]) if source == "inferred"]
     return {"counts": counts, "shards": {split: writer.close() for split, writer in writers.items()},
-            "hist": {split: [int(c) for c in h] for split, h in hist.items()},
-            "labels": sorted(distinct), "moments": moments,
-            "feature_names": layout["feature_names"] if layout else None}
-
-
-def _numeric_types(pool, files, layout, scans, plan, data):
-    """The layout with its inferred columns typed from this slice's train rows, when all of them
-    are numeric (a few texts there are typos, which the next pass names); else the refusal."""
-    profiles = {}
-    for _, found in pool.map(prep.scan_batch, ((b, plan) for b in sources.csv_batches(
-            files, layout, scans, prep.BATCH_BYTES))):
-        for name, profile in found.items():
-            profiles.setdefault(name, columns.Profile()).merge(profile)
-    types = {name: columns.infer_type(profile) for name, profile in profiles.items()}
-    texts = sorted(name for name, kind in types.items() if kind != "float")
-    if texts:
-        raise _tables_need_one_task(data, "the column(s) %s of %s hold text" % (
-            ", ".join(map(repr, texts)), ", ".join(rel for rel, _ in files)))
-    return sources.with_types(layout, types)
-
-
-def _tables_need_one_task(data, what):
-    # Vocabularies need every shard's counts before any top-k, and missing-value statistics
-    # per-column counts the parts do not carry: one prep task does both.
-    return BadInput("config field data.shards is %d, and %s: sharded prep reads numeric tables without missing "
-                    "values only. Fix: set data.shards to 1 (one prep task infers types, vocabularies and missing "
-                    "values)" % (data["shards"], what))
+            "hist": {split: [int(c) for c in h] for split, h in summary.hist.items()},
+            "labels": sorted(summary.distinct), "moments": [shards.moments_to_json(m) for m in summary.batch_moments],
+            "feature_names": layout["feature_names"],
+            # a column still typed auto met numbers only: float, as one prep task calls it
+            "types": {name: "float" if kind == "auto" else kind for kind, name in inferred},
+            "profile": summary.profile.to_json()}
 
 
 def _hold_for_test(config, index):

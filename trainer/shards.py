@@ -102,8 +102,10 @@ def remove_parts(config):
 
 
 def moments_to_json(moments):
-    """A batch's :class:`~trainer.prep.Moments` as JSON (Python's floats round-trip exactly)."""
-    return {"count": int(moments.count),
+    """A batch's :class:`~trainer.prep.Moments` as JSON (Python's floats round-trip exactly). Its
+    ``count`` is one number, or one per column when the batch had missing values."""
+    count = moments.count
+    return {"count": [int(c) for c in count] if hasattr(count, "__len__") else int(count),
             **{name: [float(v) for v in getattr(moments, name)] for name in _MOMENT_ARRAYS}}
 
 
@@ -112,7 +114,8 @@ def moments_from_json(batch, width):
     import numpy as np
 
     moments = prep.Moments(width)
-    moments.count = batch["count"]
+    count = batch["count"]
+    moments.count = np.asarray(count, dtype=np.int64) if isinstance(count, list) else count
     for name in _MOMENT_ARRAYS:
         setattr(moments, name, np.asarray(batch[name], dtype=np.float64))
     return moments

@@ -4,10 +4,12 @@ The digits CSV is cut into 5 files and prepared by 4 mapped ``prep_shard`` tasks
 ``prep_merge``; the model trains one epoch on the merged data set. In the first scenario the labels
 are names ("zero" to "nine") and the DAG declares them in ``data.classes``, in an order that is not
 their sorted one: every shard numbers them by the list, and the exported model keeps it. In the
-second scenario (integer labels) shard 3's container is SIGKILLed (``docker kill``) after it wrote
-its records but before it committed them (the ``TFPIPE_TEST_HOLD_SHARD`` hook holds it there on its
-first try): Airflow retries that task alone, and the parts the other shards committed are the ones
-the merge used, unchanged.
+second scenario the input is a mixed table (a text column, a yes/no column, empty and ``NA``
+cells, rows without a label that ``data.drop_missing_labels`` drops) and shard 3's container is
+SIGKILLed (``docker kill``) after it wrote its records but before it committed them (the
+``TFPIPE_TEST_HOLD_SHARD`` hook holds it there on its first try): Airflow retries that task alone,
+the parts the other shards committed are the ones the merge used, unchanged, and the merged data set
+is the one a single prep task (run in the trainer image on the same files) writes.
 """
 
 from __future__ import annotations
@@ -48,6 +50,48 @@ def _split_digits(home: Path, pieces: int = 5, names: list[str] | None = None) -
     for i in range(pieces):
         (folder / f"part-{i}.csv").write_text("\n".join([header] + rows[i * step:(i + 1) * step]) + "\n")
     return sorted(p.name for p in folder.iterdir())
+
+
+#: The mixed table's columns: ``churn`` is the label (empty in every 97th row).
+MIXED_HEADER = "customer_id,tenure,monthly,plan,autopay,churn"
+
+
+def _write_mixed_parts(home: Path, pieces: int = 5, rows: int = 200) -> list[str]:
+    """data/mixed_parts/part-K.csv: ``pieces`` files of ``rows`` rows of a learnable churn-like table
+    (an id and a plan as texts, a yes/no column, every 7th tenure empty, every 11th monthly ``NA``,
+    every 13th plan empty, every 97th label empty)."""
+    import random
+
+    rng = random.Random(7)
+    folder = home / "data" / "mixed_parts"
+    folder.mkdir()
+    for k in range(pieces):
+        lines = [MIXED_HEADER]
+        for i in range(k * rows, (k + 1) * rows):
+            plan, tenure, autopay = rng.choice(["basic", "standard", "premium"]), rng.uniform(0, 60), rng.random() < 0.5
+            churn = int((plan == "basic") + (tenure < 20) + (not autopay) >= 2)
+            lines.append(",".join([f"c{i:05d}", "" if i % 7 == 3 else f"{tenure:.2f}",
+                                   "NA" if i % 11 == 5 else f"{rng.uniform(20, 120):.2f}", "" if i % 13 == 6 else plan,
+                                   "yes" if autopay else "no", "" if i % 97 == 40 else str(churn)]))
+        (folder / f"part-{k}.csv").write_text("\n".join(lines) + "\n")
+    return sorted(p.name for p in folder.iterdir())
+
+
+def _single_prep_files(home: Path, stage_config: dict, image: str, tmp_path: Path) -> dict[str, bytes]:
+    """The data set one ``prep`` task writes (in the trainer image, on a fresh work volume) with the
+    data section of ``stage_config``: its files' bytes but fingerprint.json (it names the run) and
+    _SUCCESS (a time)."""
+    work = tmp_path / "single_work"
+    work.mkdir()
+    work.chmod(0o777)  # the stage runs as the image's user
+    config = dict(stage_config, stage="prep", run=dict(stage_config["run"], task_id="prep"))
+    config.pop(contract.SHARD_INDEX_KEY, None)
+    proc = subprocess.run(["docker", "run", "--rm", "-v", f"{home / 'data'}:{contract.CONTAINER_DATA}:ro",
+                           "-v", f"{work}:{contract.CONTAINER_WORK}", "-e", f"{contract.CONFIG_ENV}={json.dumps(config)}",
+                           image, "python3", "-m", "trainer", "prep"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (dataset,) = (work / "datasets").iterdir()
+    return {p.name: p.read_bytes() for p in sorted(dataset.iterdir()) if p.name not in ("fingerprint.json", "_SUCCESS")}
 
 
 def _expected_fingerprint(home: Path, shards: int, classes: list[str] | None = None) -> str:
@@ -142,9 +186,10 @@ def _committed_parts(home: Path, dag_id: str) -> dict[str, tuple[int, str]]:
 
 def test_a_killed_shard_is_retried_alone_and_the_others_parts_are_kept(tfpipe_home, trainer_image, docker_client,
                                                                        tmp_path):
-    _split_digits(tfpipe_home)
+    _write_mixed_parts(tfpipe_home)
     dags = tmp_path / "dags"
-    write_dag(dags, "sharded_kill", data={"path": "digits_parts", "shards": SHARDS}, training=TRAINING,
+    write_dag(dags, "sharded_kill", data={"path": "mixed_parts", "label": "churn", "drop_missing_labels": True,
+                                          "shards": SHARDS}, training=TRAINING,
               resources={"environment": {"TFPIPE_TEST_HOLD_SHARD": str(KILLED)}})
     cmd, env = dag_command("sharded_kill", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
     out_path, err_path = tmp_path / "out.log", tmp_path / "err.log"
@@ -187,7 +232,8 @@ def test_a_killed_shard_is_retried_alone_and_the_others_parts_are_kept(tfpipe_ho
     assert all(tasks[f"prep_shard[{k}]"] == {"state": "success", "try_number": 1} for k in range(SHARDS) if k != KILLED)
     assert tasks["prep_merge"]["try_number"] == 1 and tasks["train"]["state"] == "success"
 
-    parts = json.loads((_dataset(tfpipe_home, "sharded_kill") / "fingerprint.json").read_text())["parts"]
+    dataset = _dataset(tfpipe_home, "sharded_kill")
+    parts = json.loads((dataset / "fingerprint.json").read_text())["parts"]
     assert [p["try_number"] for p in parts] == [2 if k == KILLED else 1 for k in range(SHARDS)]
     by_name = {f"shard-{p['index']:05d}-of-{SHARDS:05d}": p for p in parts}
     others = {f"shard-{k:05d}-of-{SHARDS:05d}" for k in range(SHARDS) if k != KILLED}
@@ -195,6 +241,16 @@ def test_a_killed_shard_is_retried_alone_and_the_others_parts_are_kept(tfpipe_ho
     for name, (_, digest) in committed.items():  # every part merged as it was first committed
         assert by_name[name]["part_sha256"] == digest, f"{name} changed after shard {KILLED} was killed"
     assert "left by an earlier try of this shard" in log, "the retry removed its own leftover temp dir"
+
+    # the merged data set of the mixed table is the one a single prep task writes, byte for byte
+    merge_config = json.loads((_run_dir(tfpipe_home, "sharded_kill") / "config" / "prep_merge.json").read_text())
+    single = _single_prep_files(tfpipe_home, merge_config, trainer_image, tmp_path)
+    merged = {p.name: p.read_bytes() for p in sorted(dataset.iterdir()) if p.name not in ("fingerprint.json", "_SUCCESS")}
+    assert sorted(merged) == sorted(single) and all(merged[n] == single[n] for n in single), \
+        [n for n in single if merged.get(n) != single[n]]
+    schema = json.loads(merged["schema.json"])
+    assert {f["name"]: f["type"] for f in schema["features"]}["plan"] == "categorical"
+    assert schema["dropped_rows"]["count"] == 10 and "frequencies" in json.loads(merged["stats.json"])["features"]["plan"]
 
     # `tfpipe shell` reproduces that shard's instance: its map index, its newest try (2) and its
     # slice; the stage reruns inside (the merged data set is cached, so it has nothing to redo)

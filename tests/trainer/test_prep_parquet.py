@@ -17,7 +17,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from conftest import Workspace, write_mixed_csv  # noqa: E402
 from test_prep_types import read_records  # noqa: E402
-from trainer import contract, prep, prep_shard, sources  # noqa: E402
+from trainer import contract, prep, sources  # noqa: E402
 from trainer import config as config_mod  # noqa: E402
 from trainer.errors import BadInput  # noqa: E402
 
@@ -294,14 +294,6 @@ def test_a_date_window_reads_the_parquet_files_of_its_partitions(tmp_path):
     with pytest.raises(BadInput, match=r"lacks the partition\(s\) 2026-11-27 \(no dt=<date>/ folder with a "
                                        r"\*\.parquet file\)"):
         prep.run(config)
-
-
-def test_sharded_prep_refuses_parquet_with_the_fix(both):
-    config = both.config("prep_shard", data=dict(KEYED, path="parquet", format="parquet", shards=2))
-    config["shard_index"] = 0
-    with pytest.raises(BadInput, match=r"data.format is 'parquet': sharded prep reads CSV files only\. "
-                                       r"Fix: set data.shards to 1"):
-        prep_shard.run(config)
 
 
 def test_text_labels_name_the_classes_and_an_all_null_column_is_a_numeric_one_with_every_cell_missing(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 # Inside the image TensorFlow must import: a broken image fails collection, never skips.
 import tensorflow  # noqa: E402,F401
 
-from conftest import Workspace, write_blobs_csv  # noqa: E402
+from conftest import Workspace, write_blobs_csv, write_mixed_csv  # noqa: E402
 from trainer import contract, prep, prep_merge, prep_shard, shards  # noqa: E402
 from trainer.errors import BadInput  # noqa: E402
 
@@ -227,3 +227,116 @@ def test_label_names_and_bad_shard_indexes_are_refused(parted):
     for index in (None, 4, -1):
         with pytest.raises(BadInput, match="shard_index must be a shard index in 0..3"):
             prep_shard.run(shard_config(parted, "prep_shard", index))
+
+
+def mixed_parts(ws, tmp_path, unlabelled=(77, 433)):
+    """data/mixed/: :func:`conftest.write_mixed_csv`'s 600 rows (a text id, a text plan with empty
+    cells, NA and empty numbers, a yes/no column) with the rows at ``unlabelled`` made label-less,
+    cut into 5 CSV files of uneven sizes."""
+    source = str(tmp_path / "mixed.csv")
+    write_mixed_csv(source, rows=600)
+    with open(source) as handle:
+        lines = handle.read().splitlines()
+    for at in unlabelled:
+        lines[at] = lines[at].rsplit(",", 1)[0] + ","
+    with open(source, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return split_csv(source, os.path.join(ws.data, "mixed"), 5)
+
+
+def single_and_sharded(tmp_path, ws, data):
+    """``(one prep task's result, the merged result)`` for the same input files and ``data``."""
+    single = Workspace(tmp_path / "single")
+    os.rmdir(single.data)
+    os.symlink(ws.data, single.data)
+    expected = prep.run(single.config("prep", data=dict(data, shard_size=64)))
+    for index in range(SHARDS):
+        config = ws.config("prep_shard", data=dict(data, shards=SHARDS, shard_size=64))
+        config[contract.SHARD_INDEX_KEY] = index
+        prep_shard.run(config)
+    merged = prep_merge.run(ws.config("prep_merge", data=dict(data, shards=SHARDS, shard_size=64)))
+    return expected, merged
+
+
+def assert_same_dataset(expected, merged):
+    assert merged["fingerprint"] == expected["fingerprint"] and merged["examples"] == expected["examples"]
+    got, want = dataset_files(merged["dataset_dir"]), dataset_files(expected["dataset_dir"])
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name] == want[name], "%s differs from the single prep's" % name
+    return json.loads(want["schema.json"]), json.loads(want["stats.json"])
+
+
+def test_sharded_prep_of_a_mixed_table_equals_one_prep_task(tmp_path, small_batches):
+    """Text, boolean and numeric columns with empty and NA cells, rows dropped for a missing label, a
+    text column past data.hash_threshold in some parts (which drop its counts) but not in another, and a
+    shard without files: the merged data set is the one a single prep task writes, byte for byte
+    (records, schema.json with its types, vocabularies, missing counts and dropped rows, stats.json with
+    its histograms and frequencies)."""
+    ws = Workspace(tmp_path / "sharded")
+    mixed_parts(ws, tmp_path)
+    data = {"path": "mixed", "label": "churn", "drop_missing_labels": True, "hash_threshold": 150}
+    schema, stats = assert_same_dataset(*single_and_sharded(tmp_path, ws, data))
+    by = {f["name"]: f for f in schema["features"]}
+    assert {n: f["type"] for n, f in by.items()} == {
+        "customer_id": "categorical", "tenure": "float", "monthly": "float", "plan": "categorical",
+        "autopay": "boolean", "zip": "float"}
+    assert schema["dropped_rows"]["count"] == 2
+    assert by["customer_id"]["encoding"] == "hash" and by["plan"]["encoding"] == "vocabulary"
+    assert all(by[n]["missing"]["train"] > 0 for n in ("tenure", "monthly", "plan"))
+    assert stats["features"]["customer_id"]["frequencies"]["hashed"] is True
+    assert stats["features"]["plan"]["frequencies"]["values"] == by["plan"]["vocabulary"]
+    assert stats["features"]["tenure"]["histogram"]["counts"]
+    parts = json.load(open(os.path.join(ws.work, "datasets", schema["fingerprint"], "fingerprint.json")))["parts"]
+    assert sorted(len(p["files"]) for p in parts) == [0, 1, 1, 3], "one shard has no file to read"
+
+
+def test_sharded_prep_of_a_parquet_folder_equals_one_prep_task(tmp_path, monkeypatch):
+    """Slices of a folder of Parquet files (typed columns, nulls, a null label dropped) merge into the
+    data set one prep task writes from the folder, byte for byte."""
+    from pyarrow import csv as arrow_csv
+    from pyarrow import parquet
+
+    monkeypatch.setattr(prep, "usable_cpus", lambda: 2)
+    ws = Workspace(tmp_path / "sharded")
+    names = mixed_parts(ws, tmp_path)
+    os.makedirs(os.path.join(ws.data, "pq"))
+    for name in names:
+        table = arrow_csv.read_csv(os.path.join(ws.data, "mixed", name),
+                                   convert_options=arrow_csv.ConvertOptions(strings_can_be_null=True))
+        parquet.write_table(table, os.path.join(ws.data, "pq", name.replace(".csv", ".parquet")), row_group_size=30)
+    data = {"path": "pq", "format": "parquet", "label": "churn", "drop_missing_labels": True, "hash_threshold": 150}
+    schema, stats = assert_same_dataset(*single_and_sharded(tmp_path, ws, data))
+    assert schema["format"] == "parquet" and schema["dropped_rows"]["count"] == 2
+    assert {f["name"]: f["type"] for f in schema["features"]}["plan"] == "categorical"
+    assert stats["features"]["plan"]["frequencies"]["other"] == 0
+
+
+def test_shards_that_infer_different_types_are_refused_naming_the_column_and_the_fix(tmp_path):
+    """Each shard infers a column's type from its own slice: when one reads numbers and another texts,
+    the merge names the column, which shards and files read it as which type, and the fix; declared in
+    data.columns, the column is read alike everywhere."""
+    ws = Workspace(tmp_path / "sharded")
+    os.makedirs(os.path.join(ws.data, "parts"))
+    for name, code in (("a.csv", lambda i: str(i + 900)), ("b.csv", lambda i: "c%d" % i)):  # equal sizes
+        with open(os.path.join(ws.data, "parts", name), "w") as handle:
+            handle.write("x,code,label\n" + "".join("%d,%s,%d\n" % (i, code(i), i % 2) for i in range(100, 200)))
+    data = {"path": "parts", "shards": 2}
+    for index in range(2):
+        config = ws.config("prep_shard", data=data)
+        config[contract.SHARD_INDEX_KEY] = index
+        prep_shard.run(config)
+    with pytest.raises(BadInput) as info:
+        prep_merge.run(ws.config("prep_merge", data=data))
+    message = str(info.value)
+    assert "column 'code'" in message
+    assert "categorical by shard(s) 1 (b.csv); float by shard(s) 0 (a.csv)" in message
+    assert "Fix: declare its type in data.columns" in message and "{'code': \"categorical\"}" in message
+    declared = dict(data, columns={"code": "categorical"})
+    for index in range(2):
+        config = ws.config("prep_shard", data=declared)
+        config[contract.SHARD_INDEX_KEY] = index
+        prep_shard.run(config)
+    merged = prep_merge.run(ws.config("prep_merge", data=declared))
+    schema = json.load(open(os.path.join(merged["dataset_dir"], "schema.json")))
+    assert [f["type"] for f in schema["features"]] == ["float", "categorical"]

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf  # noqa: E402
 
 from conftest import Workspace, write_mixed_csv  # noqa: E402
-from trainer import prep, prep_shard  # noqa: E402
+from trainer import prep  # noqa: E402
 from trainer import config as config_mod  # noqa: E402
 from trainer.errors import BadInput  # noqa: E402
 
@@ -267,7 +267,8 @@ def test_a_bad_boolean_and_an_unknown_column_are_named(churn):
 
 def test_batched_prep_of_a_mixed_table_equals_one_batch(churn, tmp_path, monkeypatch):
     """Cut into many batches on two workers, a mixed table gives the same records, vocabularies
-    and statistics as one batch: counts are merged before the top-k."""
+    and statistics as one batch: counts are merged before the top-k, and the profiles (histograms,
+    value frequencies) are exactly equal."""
     one = prep.run(churn.config("prep", data=CHURN))
     monkeypatch.setattr(prep, "READ_BYTES", 1024)
     monkeypatch.setattr(prep, "BATCH_BYTES", 2048)
@@ -284,6 +285,8 @@ def test_batched_prep_of_a_mixed_table_equals_one_batch(churn, tmp_path, monkeyp
     stats = [load(result)[1] for result in (one, many)]
     assert stats[0]["class_histogram"] == stats[1]["class_histogram"]
     for name, summary in stats[0]["features"].items():
+        profile = {key: summary.pop(key) for key in ("histogram", "frequencies") if key in summary}
+        assert profile and {key: stats[1]["features"][name].pop(key) for key in profile} == profile, name
         assert stats[1]["features"][name] == pytest.approx(summary, rel=1e-12), name
 
 
@@ -309,21 +312,3 @@ def test_a_numeric_table_without_gaps_keeps_its_records(ws):
     record = next(iter(tf.data.TFRecordDataset(os.path.join(result["dataset_dir"], schema["shards"]["train"][0]))))
     assert set(tf.train.Example.FromString(record.numpy()).features.feature) == {"features", "label", "key"}
     assert all(stats["features"]["f%d" % i]["missing"] == 0 for i in range(4))
-
-
-def test_sharded_prep_refuses_text_columns_and_missing_values(churn, ws):
-    """data.shards above 1 with a text column or an empty cell stops with the fix: one prep task."""
-    for workspace, data in ((churn, dict(CHURN, columns={"customer_id": "ignore"})),
-                            (churn, dict(CHURN, columns={"plan": "categorical"}))):
-        config = workspace.config("prep_shard", data=dict(data, shards=2))
-        config["shard_index"] = 0
-        with pytest.raises(BadInput) as info:
-            prep_shard.run(config)
-        assert "Fix: set data.shards to 1" in str(info.value)
-    with open(os.path.join(ws.data, "blobs.csv"), "a") as handle:
-        handle.write("1,,3,4,0\n")
-    config = ws.config("prep_shard", data={"shards": 2})
-    config["shard_index"] = 0
-    with pytest.raises(BadInput) as info:
-        prep_shard.run(config)
-    assert "missing values" in str(info.value) and "Fix: set data.shards to 1" in str(info.value)
