@@ -137,6 +137,7 @@ XDIST_ARGS = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist lo
 test-host: venv image airflow-db image-variable data
 	@scripts/ensure-chromium.sh
 	@PYTHON=$(PYTHON) scripts/ensure-tf-client.sh
+	@PYTHON=$(PYTHON) scripts/ensure-mlflow-server.sh
 	@$(PY) deploy/stack.py tools
 	@echo "[test] host tests: provider, DAGs, Airflow runs with real containers ($(TEST_WORKERS) workers)"
 	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m pytest -q --durations=25 $(XDIST_ARGS) $(PYTEST_ARGS)

@@ -10,6 +10,9 @@ What each part stands for in production::
     Celery workers .... N worker machines; each runs in its own mount namespace in which the GPU
                         host's disks are hidden, so nothing on a worker can touch a volume path
     registry .......... the image registry (Debian's docker-registry, the Distribution registry)
+    MLflow ............ the tracking server and model registry: runs in the PostgreSQL database
+                        ``mlflow``, artifacts beside the models volume (served by the server itself,
+                        so workers never open that directory); Airflow's connection ``mlflow_default``
     GPU host .......... a second dockerd with its own data root, exec root and bridge, reachable
                         only over TCP with TLS client certificates; it pulls the trainer image
                         from the registry by digest, and holds the data/work/models volumes
@@ -53,6 +56,7 @@ DEFAULTS = {
     "pg_port": ("TFPIPE_STACK_PG_PORT", "25432"),
     "redis_port": ("TFPIPE_STACK_REDIS_PORT", "26379"),
     "registry_port": ("TFPIPE_STACK_REGISTRY_PORT", "25000"),
+    "mlflow_port": ("TFPIPE_STACK_MLFLOW_PORT", "25050"),
     "engine_port": ("TFPIPE_STACK_ENGINE_PORT", "22376"),
     "bridge": ("TFPIPE_STACK_BRIDGE", "tfpipe1"),
     "subnet": ("TFPIPE_STACK_SUBNET", "10.213.0.1/24"),
@@ -329,6 +333,45 @@ class Stack:
             _run(*psql, "-c", f"CREATE ROLE airflow LOGIN PASSWORD '{pw}'", user=user)
             _run(*psql, "-c", "CREATE DATABASE airflow OWNER airflow", user=user)
 
+    # -- MLflow ---------------------------------------------------------------------------------
+
+    @property
+    def mlflow_url(self) -> str:
+        return f"http://127.0.0.1:{self.port('mlflow')}"
+
+    @property
+    def mlflow_artifacts(self) -> Path:
+        """The MLflow artifact root: beside the models volume, on the GPU host's disks."""
+        return self.volumes / "mlflow-artifacts"
+
+    def start_mlflow(self) -> None:
+        """The MLflow tracking server from its own venv (scripts/ensure-mlflow-server.sh: the full mlflow
+        package stays out of Airflow's), its store in the PostgreSQL database ``mlflow``, and the Airflow
+        connection ``mlflow_default`` that the pipelines' ``register`` tasks log to."""
+        built = _run(REPO / "scripts" / "ensure-mlflow-server.sh", check=False)
+        if built.returncode:
+            raise StackError(f"MLflow server venv: {built.stderr.strip()[-3000:]}")
+        log(built.stdout.strip())
+        bindir = _postgres_bindir()
+        user = "postgres" if self.root else None
+        psql = [str(bindir / "psql"), "-h", str(self.pg_sock), "-p", str(self.port("pg")), "-U", "postgres",
+                "-v", "ON_ERROR_STOP=1", "-qtA"]
+        if not _run(*psql, "-c", "SELECT 1 FROM pg_roles WHERE rolname='mlflow'", user=user).stdout.strip():
+            pw = self.secret("mlflow-pg-password").replace("'", "''")
+            _run(*psql, "-c", f"CREATE ROLE mlflow LOGIN PASSWORD '{pw}'", user=user)
+            _run(*psql, "-c", "CREATE DATABASE mlflow OWNER mlflow", user=user)
+        self.mlflow_artifacts.mkdir(parents=True, exist_ok=True)
+        store = f"postgresql+psycopg2://mlflow:{self.secret('mlflow-pg-password')}@127.0.0.1:{self.port('pg')}/mlflow"
+        # The store's URL holds a password: through the environment, not the command line (ps shows that).
+        env = {**self.process_env(), "MLFLOW_BACKEND_STORE_URI": store}
+        self.spawn("mlflow", [str(REPO / ".cache" / "mlflow-server" / "bin" / "mlflow"), "server",
+                              "--host", "127.0.0.1", "--port", str(self.port("mlflow")), "--workers", "1",
+                              "--artifacts-destination", str(self.mlflow_artifacts)], env=env)
+        self.wait_for("mlflow", lambda: _http_status(f"{self.mlflow_url}/health") == 200, 180, "answer /health")
+        self.airflow("connections", "delete", "mlflow_default", check=False)
+        self.airflow("connections", "add", "mlflow_default", "--conn-type", "http", "--conn-host", self.mlflow_url,
+                     "--conn-description", "the stack's MLflow tracking server (tfpipe's register task)")
+
     def start_redis(self) -> None:
         exe = _need("redis-server")
         d = self.dir / "redis"
@@ -555,7 +598,7 @@ class Stack:
         if fresh:
             self.down(quiet=True)
             for path in (self.airflow_home, self.dir / "postgres", self.dir / "redis", self.logs,
-                         self.volumes / "work", self.volumes / "models"):
+                         self.volumes / "work", self.volumes / "models", self.mlflow_artifacts):
                 shutil.rmtree(path, ignore_errors=True)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -571,6 +614,7 @@ class Stack:
         try:
             self.make_data()
             self.migrate()
+            self.start_mlflow()
             self.start_airflow()
         except BaseException:
             pull.kill()
@@ -592,8 +636,8 @@ class Stack:
         path.write_text("\n".join(lines) + "\n")
         path.chmod(0o600)
 
-    PARTS = ("worker*", "scheduler", "triggerer", "dag-processor", "api-server", "engine", "registry", "redis",
-             "postgres")
+    PARTS = ("worker*", "scheduler", "triggerer", "dag-processor", "api-server", "mlflow", "engine", "registry",
+             "redis", "postgres")
 
     def names(self) -> list[str]:
         found = {p.stem for p in self.run.glob("*.pid")} if self.run.exists() else set()
@@ -654,6 +698,9 @@ class Stack:
             print(f"admin user:      {ADMIN_USER}   password: {self.admin_password()}")
             print(f"GPU host engine: {self.engine_url} (TLS; client cert in {self.certs / 'client'})")
             print(f"registry:        http://{self.registry}   image: {self.image_ref()}")
+        if self.pid("mlflow"):
+            print(f"MLflow:          {self.mlflow_url}   (Airflow connection mlflow_default; artifacts in "
+                  f"{self.mlflow_artifacts})")
             print(f"airflow CLI:     source {self.dir / 'stack.env'} && airflow dags list")
         return 1 if bad else 0
 

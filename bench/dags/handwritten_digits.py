@@ -70,9 +70,11 @@ TASK_DOCS = {
     "prep": "**prep** validates the raw CSV and writes sharded TFRecords, the schema, statistics and the data "
             "fingerprint under `/work/datasets/<fingerprint>/`; a data set already prepared is reused. Bad rows fail "
             "the task without a retry.",
-    "validate": "**validate** compares the prepared data set with the one the production model trained on (columns, "
-                "missing values, drift, labels, row count) and exits 14 on an anomaly, which fails the run before "
-                "training without a retry; `accept_data_change` lets a real change through.",
+    "validate": "**validate** is the data gate: it compares the prepared data set with the one the production model "
+                "(the newest blessed version) trained on: columns gone, new or retyped, missing values, numeric and "
+                "text drift, label shift and row count. It exits 14 on an anomaly, which fails the run before any "
+                "training, without a retry, and the production model stays; its findings are in the log and in "
+                "`validation.json`. Trigger with `accept_data_change` to let a real change through.",
     "train": "**train** trains the model with checkpoints under the run directory; a retried or cleared try "
              "resumes from the newest checkpoint and trains until the target epoch. Open the run report and TensorBoard "
              "events under the run directory.",
@@ -82,6 +84,11 @@ TASK_DOCS = {
     "export": "**export** writes a new versioned SavedModel with a raw-feature serving signature, its metadata "
               "and report under `/models/digits/<version>/`, renamed into place when complete. Older versions are "
               "never overwritten.",
+    "register": "**register** logs the run to MLflow, in the experiment named after the DAG: the training and "
+                "evaluation settings and the Airflow run id as params, the per-epoch and evaluation metrics, the "
+                "decision as tags and the run report as an artifact. A blessed export becomes a new version of the "
+                "registered model, with the alias `champion`; an unblessed one is logged, never registered. It skips "
+                "itself when the Airflow connection `mlflow_default` does not exist.",
     "cleanup": "**cleanup** applies the work volume's retention in every run, also one that fails: once the run's "
                "data set is ready it runs beside training and keeps the run dirs of the newest runs, of runs whose "
                "model version is still kept and of active runs, and the data sets they use plus the newest; it "
@@ -141,6 +148,8 @@ with DAG("bench_handwritten_digits", description="Nightly retraining of the UCI 
     evaluate = container("evaluate", ["python3", "-m", "trainer", "evaluate"], retries=1, skip_on_exit_code=10)
     export = container("export", ["python3", "-m", "trainer", "export"], retries=1,
                        outlets=[Asset("tfpipe://models/digits")])
+    register = container("register", ["python3", "-c", "print('mlflow logging runs on the worker')"], retries=2,
+                         trigger_rule="none_failed")
     cleanup = container("cleanup", ["python3", "-m", "trainer.volume_ops", "retention"], retries=1).as_teardown()
-    prep >> validate >> train >> evaluate >> export
+    prep >> validate >> train >> evaluate >> export >> register
     validate >> cleanup

@@ -560,9 +560,9 @@ class DataConfig(contract_fields("data")):
         if self.columns and self.format not in contract.TABULAR_FORMATS:
             raise config_error("data.columns", f"types table columns, data.format is {self.format!r}",
                                "remove data.columns for image folders")
-        if self.shards > 1 and self.format != "csv":
-            raise config_error("data.shards", f"sharded prep reads CSV files, data.format is {self.format!r}",
-                               "set data.shards to 1 (one prep task reads images and Parquet files)")
+        if self.shards > 1 and self.format not in contract.TABULAR_FORMATS:
+            raise config_error("data.shards", f"sharded prep reads CSV and Parquet tables, data.format is "
+                               f"{self.format!r}", "set data.shards to 1 (one prep task reads image folders)")
         if self.window_days and self.format not in contract.TABULAR_FORMATS:
             raise config_error("data.window_days", f"date windows read CSV or Parquet partitions, data.format is "
                                f"{self.format!r}",
@@ -933,6 +933,18 @@ def _checked_schedule(value: Any) -> Any:
     return value
 
 
+class MlflowConfig(_Section):
+    """MLflow tracking and registry of every run (``pip install 'airflow-provider-tfpipe[mlflow]'``; see
+    :mod:`tfpipe.operators.register`): the ``register`` task logs the run and registers a blessed export
+    when the Airflow connection ``conn_id`` exists, and skips itself when it does not."""
+
+    section: ClassVar[str] = "mlflow"
+    enabled: Flag = Field(True, description=(
+        "add the `register` task (Docker backend only: it reads the run's files through the engine)"))
+    conn_id: Name = Field("mlflow_default", description=(
+        "Airflow connection whose host is the tracking URI, e.g. `http://127.0.0.1:5000`; missing: `register` skips"))
+
+
 def _checked_tags(tags: Any) -> tuple[str, ...]:
     """``tags`` as a tuple of non-empty strings; a bare string is refused, not split into letters."""
     if isinstance(tags, str) or not isinstance(tags, (list, tuple, set, frozenset)):
@@ -1022,9 +1034,11 @@ class PipelineConfig(_Section):
         "`kubernetes` section); the stages are the same specs"))
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig,
                                          description="namespace, claims and connection of the Kubernetes backend")
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig,
+                                 description="MLflow tracking and model registry (the `register` task)")
 
     @field_validator("image", "volumes", "data", "training", "validation", "evaluation", "export", "resources",
-                     "retention", "kubernetes", mode="before")
+                     "retention", "kubernetes", "mlflow", mode="before")
     @classmethod
     def _empty_section(cls, value: Any) -> Any:
         return {} if value is None else value  # a YAML key with nothing under it: every default

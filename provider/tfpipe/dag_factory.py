@@ -233,6 +233,8 @@ def training_pipeline(cfg: PipelineConfig, **dag_kwargs: Any) -> DAG:
         _add_gcs_tasks(cfg, operators)
         if cfg.retention.enabled and cfg.backend == "docker":  # the cleanup helper needs a Docker engine
             add_cleanup_task(cfg, dag)
+        if cfg.mlflow.enabled and cfg.backend == "docker":  # it reads the run's files through a Docker engine
+            add_register_task(cfg, dag)
     return dag
 
 
@@ -302,3 +304,33 @@ GCS_DOCS = {
         "nothing was exported."
     ),
 }
+
+
+# --- MLflow ---------------------------------------------------------------------------------------
+
+def add_register_task(cfg: PipelineConfig, dag: DAG) -> BaseOperator:
+    """``register`` after ``export`` (after ``publish`` where the DAG has it), ``none_failed``: a skipped
+    export (not blessed) still gets its run logged; a failed one stops it. Its own task, so it is retried
+    alone and a failure never touches the exported files."""
+    from tfpipe.operators.register import RegisterOperator
+
+    register = RegisterOperator(
+        task_id="register", image=cfg.image.ref, allow_floating_tag=cfg.image.allow_floating_tag,
+        volumes=cfg.volumes, model_name=cfg.export.model_name, conn_id=cfg.mlflow.conn_id, docker_url=cfg.docker_url,
+        prep_task_id="prep" if "prep" in dag.task_ids else "prep_merge",
+        publish_task_id="publish" if "publish" in dag.task_ids else None,
+        trigger_rule=TriggerRule.NONE_FAILED, retries=2, retry_delay=timedelta(seconds=cfg.retry_delay_seconds),
+        doc_md=REGISTER_DOC,
+    )
+    dag.get_task("publish" if "publish" in dag.task_ids else "export") >> register
+    return register
+
+
+REGISTER_DOC = (
+    "**register** logs the run to MLflow, in the experiment named after the DAG: the resolved training and "
+    "evaluation settings and the Airflow run id as params, the per-epoch training metrics, the evaluation "
+    "metrics, the blessing decision as tags and the run report as artifacts. A blessed export becomes a new "
+    "version of the registered model `export.model_name` (its source the version's files, its tags the "
+    "run's lineage) and takes the alias `champion`; an unblessed candidate is logged, never registered. "
+    "Skipped when the Airflow connection `mlflow.conn_id` (`mlflow_default`) does not exist."
+)

@@ -99,3 +99,26 @@ class TensorBoardLink(BaseOperatorLink):
         from tfpipe.plugins import paths as plugin_paths
 
         return plugin_paths.tensorboard_url(ti_key.dag_id, ti_key.run_id)
+
+
+class MlflowRunLink(BaseOperatorLink):
+    """"MLflow run": the MLflow UI page of the run the ``register`` task logged.
+
+    Airflow stores a link when its task ends, and ``train`` ends before ``register`` logs the run: so
+    ``register`` stores this link for ``train`` itself (under :attr:`xcom_key`) once the run exists.
+    Read here, at the end of ``train``, it is the URL of ``register``'s result when that task already
+    ran for the same Airflow run (``train`` run again alone), else empty.
+    """
+
+    name = "MLflow run"
+    register_task_id = "register"
+
+    def get_link(self, operator: Any, *, ti_key: Any) -> str:
+        from airflow.providers.common.compat.sdk import XCom
+
+        try:
+            result = XCom.get_one(key="return_value", dag_id=ti_key.dag_id, task_id=self.register_task_id,
+                                  run_id=ti_key.run_id)
+        except Exception:  # no task runner to ask (a link read outside a task): no run to point at yet
+            return ""
+        return str(result.get("run_url") or "") if isinstance(result, dict) else ""

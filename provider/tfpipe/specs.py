@@ -147,9 +147,9 @@ STAGE_DOCS = {
     ),
     "prep_shard": (
         "**prep_shard** is prep for one slice of the input files (`data.shards` > 1): mapped task k reads the "
-        "k-th contiguous slice of the sorted table files (CSV or Parquet), validates, splits and encodes it, and commits its part "
-        "under `work/runs/<dag>/<run>/prep_shards/` on its own, so a retry redoes only its slice. Unchanged data "
-        "is a cache hit: no shard parses anything."
+        "k-th contiguous slice of the sorted table files (CSV or Parquet), validates, splits and encodes it, and "
+        "commits its part under `work/runs/<dag>/<run>/prep_shards/` on its own, so a retry redoes only its "
+        "slice. Unchanged data is a cache hit: no shard parses anything."
     ),
     "prep_merge": (
         "**prep_merge** makes the one data set of sharded prep from the shards' parts: the same records, split, "

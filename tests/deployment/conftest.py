@@ -58,6 +58,7 @@ def _stack_env() -> dict[str, str]:
         "TFPIPE_STACK_PG_PORT": str(free_port()),
         "TFPIPE_STACK_REDIS_PORT": str(free_port()),
         "TFPIPE_STACK_REGISTRY_PORT": str(free_port()),
+        "TFPIPE_STACK_MLFLOW_PORT": str(free_port()),
         "TFPIPE_STACK_ENGINE_PORT": str(engine_port),
         # Its own bridge and subnet, so a user's `make up` and this session can coexist.
         "TFPIPE_STACK_BRIDGE": f"tfpt{engine_port}",

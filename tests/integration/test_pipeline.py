@@ -64,8 +64,9 @@ def test_digits_pipeline_end_to_end(tfpipe_home: Path, trainer_image: str, docke
     summary, log, created = run_watching(docker_client, "tfpipe_digits", tfpipe_home, trainer_image)
     assert summary["state"] == "success", log[-8000:]
     # no bucket configured: no stage_in/publish tasks at all
-    assert summary["tasks"] == {t: {"state": "success", "try_number": 1}
-                                for t in ("prep", "train", "evaluate", "export", "cleanup")}
+    assert summary["tasks"] == {**{t: {"state": "success", "try_number": 1}
+                                   for t in ("prep", "validate", "train", "evaluate", "export", "cleanup")},
+                                "register": {"state": "skipped", "try_number": 1}}  # no MLflow connection
     assert summary["metrics"]["accuracy"] >= 0.95
 
     model_dir = Path(summary["model_dir"])
@@ -100,7 +101,7 @@ def test_digits_pipeline_end_to_end(tfpipe_home: Path, trainer_image: str, docke
     created = [a for a in created if "tfpipe.role" not in a]
     assert [a["tfpipe.stage"] for a in helpers] == ["prep"], \
         "the first stage prepares the run's directories from one container on the engine; the others find them ready"
-    assert sorted(a["tfpipe.stage"] for a in created) == ["evaluate", "export", "prep", "train"]
+    assert sorted(a["tfpipe.stage"] for a in created) == ["evaluate", "export", "prep", "train", "validate"]
     for attrs in created:
         assert attrs["tfpipe.run_id"] == summary["run_id"] and attrs["tfpipe.try_number"] == "1"
         assert attrs["name"].startswith(f"tfpipe-tfpipe_digits-{attrs['tfpipe.task_id']}-")
@@ -128,7 +129,7 @@ def test_digits_pipeline_end_to_end(tfpipe_home: Path, trainer_image: str, docke
     assert summary2["state"] == "success", log2[-8000:]
     created2 = [a for a in created2 if a.get("tfpipe.run_id") == summary2["run_id"]]
     assert sorted(a.get("tfpipe.role", a.get("tfpipe.stage")) for a in created2) == \
-        ["evaluate", "export", "prep", "retention", "train"], \
+        ["evaluate", "export", "prep", "retention", "train", "validate"], \
         "the first run handed the DAG's runs dir to the stages' user: the second run's prep makes its run dir itself"
     # no stage asks the engine about the run's directories (each archive read costs the engine a mount
     # and a tar process): each stage checks the ones it writes itself, in its own container

@@ -31,7 +31,7 @@ def test_make_run_with_a_typo_fails_before_any_container_and_echoes_the_conf(tfp
     assert summary["state"] == "failed" and summary["model_dir"] is None
     tasks = summary["tasks"]
     assert tasks["stage_in"] == {"state": "failed", "try_number": 1}, "a typo is not retried"
-    assert all(tasks[t]["state"] == "upstream_failed" for t in ("prep", "train", "evaluate", "export"))
+    assert all(tasks[t]["state"] == "upstream_failed" for t in ("prep", "validate", "train", "evaluate", "export"))
     assert tasks["cleanup"]["state"] == "failed", "cleanup refuses the run's conf too, before its container"
     events = docker_client.events(since=int(started), until=int(time.time()) + 1, decode=True,
                                   filters={"type": "container", "event": "create",

@@ -238,8 +238,8 @@ def test_digits_dag_shape(dagbag):
     dag = dagbag.get_dag("tfpipe_digits")
     # No bucket configured: no Cloud Storage tasks, no Params for them; cleanup beside training.
     stages = ["prep", "validate", "train", "evaluate", "export"]
-    assert [t.task_id for t in dag.topological_sort() if t.task_id != "cleanup"] == stages
-    assert set(dag.task_ids) == {*stages, "cleanup"}
+    assert [t.task_id for t in dag.topological_sort() if t.task_id != "cleanup"] == [*stages, "register"]
+    assert set(dag.task_ids) == {*stages, "cleanup", "register"}
     assert dag.get_task("cleanup").upstream_task_ids == {"validate"}
     assert not {"data_uri", "publish_uri"} & set(dag.params.keys())
     assert dag.get_task("prep").trigger_rule == "all_success"
@@ -274,7 +274,8 @@ def test_default_args_and_dag_callbacks_reach_every_task_training_pipeline_makes
     dag = training_pipeline(cfg, on_failure_callback=on_dag_failure, max_active_runs=2, default_args={
         "owner": "ml-platform", "on_failure_callback": on_failure, "on_retry_callback": on_retry,
         "email": ["ml-oncall@example.com"]})
-    assert set(dag.task_ids) == {"stage_in", "prep", "validate", "train", "evaluate", "export", "publish", "cleanup"}
+    assert set(dag.task_ids) == {"stage_in", "prep", "validate", "train", "evaluate", "export", "publish", "cleanup",
+                                 "register"}
     for task in dag.tasks:
         assert list(task.on_failure_callback) == [on_failure], task.task_id
         assert list(task.on_retry_callback) == [on_retry], task.task_id

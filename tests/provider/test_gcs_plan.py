@@ -193,7 +193,7 @@ def test_bucket_tasks_and_params_only_where_a_bucket_is_used(settings, tasks):
     from tfpipe import training_pipeline
 
     dag = training_pipeline(PipelineConfig.from_dict({**BASE, **settings}))
-    assert set(dag.task_ids) - {"prep", "validate", "train", "evaluate", "export", "cleanup"} == tasks
+    assert set(dag.task_ids) - {"prep", "validate", "train", "evaluate", "export", "cleanup", "register"} == tasks
     params = {"stage_in": "data_uri", "publish": "publish_uri"}
     assert {p for p in params.values() if p in dag.params} == {params[t] for t in tasks}
     assert dag.get_task("prep").trigger_rule == ("none_failed" if "stage_in" in tasks else "all_success")
@@ -210,7 +210,7 @@ def test_pipeline_has_stage_in_and_publish():
 
     dag = training_pipeline(PipelineConfig.from_dict({**BASE, "publish_uri": "gs://models-x/prod", "gcs_tasks": True}))
     assert [t.task_id for t in dag.topological_sort() if t.task_id != "cleanup"] == [
-        "stage_in", "prep", "validate", "train", "evaluate", "export", "publish"]
+        "stage_in", "prep", "validate", "train", "evaluate", "export", "publish", "register"]
     assert dag.get_task("prep").trigger_rule == "none_failed", "a skipped stage-in must not skip prep"
     assert dag.get_task("publish").trigger_rule == "all_success", "publish only after a successful export"
     assert dag.get_task("publish").destination_uri == "gs://models-x/prod"

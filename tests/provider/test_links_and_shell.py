@@ -74,8 +74,9 @@ def test_tensorboard_url_selects_the_run(monkeypatch):
 
 def test_stage_operators_carry_the_links(dag):
     names = {t.task_id: sorted(link.name for link in t.operator_extra_links) for t in dag.tasks}
-    for task_id in ("train", "evaluate", "export"):
+    for task_id in ("evaluate", "export"):
         assert names[task_id] == ["Run report", "TensorBoard"], task_id
+    assert names["train"] == ["MLflow run", "Run report", "TensorBoard"]
     assert names["prep"] == [] and names["stage_in"] == [] and names["publish"] == []
 
 
@@ -103,7 +104,8 @@ def test_links_survive_dag_serialization(dag):
     json.dumps(data)
     encoded = {t["__var"]["task_id"]: t["__var"].get("_operator_extra_links") for t in data["dag"]["tasks"]}
     expected = {"Run report": "_link_RunReportLink", "TensorBoard": "_link_TensorBoardLink"}
-    assert encoded["train"] == encoded["evaluate"] == encoded["export"] == expected
+    assert encoded["evaluate"] == encoded["export"] == expected
+    assert encoded["train"] == {**expected, "MLflow run": "_link_MlflowRunLink"}
     restored = DagSerialization.from_dict(data)
     # the UI side reads the URL the worker stored in XCom under each xcom_key
     assert {link.name: link.xcom_key for link in restored.get_task("export").operator_extra_links} == expected

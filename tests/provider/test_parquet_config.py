@@ -33,8 +33,11 @@ def test_an_image_model_on_a_parquet_table_is_refused(model):
     assert str(err.value) == f"training.model: {model!r} needs images, data.format is 'parquet'. Fix: use 'mlp'."
 
 
-def test_sharded_prep_of_a_parquet_table_is_refused_with_the_fix():
+def test_sharded_prep_of_a_parquet_table_maps_its_shards_and_of_images_is_refused_with_the_fix():
+    """A Parquet table may be prepared by shards (slices of its files); an image folder may not."""
+    cfg = PipelineConfig.from_dict(parquet(shards=2))
+    assert cfg.data.shards == 2 and cfg.data.format == "parquet"
     with pytest.raises(TfpipeConfigError) as err:
-        PipelineConfig.from_dict(parquet(shards=2))
-    assert str(err.value) == ("data.shards: sharded prep reads CSV files, data.format is 'parquet'. Fix: set "
-                              "data.shards to 1 (one prep task reads images and Parquet files).")
+        PipelineConfig.from_dict(dict(parquet(shards=2, format="images")))
+    assert str(err.value) == ("data.shards: sharded prep reads CSV and Parquet tables, data.format is 'images'. "
+                              "Fix: set data.shards to 1 (one prep task reads image folders).")

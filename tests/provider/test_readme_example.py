@@ -26,7 +26,7 @@ def test_the_example_dag_file_builds_the_dag_it_describes():
     dag = namespace["dag"]
     assert dag.dag_id == "churn_model"
     # no bucket settings: no Cloud Storage tasks
-    assert set(dag.task_ids) == {"prep", "validate", "train", "evaluate", "export", "cleanup"}
+    assert set(dag.task_ids) == {"prep", "validate", "train", "evaluate", "export", "cleanup", "register"}
     assert _scheduled(dag).summary == "0 3 * * *"
     train = dag.get_task("train")
     assert train.image == "registry.local/tfpipe/trainer:1.4.0"
@@ -41,5 +41,6 @@ def test_the_example_dag_file_builds_the_dag_it_describes():
         "path": "churn/", "format": "csv", "label": "churned"}
     assert {k: config["training"][k] for k in ("model", "epochs", "batch_size", "class_weight")} == {
         "model": "mlp", "epochs": 30, "batch_size": 256, "class_weight": "balanced"}
-    assert config["evaluation"] == {"metric": "macro_f1", "threshold": 0.85, "tolerance": 0.01}
+    assert {k: config["evaluation"][k] for k in ("metric", "threshold", "tolerance")} == {
+        "metric": "macro_f1", "threshold": 0.85, "tolerance": 0.01}
     assert config["export"]["model_name"] == "churn"

@@ -19,7 +19,7 @@ def test_lineage_chain_from_raw_data_to_the_published_model(ui_run):
     events = [json.loads(line) for line in ui_run["lineage"].read_text().splitlines() if line.strip()]
     complete = {e["job"]["name"].split(".", 1)[1]: e for e in events
                 if e["eventType"] == "COMPLETE" and e["job"]["name"].startswith(f"{DAG_ID}.")}
-    assert {"stage_in", "prep", "train", "evaluate", "export", "publish"} <= set(complete), sorted(complete)
+    assert {"stage_in", "prep", "validate", "train", "evaluate", "export", "publish"} <= set(complete), sorted(complete)
     io = {task: ([_key(d) for d in e["inputs"]], [_key(d) for d in e["outputs"]]) for task, e in complete.items()}
     home, bucket = ui_run["home"], ui_run["bucket"]
     raw = ("file", str(home / "data" / "digits" / "digits.csv"))
@@ -29,6 +29,13 @@ def test_lineage_chain_from_raw_data_to_the_published_model(ui_run):
     (dataset,) = io["prep"][1]
     assert dataset[1].startswith(str(home / "work" / "datasets") + "/")
     assert io["train"][0] == [dataset]
+    # the data gate read the data set: OpenLineage's data-quality input facets on it (the first night
+    # has no baseline, so its checks are against the config: none failed)
+    assert io["validate"] == ([dataset], [])
+    quality = complete["validate"]["inputs"][0]["inputFacets"]
+    assert quality["dataQualityMetrics"]["rowCount"] == 1797  # the digits, train and eval
+    assert "pixel_20" in quality["dataQualityMetrics"]["columnMetrics"]
+    assert all(a["success"] for a in quality["dataQualityAssertions"]["assertions"])
     (trained,) = io["train"][1]
     assert trained[1].endswith("/train/final")
     assert trained in io["evaluate"][0] and dataset in io["evaluate"][0]

@@ -19,7 +19,7 @@ from airflow.providers.docker.operators.docker import DockerOperator, fetch_logs
 
 from tfpipe import contract
 from tfpipe.config import GpuRequest, TfpipeConfigError
-from tfpipe.links import RunReportLink, TensorBoardLink
+from tfpipe.links import MlflowRunLink, RunReportLink, TensorBoardLink
 from tfpipe.specs import (
     MountSpec,
     StageSpec,
@@ -555,7 +555,7 @@ class TrainOperator(TfpipeStageOperator):
 
     stage = "train"
     ui_color = "#ffd59e"
-    operator_extra_links = (RunReportLink(), TensorBoardLink())
+    operator_extra_links = (RunReportLink(), TensorBoardLink(), MlflowRunLink())
 
 
 class EvaluateOperator(TfpipeStageOperator):

@@ -24,5 +24,5 @@ missing_pool = training_pipeline(PipelineConfig.from_dict(dict(
     data={"path": "digits/digits.csv"},
     training={"model": "mlp", "epochs": 1, "batch_size": 128, "checkpoint_every_steps": 5},
     evaluation={"threshold": 0.0, "tolerance": 1.0}, export={"model_name": "tfpipe_stack_missing_pool"},
-    retention={"enabled": False}, retry_delay_seconds=2.0, tags=("tfpipe", "stack-test"),
+    retention={"enabled": False}, mlflow={"enabled": False}, retry_delay_seconds=2.0, tags=("tfpipe", "stack-test"),
 )))

@@ -6,3 +6,4 @@ The processor pre-imports only ``airflow.*`` modules a DAG file names
 
 import tfpipe.dag_factory  # noqa: F401
 import tfpipe.operators.retention  # noqa: F401
+import tfpipe.operators.register  # noqa: F401
