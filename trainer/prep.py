@@ -28,9 +28,11 @@ values counted in fixed bins (:mod:`trainer.profile`); the categorical ones ``co
 most frequent values and their counts, or a hashed column's crc32 buckets).
 
 Parquet inputs (``data.format`` parquet: a file or a folder of ``*.parquet`` files with one schema)
-take the same way: :func:`sources.parquet_batches` reads them a batch of rows at a time, the
-workers turn a batch's cells into the texts a CSV file would hold (:func:`sources.arrow_rows`:
-nulls and float NaNs empty) and parse them as CSV rows, so types, missing values, vocabularies,
+take the same way: :func:`sources.parquet_batches` reads them a batch of rows at a time; the
+workers read a batch's number and boolean columns straight into floats and its other cells as the
+texts a CSV file would hold (:func:`sources.parse_batch`): the values its cells' texts give as CSV
+rows (:func:`sources.arrow_rows`: nulls and float NaNs empty), which the row-by-row reader parses
+when the direct read cannot take a batch (an infinite number, say), so types, missing values, vocabularies,
 the split and the records are the CSV ones. A feature whose type is inferred takes its Parquet
 type (numbers numeric, booleans boolean, texts categorical); errors name the file, the row
 (counted from 1 in each file) and the column.
@@ -511,8 +513,8 @@ def scan_table(pool, batches, plan):
 def _prep_csv(config, files, scans, tmp):
     """Write the table's shards into ``tmp``; return ``(parsed, counts, shards, stats)``.
 
-    A Parquet table takes the same way as a CSV one: its batches of rows become cell texts in the
-    workers (:func:`sources.arrow_rows`), which parse them as they parse CSV rows.
+    A Parquet table takes the same way as a CSV one: the workers parse its batches of rows
+    (:func:`sources.parse_batch`) into the rows its cell texts would give as CSV rows.
     """
     data = config["data"]
     layout, batches, workers = table_source(config, files, scans)

@@ -449,12 +449,42 @@ def parquet_batch_count(layout, batch_rows=PARQUET_BATCH_ROWS):
     return sum(int(math.ceil(rows / float(batch_rows))) for rows in layout["rows"].values())
 
 
+def _arrow_numbers(column):
+    """``(values, missing)`` of a number or boolean Arrow column (not dictionary-encoded): its cells
+    as a numpy array (nulls as zero or false) and the mask of its missing cells (nulls and NaNs)."""
+    import pyarrow.types as at
+
+    missing = column.is_null(nan_is_null=True).to_numpy(zero_copy_only=False)
+    values = column.fill_null(False if at.is_boolean(column.type) else 0).to_numpy(zero_copy_only=False)
+    return values, missing
+
+
+def _plain_numbers(arrow_type):
+    """Whether :func:`_arrow_numbers` reads a column of ``arrow_type``: integers, float32 and float64
+    (the Python floats of a float16 column or the exact values of a decimal one it would not keep)."""
+    import pyarrow.types as at
+
+    return at.is_integer(arrow_type) or at.is_float32(arrow_type) or at.is_float64(arrow_type)
+
+
 def _arrow_texts(column):
     """The cells of an Arrow column as the texts a CSV file would hold: numbers in their shortest
     exact form, booleans ``true``/``false``, ``""`` for a null (and for a float NaN, which pandas
     writes for a missing value)."""
+    import numpy as np
     import pyarrow.types as at
 
+    if _plain_numbers(column.type) or at.is_boolean(column.type):
+        values, missing = _arrow_numbers(column)
+        if at.is_boolean(column.type):
+            texts = np.where(values, "true", "false").tolist()
+        else:  # numpy's tolist gives Python ints and floats: their str and repr are the texts
+            texts = list(map(repr if at.is_floating(column.type) else str, values.tolist()))
+        for r in np.flatnonzero(missing):
+            texts[r] = ""
+        return texts
+    if at.is_string(column.type) or at.is_large_string(column.type):
+        return column.fill_null("").to_numpy(zero_copy_only=False).tolist()  # far quicker than to_pylist
     kind = column.type.value_type if at.is_dictionary(column.type) else column.type
     values = column.to_pylist()
     if at.is_boolean(kind):
@@ -535,8 +565,14 @@ def parse_batch(batch, layout):
     Rows are parsed a batch at a time (``numpy.loadtxt`` for the numeric columns); anything that
     parser refuses, or a wrong column count, a missing value or label, or a non-finite number,
     sends the batch through the row-by-row reader, which raises :class:`BadInput` naming the file,
-    line and column (and accepts what it accepts, so both paths agree on every input).
+    line and column (and accepts what it accepts, so both paths agree on every input). A Parquet
+    batch (:func:`parquet_batches`) is parsed by :func:`_arrow_fast`, else row by row from its
+    cell texts (:func:`arrow_rows`).
     """
+    if batch[0] == "arrow":
+        rows = _arrow_fast(batch[1], batch[2], batch[3], layout)
+        if rows is not None:
+            return rows
     decoded = _decode(batch)
     if decoded[0] == "rows":
         _, rel, rows, physical = decoded
@@ -547,6 +583,65 @@ def parse_batch(batch, layout):
         rows = _exact(rel, [(n, line.split(",")) for n, line in zip(numbers, lines)], layout,
                       physical)
     return rows
+
+
+def _arrow_fast(rel, first_row, table, layout):
+    """The Parquet batch parser: number and boolean columns go straight from Arrow to floats (nulls
+    and NaNs missing, booleans 1.0 and 0.0: what their texts parse to), the other cells are their
+    texts (:func:`_arrow_texts`). None when the batch needs the row-by-row reader: a column whose
+    Parquet type its kind does not read (texts in a numeric column, fractions in an ``int`` one), an
+    infinite number, a missing label, or ``data.na_values`` naming a text a number or boolean has."""
+    import numpy as np
+    import pyarrow.types as at
+
+    na, index = layout["na"], layout["index"]
+    if any(_number_text(text) for text in na):
+        return None
+    values = np.empty((table.num_rows, len(layout["numeric"])), dtype=np.float64)
+    for i, j in enumerate(layout["numeric"]):
+        col, kind, _ = index[j]
+        column = table.column(col)
+        if at.is_null(column.type):  # no value at all: every cell is missing
+            values[:, i] = np.nan
+            continue
+        reads = {"boolean": at.is_boolean, "int": at.is_integer}.get(kind, _plain_numbers)
+        if not reads(column.type):
+            return None
+        numbers, missing = _arrow_numbers(column)
+        values[:, i] = numbers
+        values[missing, i] = np.nan
+    if np.isinf(values).any():
+        return None
+    texts = {}
+
+    def cells(col):
+        if col not in texts:
+            texts[col] = _arrow_texts(table.column(col))
+        return texts[col]
+    labels = [text.strip() for text in cells(layout["label_at"])]
+    if na.intersection(labels):
+        return None
+    categories = None
+    if layout["categorical"]:
+        found = [[text.strip() for text in cells(index[j][0])] for j in layout["categorical"]]
+        categories = [[text if text not in na else "" for text in row] for row in zip(*found)]
+    if layout["key_at"] is None:
+        keys = ["%s:%s" % (rel, ",".join(row)) for row in zip(*map(cells, range(table.num_columns)))]
+    else:
+        keys = cells(layout["key_at"])
+    return Rows(values, categories, labels, keys, list(range(first_row, first_row + table.num_rows)),
+                table.num_rows)
+
+
+def _number_text(text):
+    """Whether ``text`` (a ``data.na_values`` entry) is the text of a number or boolean cell of a
+    Parquet file (:func:`_arrow_texts`: ``true``, ``-12``, ``0.5``), which it would make missing."""
+    if text in ("true", "false") or text.lstrip("-").isdigit():
+        return True
+    try:
+        return text == repr(float(text))
+    except ValueError:
+        return False
 
 
 #: First characters of a line that may still be blank (empty cells only); any other first
