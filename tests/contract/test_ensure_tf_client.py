@@ -16,7 +16,8 @@ def _checkout(tmp_path: Path, lock: str) -> Path:
     """A copy of the script in a tree of its own, whose requirements/tf-client.lock is ``lock``."""
     (tmp_path / "scripts").mkdir()
     (tmp_path / "requirements").mkdir()
-    shutil.copy2(REPO / "scripts" / "ensure-tf-client.sh", tmp_path / "scripts")
+    for script in ("ensure-tf-client.sh", "ensure-locked-venv.sh"):
+        shutil.copy2(REPO / "scripts" / script, tmp_path / "scripts")
     (tmp_path / "requirements" / "tf-client.lock").write_text(lock)
     return tmp_path / "scripts" / "ensure-tf-client.sh"
 
