@@ -69,6 +69,32 @@ def tracking_uri(conn: Any) -> str:
     return f"{scheme}://{host}{port}{schema}"
 
 
+class TrackingServerDown(Exception):
+    """The tracking server does not answer: a plain failure, so Airflow retries the task."""
+
+
+def check_answers(uri: str, conn_id: str, timeout: float = 10.0) -> None:
+    """Raise :class:`TrackingServerDown` naming the server when an HTTP tracking server does not answer
+    at all. MLflow's own client would retry for minutes and then name an endpoint; this says which server,
+    that the exported files are untouched, and the fix. Any HTTP answer (even an error) counts: the
+    client's calls then say what is wrong."""
+    import urllib.error
+    import urllib.request
+
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        urllib.request.urlopen(f"{uri}/health", timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        raise TrackingServerDown(
+            f"the MLflow tracking server {uri} (Airflow connection {conn_id!r}) does not answer ({reason}); "
+            "nothing was logged and the exported model is untouched, and Airflow retries this task. Fix: start "
+            "the server, or point the connection's host at the one that runs") from None
+
+
 def run_url(tracking: str, experiment_id: str, run_id: str) -> str:
     """The MLflow UI page of a run."""
     return f"{tracking.rstrip('/')}/#/experiments/{quote(experiment_id)}/runs/{quote(run_id)}"
@@ -223,7 +249,9 @@ def log_run(mlflow: Any, *, experiment: str, dag_id: str, run_id: str, run_name:
 def register_version(mlflow: Any, *, model_name: str, source: str, mlflow_run_id: str, tags: Mapping[str, str],
                      alias: str | None, log: Any) -> Any:
     """Register ``source`` as a new version of ``model_name`` (created when missing) with ``tags``, then
-    point ``alias`` at it. The version an earlier try registered for the same MLflow run is reused."""
+    point ``alias`` at it unless the alias holds a newer export already (``tfpipe.export_version``: runs
+    registering at once, or a late retry, never move the champion back). The version an earlier try
+    registered for the same MLflow run is reused."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -240,6 +268,32 @@ def register_version(mlflow: Any, *, model_name: str, source: str, mlflow_run_id
         version = mlflow.create_model_version(model_name, source, run_id=mlflow_run_id, tags=dict(tags))
         log.info("registered %s version %s from %s", model_name, version.version, source)
     if alias:
-        mlflow.set_registered_model_alias(model_name, alias, version.version)
-        log.info("alias %r of %s -> version %s", alias, model_name, version.version)
+        current = _aliased(mlflow, model_name, alias)
+        if current is not None and _export_version(current) > _export_version(version):
+            # a newer export registered first (runs at once, or this is a late retry): the champion stays
+            log.info("alias %r of %s stays on version %s (export %s is newer than this one's %s)", alias,
+                     model_name, current.version, _export_version(current), _export_version(version))
+        else:
+            mlflow.set_registered_model_alias(model_name, alias, version.version)
+            log.info("alias %r of %s -> version %s", alias, model_name, version.version)
     return version
+
+
+def _aliased(mlflow: Any, model_name: str, alias: str) -> Any:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return mlflow.get_model_version_by_alias(model_name, alias)
+    except MlflowException as err:
+        if err.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            return None
+        raise
+
+
+def _export_version(model_version: Any) -> int:
+    """The models-volume version a registered version came from (its ``tfpipe.export_version`` tag; 0 when
+    it has none, as for a version registered by hand)."""
+    try:
+        return int((model_version.tags or {}).get("tfpipe.export_version", 0))
+    except ValueError:
+        return 0

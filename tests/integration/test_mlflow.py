@@ -1,8 +1,9 @@
 """MLflow tracking and registry through Airflow against a real MLflow tracking server (nothing mocked).
 
 The server is the one ``make up`` runs, from its own venv (scripts/ensure-mlflow-server.sh), here with a
-SQLite backend store and an artifact root in the test's temp dir, on a loopback port. Two DAG runs of one
-pipeline: a blessed one, then one whose threshold no candidate reaches.
+SQLite backend store and an artifact root in the test's temp dir, on a loopback port. Three DAG runs of one
+pipeline: a blessed one, one whose threshold no candidate reaches, and a blessed one whose connection
+names a server that does not answer.
 """
 
 from __future__ import annotations
@@ -62,7 +63,11 @@ def two_runs(mlflow_server: str, tmp_path_factory, trainer_image: str) -> dict:
         assert summary["state"] == "success", log[-8000:]
         assert summary["tasks"]["register"]["state"] == "success", log[-8000:]
         runs[name] = (summary, log)
-    return {"url": mlflow_server, "home": home, **runs}
+    # the server down: the connection names a loopback port where nothing listens
+    down = f"http://127.0.0.1:{free_port()}"
+    runs["server_down"] = run_dag(DAG_ID, {}, home=home, image=trainer_image, dags_folder=dags,
+                                  extra_env={"AIRFLOW_CONN_MLFLOW_DEFAULT": down})
+    return {"url": mlflow_server, "home": home, "down_url": down, **runs}
 
 
 def _client(url: str):
@@ -153,3 +158,39 @@ def test_train_links_to_the_mlflow_run(two_runs):
     assert url == f"{two_runs['url']}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}", json.dumps(
         {f"{k[0]}:{k[1]}": str(v) for k, v in rows.items()})
 
+
+
+def test_with_the_server_down_register_fails_after_its_retries_naming_it_and_the_export_is_intact(two_runs):
+    """The tracking server does not answer: ``register`` fails on each of its tries (it is retried), its
+    error names the server and says the export is untouched; the blessed export itself succeeded and its
+    version is complete on the models volume; nothing new reached the registry."""
+    summary, log = two_runs["server_down"]
+    assert summary["state"] == "failed", log[-6000:]
+    assert summary["tasks"]["export"]["state"] == "success"
+    assert summary["tasks"]["register"] == {"state": "failed", "try_number": 3}, summary["tasks"]
+    assert f"the MLflow tracking server {two_runs['down_url']}" in log and "does not answer" in log
+    assert "the exported model is untouched" in log
+    model_dir = two_runs["home"] / "models" / DAG_ID / "2"  # the first run exported 1, the second nothing
+    assert (model_dir / "saved_model.pb").is_file() and (model_dir / "metadata.json").is_file()
+    client = _client(two_runs["url"])
+    assert [v.version for v in client.search_model_versions(f"name = '{DAG_ID}'")] == ["1"]
+
+
+def test_the_champion_never_moves_back_to_an_older_export(mlflow_server):
+    """Two runs register at once, or a late retry registers after a newer run: the ``champion`` alias stays on
+    the version of the newest export (its ``tfpipe.export_version``), against the real server."""
+    import logging
+
+    from tfpipe.mlflow import register_version
+
+    client, name = _client(mlflow_server), "champion_order"
+    run_id = client.create_run(client.create_experiment("champion_order")).info.run_id
+
+    def register(export: int):
+        return register_version(client, model_name=name, source=f"file:///models/{name}/{export}",
+                                mlflow_run_id=run_id, tags={"tfpipe.export_version": str(export)},
+                                alias="champion", log=logging.getLogger("test"))
+
+    newer, older = register(5), register(4)
+    assert client.get_model_version_by_alias(name, "champion").version == newer.version != older.version
+    assert register(6).version == client.get_model_version_by_alias(name, "champion").version

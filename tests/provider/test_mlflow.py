@@ -163,3 +163,36 @@ def test_run_files_are_under_the_run_dir():
     assert files["metrics"] == "/work/runs/tracked/manual__1/metrics.json"
     assert files["config/train"] == "/work/runs/tracked/manual__1/config/train.json"
     assert files["report/report.html"] == "/work/runs/tracked/manual__1/report.html"
+
+
+def test_a_tracking_server_that_does_not_answer_is_named_and_an_http_error_is_left_to_the_client():
+    """No server on the port: :func:`check_answers` raises, naming the server, the connection, that the export
+    is untouched and the fix (a plain exception: Airflow retries the task). A server that answers, even with
+    an HTTP error, passes: MLflow's client then says what is wrong."""
+    import http.server
+    import threading
+
+    from tests.conftest import free_port
+    from tfpipe.mlflow import TrackingServerDown, check_answers
+
+    down = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(TrackingServerDown) as err:
+        check_answers(down, "mlflow_default", timeout=2)
+    assert str(err.value).startswith(f"the MLflow tracking server {down} (Airflow connection 'mlflow_default') "
+                                     "does not answer")
+    assert "the exported model is untouched" in str(err.value) and "Fix:" in str(err.value)
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        check_answers(f"http://127.0.0.1:{server.server_address[1]}", "mlflow_default", timeout=2)
+    finally:
+        server.shutdown()
+    check_answers("databricks", "mlflow_default")  # not an HTTP server URI: nothing to probe

@@ -136,6 +136,7 @@ class RegisterOperator(BaseOperator):
             mlflow = tracking.client(uri)
         except tracking.MlflowUnavailableError as err:
             raise AirflowFailException(str(err)) from None
+        tracking.check_answers(uri, self.conn_id)
         ti = context["ti"]
         evaluation = self._pull(ti, "evaluate")
         if evaluation is None:
