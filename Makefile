@@ -92,10 +92,12 @@ run: venv image airflow-db image-variable data
 	@$(PY) -m tfpipe.cli run $(DAG) --conf '$(CONF)' \
 	  || (echo "[run] $(DAG) did not succeed: its error is above; Airflow's log is in the file named there" >&2; exit 1)
 
+# The in-image trainer suite is CPU-bound; the oldest release's venv and the host suite's tools (Chromium,
+# the outside TensorFlow client, the MLflow server, the stack's tools) are mostly downloads: one phase.
 test:
 	@$(MAKE) --no-print-directory -j2 venv image
 	@$(MAKE) --no-print-directory airflow-db data lint docs
-	@$(MAKE) --no-print-directory -j2 test-trainer compat-prepare-oldest
+	@$(MAKE) --no-print-directory -j3 test-trainer compat-prepare-oldest host-tools
 	@$(MAKE) --no-print-directory test-host test-compat-oldest
 
 # The quick tier a developer runs after every change: it needs only the venv (no image, no Docker
@@ -134,11 +136,15 @@ test-trainer: image
 TEST_WORKERS ?= 2
 XDIST_ARGS = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
-test-host: venv image airflow-db image-variable data
+.PHONY: host-tools
+# What the host suite starts besides Airflow: each script says "ready" at once when it has nothing to do.
+host-tools: venv
 	@scripts/ensure-chromium.sh
 	@PYTHON=$(PYTHON) scripts/ensure-tf-client.sh
 	@PYTHON=$(PYTHON) scripts/ensure-mlflow-server.sh
 	@$(PY) deploy/stack.py tools
+
+test-host: venv image airflow-db image-variable data host-tools
 	@echo "[test] host tests: provider, DAGs, Airflow runs with real containers ($(TEST_WORKERS) workers)"
 	@TFPIPE_IMAGE=$(IMAGE_REF) $(PY) -m pytest -q --durations=25 $(XDIST_ARGS) $(PYTEST_ARGS)
 

@@ -504,7 +504,8 @@ def test_a_task_in_a_missing_pool_is_never_scheduled_and_the_scheduler_says_so(s
             assert seen == never_queued, f"{task_id} left 'scheduled': {seen}"
         assert rest.run(dag_id, run_id)["state"] == "running"
         states = {t["task_id"]: t["state"] for t in rest.task_instances(dag_id, run_id)}
-        assert states == {"prep": "success", "train": "scheduled", "evaluate": None, "export": None}, states
+        assert states == {"prep": "success", "validate": "success", "train": "scheduled", "evaluate": None,
+                          "export": None}, states
         assert task_id not in _engine_events(stack, run_id, since)
         with open(scheduler_log, "rb") as f:
             f.seek(log_offset)

@@ -187,7 +187,7 @@ def test_the_champion_never_moves_back_to_an_older_export(mlflow_server):
     run_id = client.create_run(client.create_experiment("champion_order")).info.run_id
 
     def register(export: int):
-        return register_version(client, model_name=name, source=f"file:///models/{name}/{export}",
+        return register_version(client, model_name=name, source=f"docker-host://127.0.0.1/models/{name}/{export}",
                                 mlflow_run_id=run_id, tags={"tfpipe.export_version": str(export)},
                                 alias="champion", log=logging.getLogger("test"))
 

@@ -112,10 +112,11 @@ def test_links_of_the_finished_run_point_at_the_plugin(finished_run):
 
     run_id, home = finished_run["summary"]["run_id"], finished_run["home"]
     links = _links(run_id)
-    assert set(links) == {"train", "evaluate", "export"}
-    for task_links in links.values():
+    assert set(links) == {"validate", "train", "evaluate", "export"}
+    for task, task_links in links.items():
         assert task_links["_link_RunReportLink"] == paths.report_url(DAG_ID, run_id)
-        assert task_links["_link_TensorBoardLink"] == paths.tensorboard_url(DAG_ID, run_id)
+        if task != "validate":  # the data gate's task has the report only: it trains nothing
+            assert task_links["_link_TensorBoardLink"] == paths.tensorboard_url(DAG_ID, run_id)
     run_dir = home / "work" / "runs" / DAG_ID / contract.safe_name(run_id, 120)
     exported = Path(finished_run["summary"]["model_dir"]) / "report" / "report.html"
     assert (run_dir / "report.html").is_file() and exported.is_file()
