@@ -11,7 +11,7 @@ import pytest
 from deploy.stack import _http_status
 from tests.deployment.conftest import stack_cli
 
-pytestmark = pytest.mark.deployment
+pytestmark = [pytest.mark.integration, pytest.mark.deployment]
 
 DAG_ID = "tfpipe_stack_parallel"  # schedule=None, threshold 0.0: one triggered run is blessed
 
