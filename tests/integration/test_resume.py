@@ -29,6 +29,31 @@ TRAINING = {"model": "mlp", "epochs": EPOCHS, "batch_size": 32, "learning_rate":
             "checkpoint_every_steps": CKPT_EVERY, "seed": 7}
 
 
+class _Run(subprocess.Popen):
+    """A ``tfpipe run`` whose output threads drain as it comes. Its ``--verbose`` log passes a pipe's 64 KiB
+    before training starts on Airflow 3.0 (debug-level task logs), and a full pipe would stall the run
+    there; :meth:`communicate` waits and returns what was drained."""
+
+    def __init__(self, cmd, **kwargs):
+        super().__init__(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+        self._drained: dict[str, list[str]] = {"out": [], "err": []}
+        self._drains = [threading.Thread(target=self._drain, args=(stream, self._drained[key]), daemon=True)
+                        for key, stream in (("out", self.stdout), ("err", self.stderr))]
+        for drain in self._drains:
+            drain.start()
+
+    @staticmethod
+    def _drain(stream, lines: list[str]) -> None:
+        for line in stream:
+            lines.append(line)
+
+    def communicate(self, input=None, timeout=None):  # noqa: A002 -- Popen's own signature
+        self.wait(timeout=timeout)
+        for drain in self._drains:
+            drain.join(timeout=30)
+        return "".join(self._drained["out"]), "".join(self._drained["err"])
+
+
 def _wait_for(predicate, timeout: float, what: str, poll: float = 0.1):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -154,7 +179,7 @@ def test_container_killed_mid_training_resumes_on_retry(tfpipe_home, trainer_ima
     write_dag(dags, "resume_reference", training=TRAINING, retries=0)
 
     cmd, env = dag_command("resume_kill", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _Run(cmd, env=env, cwd=REPO)
     try:
         container = _wait_for(lambda: _training_container(docker_client, "resume_kill"), 240, "the training container")
         _wait_for(lambda: _checkpointed_mid_training(tfpipe_home, "resume_kill"), 240, "a checkpoint mid-training")
@@ -207,7 +232,7 @@ def test_worker_killed_then_cleared_reattaches_to_the_running_container(
     dags = tmp_path / "dags"
     write_dag(dags, "reattach_worker", training=TRAINING, retries=2)
     cmd, env = dag_command("reattach_worker", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = _Run(cmd, env=env, cwd=REPO,
                             start_new_session=True)
     sampler = _TrainingContainerSampler(docker_client, "reattach_worker")
     sampler.start()
@@ -303,7 +328,7 @@ def test_task_killed_by_airflow_stops_its_container_which_checkpoints_then_is_re
     epochs = 8  # enough to be killed mid-training; the retry then has little left to do
     write_dag(dags, "resume_on_kill", training={**TRAINING, "epochs": epochs}, retries=1)
     cmd, env = dag_command("resume_on_kill", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _Run(cmd, env=env, cwd=REPO)
     try:
         container = _wait_for(lambda: _training_container(docker_client, "resume_on_kill"), 240,
                               "the training container")
@@ -336,7 +361,7 @@ def test_cleared_after_retries_ran_out_resumes_and_skips_corrupt_checkpoint(
     dags = tmp_path / "dags"
     write_dag(dags, "resume_clear", training=TRAINING, retries=0)
     cmd, env = dag_command("resume_clear", {}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _Run(cmd, env=env, cwd=REPO)
     try:
         container = _wait_for(lambda: _training_container(docker_client, "resume_clear"), 240, "the training container")
         _wait_for(lambda: _checkpointed_mid_training(tfpipe_home, "resume_clear", min_epochs=3), 240,
