@@ -130,7 +130,7 @@ def data_quality_facets(result: Mapping[str, Any] | None) -> dict[str, dict[str,
     metrics = {name: {"nullCount": col.get("missing"), "distinctCount": col.get("distinct"),
                       "min": col.get("min"), "max": col.get("max")}
                for name, col in (dataset.get("columns") or {}).items() if isinstance(col, Mapping)}
-    checks = result.get("checks") if isinstance(result.get("checks"), list) else result.get("anomalies") or []
+    checks = result.get("checks") or []
     assertions = [{"assertion": str(check.get("check")), "success": bool(check.get("ok")),
                    "column": check.get("column"), "severity": None if check.get("ok") else "error",
                    "expected": None if check.get("threshold") is None else f"<= {check['threshold']}",
