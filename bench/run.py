@@ -25,13 +25,14 @@ from figures import (  # noqa: E402
     provider_cost_ratio,
     resume_cost_ratio,
     rss_drift_ratio,
+    sweep_overhead_ratio,
     train_loop_ratio,
 )
 
 FIGURES = [module.FIGURE for module in (
     dag_parse_ratio, provider_cost_ratio, orchestration_overhead_ratio, gcs_stage_in_ratio, input_pipeline_ratio,
     checkpoint_overhead_ratio, train_loop_ratio, prep_rows_per_s, prep_mixed_rows_per_s, rss_drift_ratio,
-    resume_cost_ratio)]
+    resume_cost_ratio, sweep_overhead_ratio)]
 
 if __name__ == "__main__":
     sys.exit(harness.main(FIGURES))

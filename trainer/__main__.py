@@ -1,4 +1,7 @@
-"""Command line of the trainer image: ``python3 -m trainer {prep,validate,train,evaluate,export,prep_shard,prep_merge}``.
+"""Command line of the trainer image: ``python3 -m trainer {prep,validate,train,evaluate,export,prep_shard,prep_merge,select}``.
+
+``select`` runs after a sweep's trials (``train`` tasks whose config names a trial): it picks the
+best trial and makes its training output the run's (:mod:`trainer.select`).
 
 The stage config is read from ``--config FILE`` (``-`` for stdin) or, by default, from the
 environment variable ``TFPIPE_CONFIG``. On success the last stdout line is

@@ -93,20 +93,26 @@ def now_iso():
 
 
 def begin(config, stage):
-    """Resolve and validate ``config``, write it to ``<run_dir>/config/<stage>.json``.
+    """Resolve and validate ``config``, write it to ``<run_dir>/config/<stage>.json`` (a sweep
+    trial's to ``<run_dir>/trials/trial-<k>/config/``, so trials at once never overwrite each other's).
 
     Returns the resolved config. Every stage calls this before doing any work.
     """
     setup_logging()
     resolved = config_mod.resolve(config)
     resolved["stage"] = stage
-    run_dir = resolved["paths"]["run_dir"]
-    atomic.write_json(contract.stage_config_path(run_dir, stage), resolved)
+    record_dir = contract.training_dir(resolved["paths"]["run_dir"], config_mod.trial_index(resolved))
+    atomic.write_json(contract.stage_config_path(record_dir, stage), resolved)
     LOG.info("stage %s: dag %s run %s try %s", stage, resolved["run"]["dag_id"],
              resolved["run"]["run_id"], resolved["run"]["try_number"])
     LOG.info("process: malloc %s, time zone %s (%s), %s CPUs", allocator(),
              os.environ.get("TZ", "unset"), time.strftime("%Z %z"), cpu_limit() or "all")
     return resolved
+
+
+def describe_params(params):
+    """``learning_rate=0.01, model_kwargs.units=64``: a sweep trial's settings, sorted, for logs."""
+    return ", ".join("%s=%s" % (name, params[name]) for name in sorted(params)) or "no settings"
 
 
 def allocator():
@@ -242,6 +248,29 @@ def load_dataset(config):
     schema = atomic.read_json(os.path.join(dataset_dir, "schema.json"))
     stats = atomic.read_json(os.path.join(dataset_dir, "stats.json"))
     return dataset_dir, schema, stats
+
+
+def trained_settings(config):
+    """``config`` with the ``training`` section the run's final weights were trained with.
+
+    After a sweep's select stage (``selection.json`` in the run dir) the final weights are the chosen
+    trial's, trained with its settings (a layer's width, the batch size, ...), while a later stage's
+    config holds the DAG's; select promoted the trial's recorded train config to
+    ``config/train.json`` with its weights. Without a selection: ``config`` itself.
+    """
+    run_dir = config["paths"]["run_dir"]
+    selection = atomic.read_json(os.path.join(run_dir, contract.SELECTION_FILE))
+    if not selection:
+        return config
+    chosen = selection["chosen"]["index"]
+    recorded_path = contract.stage_config_path(run_dir, "train")
+    recorded = atomic.read_json(recorded_path) or {}
+    if (recorded.get(contract.TRIAL_KEY) or {}).get("index") != chosen:
+        raise BadInput("%s: is not the config of trial %d, which %s chose. Fix: clear the select task so "
+                       "that it promotes its choice again." % (recorded_path, chosen, contract.SELECTION_FILE))
+    LOG.info("sweep: the final weights are trial %d's (%s): its training settings apply", chosen,
+             describe_params(selection["chosen"]["params"]))
+    return dict(config, training=recorded["training"])
 
 
 def list_versions(root):

@@ -213,6 +213,50 @@ def _check_validation(validation):
                              fields[key])
 
 
+#: How a malformed sweep key is put right: the provider writes them, so a mismatch means two versions.
+_SWEEP_FIX = ("tfpipe's sweep writes it as {\"index\": k, \"params\": {setting: value}}; build the trainer "
+              "image from the same tfpipe version as the provider")
+
+
+def _check_trial(trial, field):
+    """One sweep trial, ``{"index": k, "params": {setting: value}}`` (``k`` a whole number >= 0)."""
+    def fail(where, problem):
+        raise BadInput("%s: %s. Fix: %s." % (where, problem, _SWEEP_FIX))
+    if not isinstance(trial, dict):
+        fail(field, "must be an object {index, params}, got %r" % (trial,))
+    unknown = sorted(set(trial) - {"index", "params"})
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], ["index", "params"], n=1)
+        fail("%s.%s" % (field, unknown[0]), "unknown key%s" % (" (did you mean %r?)" % close[0] if close else ""))
+    index = trial.get("index")
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        fail(field + ".index", "must be a whole number, at least 0, got %r" % (index,))
+    if not isinstance(trial.get("params"), dict):
+        fail(field + ".params", "must be an object of setting -> value, got %r" % (trial.get("params"),))
+
+
+def _check_trials(trials):
+    """The select stage's list of every trial: each as :func:`_check_trial`, indexes distinct."""
+    key = contract.TRIALS_KEY
+    if not isinstance(trials, list) or not trials:
+        raise BadInput("%s: must be a non-empty list of {index, params}, got %r. Fix: %s."
+                       % (key, trials, _SWEEP_FIX))
+    seen = set()
+    for i, trial in enumerate(trials):
+        _check_trial(trial, "%s[%d]" % (key, i))
+        if trial["index"] in seen:
+            raise BadInput("%s[%d].index: trial %d is listed twice. Fix: %s."
+                           % (key, i, trial["index"], _SWEEP_FIX))
+        seen.add(trial["index"])
+
+
+def trial_index(config):
+    """The sweep trial a train config runs (the index in its :data:`~trainer.contract.TRIAL_KEY`),
+    or None for a plain train."""
+    trial = config.get(contract.TRIAL_KEY)
+    return None if trial is None else trial["index"]
+
+
 def resolve(config):
     """Return a copy of ``config`` with every section filled with defaults and validated.
 
@@ -230,6 +274,10 @@ def resolve(config):
     _check_training(out["training"])
     _check_evaluation(out["evaluation"])
     _check_validation(out["validation"])
+    if contract.TRIAL_KEY in config:
+        _check_trial(config[contract.TRIAL_KEY], contract.TRIAL_KEY)
+    if contract.TRIALS_KEY in config:
+        _check_trials(config[contract.TRIALS_KEY])
     try:
         out["run"]["try_number"] = int(out["run"]["try_number"])
     except (TypeError, ValueError):

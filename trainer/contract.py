@@ -31,10 +31,19 @@ STAGES = ("prep", "validate", "train", "evaluate", "export")
 #: slice of the input files (its index in the config's :data:`SHARD_INDEX_KEY`), then
 #: ``prep_merge``, which makes the one data set the later stages read.
 SHARDED_PREP_STAGES = ("prep_shard", "prep_merge")
+#: With a search space in ``tuning.space``, ``train`` is one mapped task per trial (the trial in the
+#: config's :data:`TRIAL_KEY`), and ``select`` runs between train and evaluate: it picks the trial
+#: with the best ``tuning.metric`` and makes its training output the run's.
+SELECT_STAGE = "select"
 #: Every stage the trainer runs.
-RUNNABLE_STAGES = STAGES + SHARDED_PREP_STAGES
+RUNNABLE_STAGES = STAGES + SHARDED_PREP_STAGES + (SELECT_STAGE,)
 #: Top-level key of a ``prep_shard`` config: which slice of the input files (0 .. shards - 1).
 SHARD_INDEX_KEY = "shard_index"
+#: Top-level key of a sweep trial's ``train`` config: ``{"index": k, "params": {setting: value}}``.
+#: The config's ``training`` section already holds the trial's settings; ``params`` names them.
+TRIAL_KEY = "trial"
+#: Top-level key of the ``select`` config: every trial of the sweep, a list of ``{"index", "params"}``.
+TRIALS_KEY = "trials"
 
 #: Where the three volumes are mounted inside every stage container.
 CONTAINER_DATA = "/data"
@@ -97,6 +106,12 @@ ON_ANOMALY = ("fail", "warn")
 #: The per-column override keys of ``validation.columns`` (each a field of the validation section, or
 #: ``skip``: no drift or missing-rate check of that column).
 COLUMN_CHECKS = ("numeric_drift", "categorical_drift", "missing_increase", "skip")
+#: ``tuning.search``: ``grid`` runs every combination of the listed values; ``random`` draws
+#: ``tuning.trials`` settings from the space with ``tuning.seed``.
+SEARCHES = ("grid", "random")
+#: ``tuning.metric``: the validation figure at a trial's final weights that picks the best trial:
+#: ``val_accuracy`` is maximised, ``val_loss`` minimised.
+TUNING_METRICS = ("val_accuracy", "val_loss")
 #: Model names and other names that become directories and container names.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
@@ -255,6 +270,23 @@ SECTIONS = {
                     "doc": "per-column overrides, column name -> {numeric_drift, categorical_drift, "
                            "missing_increase, skip}"},
     },
+    "tuning": {
+        "space": {"kind": "dict", "default": {},
+                  "doc": "the search space: a training setting (or model_kwargs.<name>) -> a list of values, or "
+                         "{low, high} for a range (log: true for a log range; whole numbers for an integer "
+                         "setting); empty = no sweep, one train task"},
+        "search": {"kind": "str", "default": "random", "choices": SEARCHES,
+                   "doc": "grid: every combination of the listed values (lists only); random: tuning.trials "
+                          "draws from the space, seeded"},
+        "trials": {"kind": "int", "default": 4, "minimum": 1, "parse_maximum": 1000,
+                   "doc": "trials of a random search (a grid runs every combination)"},
+        "parallel": {"kind": "int", "default": 1, "minimum": 1,
+                     "doc": "trials that train at once (in the GPU pool, when one is named)"},
+        "seed": {"kind": "int", "default": 0, "minimum": 0, "doc": "seed of the random search"},
+        "metric": {"kind": "str", "default": "val_accuracy", "choices": TUNING_METRICS,
+                   "doc": "what picks the best trial, at its final weights on the eval split: val_accuracy "
+                          "(maximised) or val_loss (minimised)"},
+    },
     "export": {
         "model_name": {"kind": "str", "default": "model", "pattern": NAME_PATTERN,
                        "doc": "directory under the models volume (TF Serving's model name)"},
@@ -292,8 +324,26 @@ EVALUATION_FILE = "evaluation.json"
 BLESSING_FILE = "blessing.json"
 #: The data gate's findings (the validate stage): checks, anomalies, baseline, decision.
 VALIDATION_FILE = "validation.json"
+#: Under the run dir: one directory per sweep trial (:func:`training_dir`), laid out as a run dir's
+#: training state (``train/checkpoints``, ``train/final``, ``metrics.json``, ``attempts.json``).
+TRIALS_DIR = "trials"
+#: The select stage's choice: the metric, every trial's settings and result, and the chosen one.
+SELECTION_FILE = "selection.json"
 #: The run report, next to ``evaluation.json`` (and in ``<version>/report/`` of an export).
 REPORT_FILE = "report.html"
+
+
+def training_dir(run_directory, trial=None):
+    """Where training keeps its state: the run dir, or a sweep trial's own dir under it."""
+    if trial is None:
+        return run_directory
+    return "%s/%s/trial-%d" % (run_directory, TRIALS_DIR, trial)
+
+
+def tensorboard_dir(run_directory, trial=None):
+    """TensorBoard's event dir of a run; a trial's is a sub-dir of it, so one TensorBoard shows every trial."""
+    path = "%s/%s" % (run_directory, TENSORBOARD_SUBDIR)
+    return path if trial is None else "%s/trial-%d" % (path, trial)
 
 
 def stage_config_path(run_directory, stage):

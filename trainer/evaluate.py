@@ -29,6 +29,9 @@ Slices (``evaluation.slices``, :mod:`trainer.slices`): the metrics of both model
 named columns. With ``evaluation.slice_floor`` above 0, every slice value with at least
 ``evaluation.slice_min_rows`` eval rows must reach the floor on the gate's metric.
 
+After a sweep, the final weights are the chosen trial's, and the model is built with that trial's
+training settings (:func:`trainer.common.trained_settings`).
+
 Not blessed: :class:`~trainer.errors.NotBlessed` (exit 10).
 """
 
@@ -276,7 +279,7 @@ def write_report(config, evaluation, blessing, schema, stats):
 
 def run(config):
     """Run the evaluate stage; return the metrics and the blessing (raise NotBlessed if not)."""
-    config = common.begin(config, "evaluate")
+    config = common.trained_settings(common.begin(config, "evaluate"))
     run_dir = config["paths"]["run_dir"]
     evaluation_cfg = config["evaluation"]
     metric = evaluation_cfg["metric"]

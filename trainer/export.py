@@ -11,12 +11,16 @@ version it already exported.
 The run report of the evaluate stage (``report.html`` and its plots, see :mod:`trainer.report`)
 is copied into ``<version>/report/`` before the rename and listed in ``metadata.json``
 (``"report": null`` when the run has none: a missing report never fails an export).
+
+After a sweep, ``metadata.json`` also has ``"selection"``: the chosen trial, its settings, the metric
+and its value, and how many trials ran (:func:`trainer.select.summary`); ``hyperparameters`` are
+that trial's training settings.
 """
 
 import os
 import shutil
 
-from trainer import atomic, checkpoints, common, contract, data, report
+from trainer import atomic, checkpoints, common, contract, data, report, select
 from trainer.common import LOG
 from trainer.errors import BadInput
 from trainer.evaluate import load_final_model
@@ -161,7 +165,7 @@ def _result(root, version, model_name, metrics, report_entry, existing=False):
 
 def run(config):
     """Run the export stage; return ``{model_dir, version, model_name, metrics, report, ...}``."""
-    config = common.begin(config, "export")
+    config = common.trained_settings(common.begin(config, "export"))
     run_dir, run_info = config["paths"]["run_dir"], config["run"]
     model_name = config["export"]["model_name"]
     blessing_path = os.path.join(run_dir, contract.BLESSING_FILE)
@@ -216,6 +220,9 @@ def run(config):
             "attempts": atomic.read_json(os.path.join(run_dir, contract.ATTEMPTS_FILE), []),
             "signature": module.describe(), "verification": check, "report": report_entry,
         }
+        selection = select.read_selection(run_dir)
+        if selection:  # the sweep trial these weights are, and what chose it
+            metadata["selection"] = select.summary(selection)
         version = _publish(tmp, root, metadata)
     model_dir = os.path.join(root, str(version))
     LOG.info("exported %s version %d to %s", model_name, version, model_dir)

@@ -13,6 +13,11 @@ Written by the evaluate stage into the run directory, blessed or not:
   ``data:image/png;base64`` URIs: no external file, stylesheet or script. Every piece of text is
   escaped with :func:`html.escape`.
 
+When the run directory holds ``selection.json`` (a sweep's select stage), a "Trials" section lists
+every trial (its settings, the metric at its final weights, how it ended, epochs, time), the chosen
+one marked, and one small plot per tuned setting of the metric against that setting's values (a log
+axis where they span more than :data:`LOG_AXIS_SPAN`).
+
 When the run directory holds ``validation.json`` (the validate stage, the data gate), a "Data check"
 section shows its checks, flagged first, and one plot per flagged column: a numeric column's
 shares over the gate's groups, a text column's (or the classes') most frequent values, baseline and
@@ -42,6 +47,8 @@ PLOTS = ("loss", "accuracy", "confusion_matrix")
 PLOT_DPI = 100
 #: Above this many classes the confusion matrix cells are not annotated (unreadable anyway).
 ANNOTATE_MAX_CLASSES = 30
+#: A trials plot's setting axis is logarithmic when its positive values span more than this factor.
+LOG_AXIS_SPAN = 100.0
 
 
 def plot_name(plot):
@@ -244,6 +251,53 @@ def plot_distribution(column, distribution):
     axes.legend(fontsize=8, loc="best")
     figure.tight_layout()
     return _png(figure, Canvas)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def plot_trials(setting, trials, metric, chosen):
+    """PNG bytes: ``metric`` of each trial that has one against its value of ``setting`` (numbers on
+    their axis, logarithmic over more than :data:`LOG_AXIS_SPAN`; other values as categories),
+    trial ``chosen`` marked."""
+    Figure, Canvas, _ = _matplotlib()
+    figure = Figure(figsize=(4.2, 3.2), dpi=PLOT_DPI)
+    axes = figure.add_subplot(1, 1, 1)
+    axes.set_title(_mpl_text("%s by %s" % (metric, setting)), fontsize=10)
+    points = [(t["params"].get(setting), t["value"], t["index"]) for t in trials
+              if _is_number(t.get("value")) and setting in (t.get("params") or {})]
+    if not points:
+        _placeholder(axes, "no trial has a %s" % metric)
+        return _png(figure, Canvas)
+    if all(_is_number(x) for x, _, _ in points):
+        xs = [x for x, _, _ in points]
+        if min(xs) > 0 and max(xs) / min(xs) > LOG_AXIS_SPAN:
+            axes.set_xscale("log")
+    else:
+        categories = []
+        for x, _, _ in points:
+            if str(x) not in categories:
+                categories.append(str(x))
+        xs = [categories.index(str(x)) for x, _, _ in points]
+        axes.set_xticks(range(len(categories)))
+        axes.set_xlim(-0.5, len(categories) - 0.5)
+        axes.set_xticklabels([_mpl_text(c) for c in categories], fontsize=8)
+    ys = [y for _, y, _ in points]
+    axes.scatter(xs, ys, color="C0", label="trial")
+    for x, y, (_, _, index) in zip(xs, ys, points):
+        if index == chosen:
+            axes.scatter([x], [y], color="C3", marker="*", s=160, zorder=3, label="chosen (trial %d)" % index)
+    axes.set_xlabel(_mpl_text(setting))
+    axes.set_ylabel(_mpl_text(metric))
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=7, loc="best")
+    figure.tight_layout()
+    return _png(figure, Canvas)
+
+
+def _tuned_settings(selection):
+    return sorted({name for t in (selection or {}).get("trials") or [] for name in t.get("params") or {}})
 
 
 def render_plots(history, attempts, evaluation):
@@ -476,6 +530,41 @@ def _training_section(history, attempts, evaluation, pngs, training):
     return "\n".join(out)
 
 
+def _duration(seconds):
+    if not _is_number(seconds):
+        return "-"
+    minutes, rest = divmod(int(round(seconds)), 60)
+    return "%d min %02d s" % (minutes, rest) if minutes else "%d s" % rest
+
+
+def _setting(value):
+    """A tuned setting's value as set (``%g``: 0.0003 and 3e-05, not 0.0000)."""
+    return _e("%g" % value) if isinstance(value, float) else _e("-" if value is None else value)
+
+
+def _trials_section(selection):
+    """The sweep's trials (``selection.json``): a table with the chosen row marked, then the metric
+    against each tuned setting."""
+    metric, chosen = selection.get("metric"), (selection.get("chosen") or {}).get("index")
+    trials = [t for t in selection.get("trials") or [] if isinstance(t, dict)]
+    names = _tuned_settings(selection)
+    out = ["<p>%d trial(s), %s search; trial %s chosen by %s (%s): %s.</p>" % (
+        len(trials), _e(selection.get("search")), _e(chosen), _e(metric),
+        "higher is better" if selection.get("goal") == "max" else "lower is better",
+        _num((selection.get("chosen") or {}).get("value")))]
+    rows = []
+    for t in trials:
+        mark = '<span class="flag">chosen</span>' if t.get("index") == chosen else ""
+        rows.append([mark, _e(t.get("index"))] + [_setting((t.get("params") or {}).get(name)) for name in names]
+                    + [_num(t.get("value")), _e(t.get("status")), _num(t.get("epochs")),
+                       _e(_duration(t.get("seconds")))])
+    out.append(_table(["", "trial"] + names + [metric, "status", "epochs", "time"], rows,
+                      numeric=tuple(range(1, len(names) + 5))))
+    for name in names:
+        out.append(_img(plot_trials(name, trials, metric, chosen), "%s by %s" % (metric, name)))
+    return "\n".join(out)
+
+
 def _splits(by_split):
     return [s for s in ("train", "eval") if s in by_split] + sorted(
         s for s in by_split if s not in ("train", "eval"))
@@ -634,8 +723,9 @@ def data_check_plot_count(validation):
 
 def render_html(pngs, evaluation, blessing, history, attempts, run=None, schema=None,
                 stats=None, dataset=None, model_name=None, training=None, generated=None,
-                validation=None):
-    """The self-contained HTML report (a string); a "Data check" section when ``validation``."""
+                validation=None, selection=None):
+    """The self-contained HTML report (a string); a "Trials" section when ``selection``, a "Data
+    check" section when ``validation``."""
     run = run or {}
     generated = generated or datetime.datetime.now(datetime.timezone.utc).replace(
         microsecond=0).isoformat()
@@ -659,7 +749,8 @@ def render_html(pngs, evaluation, blessing, history, attempts, run=None, schema=
         "<h2>Confusion matrix</h2>",
         _img(pngs["confusion_matrix"], "confusion matrix of the eval split"),
         "<h2>Training</h2>", _training_section(history, attempts, evaluation, pngs, training),
-    ] + (["<h2>Data check</h2>", _data_check_section(validation)] if validation else []) + [
+    ] + (["<h2>Trials</h2>", _trials_section(selection)] if selection else []) + (
+        ["<h2>Data check</h2>", _data_check_section(validation)] if validation else []) + [
         "<h2>Data</h2>", _data_section(schema, stats, evaluation, dataset),
         "<h2>Lineage</h2>", _lineage_section(run, attempts, model_name),
         "</body>",
@@ -673,9 +764,9 @@ def write_report(run_dir, config=None, evaluation=None, blessing=None, schema=No
     """Write the plots and ``report.html`` into ``run_dir``; return ``{"report", "plots"}``.
 
     Whatever is not passed is read from the run directory: ``evaluation.json``,
-    ``blessing.json``, ``config/evaluate.json`` (run identity); ``metrics.json`` and
-    ``attempts.json`` always are. Raises on any failure (the caller decides that a report is
-    never a reason to fail a run).
+    ``blessing.json``, ``config/evaluate.json`` (run identity); ``metrics.json``,
+    ``attempts.json`` and, after a sweep, ``selection.json`` always are. Raises on any failure (the
+    caller decides that a report is never a reason to fail a run).
     """
     if evaluation is None:
         evaluation = _read(run_dir, contract.EVALUATION_FILE, default={})
@@ -692,7 +783,8 @@ def write_report(run_dir, config=None, evaluation=None, blessing=None, schema=No
                        schema=schema, stats=stats, dataset=_read(run_dir, "dataset.json"),
                        model_name=(config.get("export") or {}).get("model_name"),
                        training=config.get("training"),
-                       validation=_read(run_dir, contract.VALIDATION_FILE))
+                       validation=_read(run_dir, contract.VALIDATION_FILE),
+                       selection=_read(run_dir, contract.SELECTION_FILE))
     plots = []
     for plot in PLOTS:
         path = os.path.join(run_dir, plot_name(plot))

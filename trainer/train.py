@@ -27,6 +27,13 @@ for that many epochs, and the final weights are the best epoch's (:mod:`trainer.
 Outputs: ``train/tensorboard`` (scalars), ``metrics.json`` (per-epoch history of all attempts;
 the best epoch so far marked ``"best": true`` with early stopping), ``attempts.json`` (one entry
 per attempt) and, at the end, ``train/final/weights`` (model weights).
+
+A sweep trial (the config's :data:`~trainer.contract.TRIAL_KEY`, its settings already in the
+``training`` section) keeps all of that state in its own directory,
+:func:`trainer.contract.training_dir` (``<run_dir>/trials/trial-<k>``), and its TensorBoard events
+in ``train/tensorboard/trial-<k>``: trials training at once never touch each other's files, one
+TensorBoard over the run shows every trial, and a retried trial resumes from its own checkpoints
+by the same code as a plain train. The run's data set pointer stays the run's.
 """
 
 import math
@@ -36,7 +43,7 @@ import sys
 import threading
 import time
 
-from trainer import atomic, checkpoints, common, contract, data, early_stopping, models
+from trainer import atomic, checkpoints, common, config as config_mod, contract, data, early_stopping, models
 from trainer.common import LOG
 from trainer.errors import Diverged
 
@@ -64,8 +71,8 @@ class _Stop(object):
 class Attempts(object):
     """``attempts.json``: a list with one entry per training attempt, written atomically."""
 
-    def __init__(self, run_dir, entry, steps_per_epoch=None):
-        self.path = os.path.join(run_dir, contract.ATTEMPTS_FILE)
+    def __init__(self, directory, entry, steps_per_epoch=None):
+        self.path = os.path.join(directory, contract.ATTEMPTS_FILE)
         self.entries = atomic.read_json(self.path, [])
         for old in self.entries:
             if old.get("status") == "running":
@@ -102,9 +109,9 @@ class Attempts(object):
         self.save()
 
 
-def _append_history(run_dir, record):
-    """Add one epoch to ``metrics.json``, replacing an older record of the same epoch."""
-    path = os.path.join(run_dir, contract.METRICS_FILE)
+def _append_history(directory, record):
+    """Add one epoch to ``metrics.json`` in ``directory``, replacing an older record of the same epoch."""
+    path = os.path.join(directory, contract.METRICS_FILE)
     history = [h for h in atomic.read_json(path, []) if h.get("epoch") != record["epoch"]]
     history.append(record)
     history.sort(key=lambda h: h["epoch"])
@@ -190,7 +197,10 @@ class Loop(object):
         self.strategy = strategy
         self.schema = schema
         self.run_dir = config["paths"]["run_dir"]
-        self.train_dir = os.path.join(self.run_dir, "train")
+        self.trial = config_mod.trial_index(config)
+        #: where this training keeps its state: the run dir, or the sweep trial's own dir
+        self.state_dir = contract.training_dir(self.run_dir, self.trial)
+        self.train_dir = os.path.join(self.state_dir, "train")
         self.spe = data.steps_per_epoch(schema, training["batch_size"])
         self.total_steps = training["epochs"] * self.spe
         with strategy.scope():
@@ -199,7 +209,7 @@ class Loop(object):
             checkpoints.create_slots(self.optimizer, self.model)
             self.early = early_stopping.EarlyStopping(training, self.model)
             self.state = checkpoints.TrainState(self.model, self.optimizer,
-                                                os.path.join(self.run_dir, contract.CHECKPOINTS_SUBDIR),
+                                                os.path.join(self.state_dir, contract.CHECKPOINTS_SUBDIR),
                                                 training["keep_checkpoints"], best=self.early.best)
             self.train_loss = tf.keras.metrics.Mean("loss")
             self.train_acc = tf.keras.metrics.SparseCategoricalAccuracy("accuracy")
@@ -373,7 +383,7 @@ class Loop(object):
         n_train = self.schema["counts"]["train"]
         step = int(self.state.step.numpy())
         first_step, started = step, time.time()
-        history = atomic.read_json(os.path.join(self.run_dir, contract.METRICS_FILE), [])
+        history = atomic.read_json(os.path.join(self.state_dir, contract.METRICS_FILE), [])
         attempts.entry.update(startup_s=self.startup.phases,
                               process_started_at=self.startup.started_at)
         iterator, iterator_end = None, 0
@@ -414,7 +424,7 @@ class Loop(object):
                       "rss_peak_mb": common.peak_rss_mb(), "time": common.now_iso()}
             if self.early.update(epoch + 1, record):  # before the save below, which keeps it
                 record["best"] = True
-            history = _append_history(self.run_dir, record)
+            history = _append_history(self.state_dir, record)
             attempts.entry["epochs_run"] += 1
             self._checkpoint(attempts, epoch, step, first_step, stop=False, checked=True)
             with writer.as_default(step=step):
@@ -438,7 +448,7 @@ def _write_final(loop, summary):
     tmp = atomic.make_temp_dir(loop.train_dir)
     checkpoints.write_weights(loop.model, os.path.join(tmp, "weights"))
     atomic.write_json(os.path.join(tmp, "final.json"), summary)
-    final = os.path.join(loop.run_dir, contract.FINAL_SUBDIR)
+    final = os.path.join(loop.state_dir, contract.FINAL_SUBDIR)
     atomic.replace_dir(tmp, final)
     return final
 
@@ -453,10 +463,13 @@ def run(config):
     clock.mark("dataset")
     loop = Loop(config, strategy, schema, stats, dataset_dir, startup=clock)
     clock.mark("model")
-    final = os.path.join(loop.run_dir, contract.FINAL_SUBDIR)
+    final = os.path.join(loop.state_dir, contract.FINAL_SUBDIR)
     if os.path.exists(final):
         atomic.remove_dir(final)  # stale until this attempt reaches the target
-    atomic.clean_stale_temps(loop.train_dir, max_age_s=0)  # one attempt at a time per run
+    atomic.clean_stale_temps(loop.train_dir, max_age_s=0)  # one attempt at a time per run (or trial)
+    if loop.trial is not None:
+        LOG.info("sweep trial %d: %s; its state in %s", loop.trial,
+                 common.describe_params(config[contract.TRIAL_KEY]["params"]), loop.state_dir)
 
     restored = loop.state.restore_newest()
     clock.mark("restore")
@@ -479,12 +492,12 @@ def run(config):
              training["epochs"], loop.spe, training["batch_size"], schema["counts"]["train"],
              schema["counts"]["eval"])
 
-    attempts = Attempts(loop.run_dir, {
+    attempts = Attempts(loop.state_dir, {
         "try_number": run_info["try_number"], "resumed_from": resumed_from, "warm_start": warm,
         "start_time": common.now_iso(), "end_time": None, "status": "running",
         "start_step": int(loop.state.step.numpy()), "epochs_run": 0, "steps_run": 0,
         "target_steps": loop.total_steps}, steps_per_epoch=loop.spe)
-    writer = tf.summary.create_file_writer(os.path.join(loop.run_dir, contract.TENSORBOARD_SUBDIR))
+    writer = tf.summary.create_file_writer(contract.tensorboard_dir(loop.run_dir, loop.trial))
     previous = _Stop.install()
     try:
         history = loop.fit(attempts, writer)
@@ -521,4 +534,6 @@ def run(config):
     LOG.info("training done: %d epochs, %d steps, final weights in %s", epoch, step, final)
     result = dict(summary, resumed_from=resumed_from, warm_start=warm,
                   checkpoint_dir=loop.state.directory, final_dir=final)
+    if loop.trial is not None:
+        result["trial"] = config[contract.TRIAL_KEY]
     return result

@@ -68,6 +68,14 @@ def config_error(field_name: str, problem: str, fix: str) -> TfpipeConfigError:
     return TfpipeConfigError(f"{field_name}: {problem}. Fix: {fix}.")
 
 
+def did_you_mean(value: Any, names: Any) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``names``, or ``""``."""
+    import difflib  # only for a value that is wrong
+
+    close = difflib.get_close_matches(str(value), list(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 # --- Checks other modules use too -------------------------------------------------------------------
 
 
@@ -487,11 +495,8 @@ def _checked_columns(columns: Mapping[Any, Any]) -> dict[str, str]:
             raise config_error("data.columns", f"keys must be column names as the CSV header writes them, got {name!r}",
                                "e.g. {'zip': 'categorical'}")
         if kind not in contract.COLUMN_TYPES:
-            import difflib  # only for a type that is wrong
-
-            close = difflib.get_close_matches(str(kind).lower(), contract.COLUMN_TYPES, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise config_error(f"data.columns.{name}", f"unknown type {kind!r}", f"use one of {choices}{hint}")
+            raise config_error(f"data.columns.{name}", f"unknown type {kind!r}",
+                               f"use one of {choices}{did_you_mean(str(kind).lower(), contract.COLUMN_TYPES)}")
     return dict(columns)
 
 
@@ -664,11 +669,7 @@ def _checked_column_checks(columns: Mapping[Any, Any]) -> dict[str, dict[str, An
                                "e.g. {'numeric_drift': 0.3} or {'skip': true}")
         for check, value in checks.items():
             if check not in contract.COLUMN_CHECKS:
-                import difflib  # only for a check that is wrong
-
-                close = difflib.get_close_matches(str(check), contract.COLUMN_CHECKS, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise config_error(f"{field_name}.{check}", f"unknown check{hint}",
+                raise config_error(f"{field_name}.{check}", f"unknown check{did_you_mean(check, contract.COLUMN_CHECKS)}",
                                    f"use one of {', '.join(contract.COLUMN_CHECKS)}")
             if check == "skip":
                 if not isinstance(value, bool):
@@ -697,10 +698,132 @@ class ExportConfig(contract_fields("export")):
     section: ClassVar[str] = "export"
 
 
+# --- Sweeps -----------------------------------------------------------------------------------------
+
+#: Training settings a search space may name (besides ``model_kwargs.<name>``): every setting of one
+#: training run; ``model_kwargs`` is tuned key by key, and the code's location is not a setting.
+SWEEPABLE = tuple(name for name in contract.SECTIONS["training"] if name not in ("model_kwargs", "code_path"))
+_KWARG = "model_kwargs."
+
+
+def _checked_dimension(key: Any, values: Any) -> Any:
+    """One entry of ``tuning.space``: a setting, and a list of values or a ``{low, high[, log]}`` range."""
+    field_name = f"tuning.space.{key}"
+    if not isinstance(key, str) or not (key in SWEEPABLE or (key.startswith(_KWARG) and key != _KWARG)):
+        raise config_error(field_name, f"unknown training setting{did_you_mean(key, SWEEPABLE)}",
+                           "name a training setting such as learning_rate, or model_kwargs.<name> for an argument "
+                           "of the model builder")
+    kind = contract.SECTIONS["training"].get(key, {}).get("kind")
+    if isinstance(values, (list, tuple)):
+        if not values:
+            raise config_error(field_name, "is an empty list", "list the values to try, e.g. [0.001, 0.01]")
+        return list(values)
+    if not isinstance(values, Mapping):
+        raise config_error(field_name, f"must be a list of values or a range, got {values!r}",
+                           "e.g. [32, 64] or {low: 0.0001, high: 0.1, log: true}")
+    unknown = sorted(set(values) - {"low", "high", "log"})
+    if unknown:
+        raise config_error(f"{field_name}.{unknown[0]}", "unknown key", "a range has low, high and log")
+    low, high, log = values.get("low"), values.get("high"), values.get("log", False)
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in (low, high)) or not low < high:
+        raise config_error(field_name, f"a range needs numbers low < high, got low={low!r} high={high!r}",
+                           "e.g. {low: 0.0001, high: 0.1}")
+    if kind not in (None, "int", "number"):
+        raise config_error(field_name, f"{key} is not a number, so it has no range", "list its values instead")
+    if kind == "int" and not (isinstance(low, int) and isinstance(high, int)):
+        raise config_error(field_name, f"{key} is a whole number, so low and high must be whole numbers",
+                           f"e.g. {{low: {int(low)}, high: {int(high) + 1}}}")
+    if not isinstance(log, bool) or (log and low <= 0):
+        raise config_error(f"{field_name}.log", "a log range needs log: true or false and low above 0",
+                           "set low above 0, or log: false")
+    return {"low": low, "high": high, "log": log}
+
+
+def _draw(rng: Any, values: Any) -> Any:
+    """One value of a space entry: a listed value, or a number of the range (4 significant digits)."""
+    import math
+
+    if isinstance(values, list):
+        return rng.choice(values)
+    low, high = values["low"], values["high"]
+    if values["log"]:
+        value = math.exp(rng.uniform(math.log(low), math.log(high)))
+    else:
+        value = rng.uniform(low, high)
+    if isinstance(low, int) and isinstance(high, int):
+        return min(high, max(low, int(round(value))))
+    return float(f"{value:.4g}")
+
+
+def trial_training(training: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """The training section of one trial: ``training`` with the trial's settings (``model_kwargs.<name>``
+    into ``model_kwargs``), checked as a training section is."""
+    merged = dict(training)
+    merged["model_kwargs"] = dict(merged.get("model_kwargs") or {})
+    for key, value in params.items():
+        if key.startswith(_KWARG):
+            merged["model_kwargs"][key[len(_KWARG):]] = value
+        else:
+            merged[key] = value
+    return TrainingConfig.from_dict(merged).to_dict()
+
+
+class TuningConfig(contract_fields("tuning")):
+    """A sweep: the settings to try, how they are searched, and what picks the best trial."""
+
+    section: ClassVar[str] = "tuning"
+
+    @field_validator("space", mode="before")
+    @classmethod
+    def _space(cls, space: Any) -> Any:
+        if not isinstance(space, Mapping):
+            return space  # the field's type check names it
+        return {key: _checked_dimension(key, values) for key, values in space.items()}
+
+    @model_validator(mode="after")
+    def _grid(self) -> TuningConfig:
+        if self.search != "grid":
+            return self
+        ranges = [key for key, values in self.space.items() if not isinstance(values, list)]
+        if ranges:
+            raise config_error(f"tuning.space.{ranges[0]}", "a grid search takes lists of values, not ranges",
+                               "list the values, or use search: random")
+        import math
+
+        combinations = math.prod(len(values) for values in self.space.values())
+        limit = contract.SECTIONS["tuning"]["trials"]["parse_maximum"]
+        if combinations > limit:
+            raise config_error("tuning.space", f"the grid has {combinations} combinations, above {limit}",
+                               "list fewer values, or use search: random with tuning.trials")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the pipeline sweeps (a search space is set)."""
+        return bool(self.space)
+
+    def trial_plan(self) -> list[dict[str, Any]]:
+        """Every trial, ``{"index": k, "params": {setting: value}}``: the grid's combinations in the order the
+        space lists them, or ``trials`` seeded random draws; ``[]`` without a space."""
+        if not self.space:
+            return []
+        keys = list(self.space)
+        if self.search == "grid":
+            import itertools
+
+            combos = itertools.product(*(self.space[key] for key in keys))
+        else:
+            import random
+
+            rng = random.Random(self.seed)
+            combos = ([_draw(rng, self.space[key]) for key in keys] for _ in range(self.trials))
+        return [{"index": k, "params": dict(zip(keys, values))} for k, values in enumerate(combos)]
+
+
 #: The stage-config sections, by name (the contract's sections, as models).
 STAGE_SECTIONS: dict[str, type[_Section]] = {
     "data": DataConfig, "training": TrainingConfig, "validation": ValidationConfig, "evaluation": EvaluationConfig,
-    "export": ExportConfig,
+    "tuning": TuningConfig, "export": ExportConfig,
 }
 
 
@@ -991,6 +1114,8 @@ class PipelineConfig(_Section):
         "the data gate: tonight's data against the production model's, before training"))
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig, description="the blessing gate")
     export: ExportConfig = Field(default_factory=ExportConfig, description="model name and versions kept")
+    tuning: TuningConfig = Field(default_factory=TuningConfig, description=(
+        "a sweep: train as one mapped task per trial, then `select` the best trial for the blessing gate"))
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="GPUs, memory, user, network")
     retention: RetentionConfig = Field(default_factory=RetentionConfig,
                                        description="what the cleanup task keeps on the work volume")
@@ -1037,7 +1162,7 @@ class PipelineConfig(_Section):
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig,
                                  description="MLflow tracking and model registry (the `register` task)")
 
-    @field_validator("image", "volumes", "data", "training", "validation", "evaluation", "export", "resources",
+    @field_validator("image", "volumes", "data", "training", "validation", "evaluation", "export", "tuning", "resources",
                      "retention", "kubernetes", "mlflow", mode="before")
     @classmethod
     def _empty_section(cls, value: Any) -> Any:
@@ -1117,7 +1242,25 @@ class PipelineConfig(_Section):
             raise config_error("shard_docker_urls", f"lists {len(urls)} engines but data.shards is {self.data.shards}, "
                                "so some engines would get no shard",
                                f"set data.shards to {len(urls)} or more, or list fewer engines")
+        self._check_trials()
         return self
+
+    def _check_trials(self) -> None:
+        """A sweep value, or a trial, that cannot train fails the parse rather than the run: each listed value
+        and range end on its own, then each trial's combination (a warm-up as long as its epochs)."""
+        training = self.training.to_dict()
+        for key, values in self.tuning.space.items():
+            for value in values if isinstance(values, list) else (values["low"], values["high"]):
+                try:
+                    trial_training(training, {key: value})
+                except TfpipeConfigError as err:
+                    raise TfpipeConfigError(f"tuning.space.{key}: the value {value!r} cannot train: {err}") from None
+        for trial in self.tuning.trial_plan():
+            try:
+                trial_training(training, trial["params"])
+            except TfpipeConfigError as err:
+                settings = ", ".join(f"{key}={value!r}" for key, value in trial["params"].items())
+                raise TfpipeConfigError(f"tuning.space: trial {trial['index']} ({settings}) cannot train: {err}") from None
 
     def _check_kubernetes(self) -> None:
         """What the Kubernetes backend cannot do, said at parse time."""
@@ -1128,6 +1271,9 @@ class PipelineConfig(_Section):
         if self.shard_docker_urls:
             raise config_error("shard_docker_urls", "Docker engines cannot be chosen with the Kubernetes backend",
                                "leave shard_docker_urls empty with backend='kubernetes'")
+        if self.tuning.enabled:
+            raise config_error("tuning.space", "sweeps need the Docker backend: the Kubernetes backend has no "
+                               "mapped trial pods or select pod", "leave tuning.space empty with backend='kubernetes'")
         if self.data.shards > 1:
             raise config_error("data.shards", f"{self.data.shards} needs the Docker backend: the Kubernetes backend "
                                "has no prep_shard and prep_merge pods", "set data.shards to 1 with backend='kubernetes'")

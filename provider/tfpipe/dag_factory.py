@@ -12,7 +12,7 @@ from airflow.providers.common.compat.sdk import DAG, Asset, BaseOperator, Param,
 
 from tfpipe import compat, contract
 from tfpipe.config import IMAGE_VARIABLE, PipelineConfig
-from tfpipe.operators.docker import stage_operator
+from tfpipe.operators.docker import TRIAL_LABEL_KEY, stage_operator
 from tfpipe.specs import StageSpec, plan_pipeline
 
 GPU_PARAM_PATTERN = r"^(all|none|[0-9]+|[0-9]+(,[0-9]+)+)$"
@@ -107,7 +107,7 @@ Training checkpoints live under the run (never the try): a retried or cleared `t
 from its newest checkpoint; a new run starts fresh unless `warm_start` is set. Evaluation
 blesses a candidate with {cfg.evaluation.metric} >= {cfg.evaluation.threshold} and no worse than the
 current model by more than {cfg.evaluation.tolerance}; otherwise export is skipped.
-{_pool_doc(cfg)}
+{_pool_doc(cfg)}{_sweep_doc(cfg)}
 
 Trigger parameters (the run's `conf` overrides them; empty keeps the configured value):
 
@@ -151,6 +151,15 @@ def _pool_doc(cfg: PipelineConfig) -> str:
         return "`train` runs in Airflow's default pool."
     return (f"`train` runs in the pool `{cfg.gpu_pool}`, which must exist or it is never scheduled: "
             f"`airflow pools set {cfg.gpu_pool} 1 \"GPU training slots\"`.")
+
+
+def _sweep_doc(cfg: PipelineConfig) -> str:
+    if not cfg.tuning.enabled:
+        return ""
+    tuned = ", ".join(f"`{key}`" for key in cfg.tuning.space)
+    return (f"\n\nA sweep: `train` is {len(cfg.tuning.trial_plan())} mapped trials ({cfg.tuning.search} search over "
+            f"{tuned}), {cfg.tuning.parallel} at a time; `select` picks the best by `{cfg.tuning.metric}`, and the "
+            "gate and export take that trial's model. A tuned setting's run parameter is ignored: the trial's value wins.")
 
 
 def _params_table(params: dict[str, Param]) -> str:
@@ -198,6 +207,15 @@ def operator_from_spec(spec: StageSpec, cfg: PipelineConfig) -> Any:
         del docker["docker_url"]  # each instance gets its own engine
         return stage_operator(spec.stage).partial(engine_from_shard_list=True, **docker).expand_kwargs(
             [{"shard_index": k, "docker_url": cfg.shard_engine(k)} for k in shards])
+    if spec.stage == "train" and cfg.tuning.enabled:  # one mapped task instance per trial
+        return stage_operator(spec.stage).partial(
+            max_active_tis_per_dagrun=cfg.tuning.parallel, map_index_template="{{ %s }}" % TRIAL_LABEL_KEY,
+            **docker).expand(trial=cfg.tuning.trial_plan())
+    if spec.stage == contract.SELECT_STAGE:
+        # A trial that fails for good (a learning rate that diverges) is a finding of the sweep, not a reason
+        # to stop it: select chooses among the trials that finished. Airflow 3.0 lacks that trigger rule;
+        # there select also runs when no trial trained, and fails saying so.
+        docker["trigger_rule"] = getattr(TriggerRule, "ALL_DONE_MIN_ONE_SUCCESS", TriggerRule.ALL_DONE)
     return stage_operator(spec.stage)(**docker)
 
 

@@ -120,6 +120,14 @@ def image_facet(image: str | None) -> dict[str, Any] | None:
     return {"image": image} if image else None
 
 
+def trial_facet(select: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The chosen trial of a sweep, from select's result (None without one)."""
+    if not select or select.get("chosen") is None:
+        return None
+    return {"trial": select["chosen"], "params": dict(select.get("params") or {}), "metric": select.get("metric"),
+            "value": select.get("value"), "trials": select.get("trials")}
+
+
 def data_quality_facets(result: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
     """OpenLineage's data-quality input facets of the data set the gate checked: its row count and
     column metrics (``dataQualityMetrics``) and one assertion per check it ran (``dataQualityAssertions``,
@@ -162,7 +170,9 @@ def stage_lineage(stage: str, *, volumes: Any, docker_url: str | None, image: st
         return LineageDataset(dataset.namespace, dataset.name, dataset.facets, quality) if dataset else None
 
     prep = upstream.get("prep") or upstream.get("prep_merge") or {}  # sharded prep: the merge made the data set
-    train = upstream.get("train") or {}
+    select = upstream.get("select") or {}
+    train = select or upstream.get("train") or {}  # a sweep: the chosen trial's weights, where select put them
+    trial = trial_facet(select)
     evaluation = upstream.get("evaluate") or {}
     inputs: list[LineageDataset | None] = []
     outputs: list[LineageDataset | None] = []
@@ -179,6 +189,8 @@ def stage_lineage(stage: str, *, volumes: Any, docker_url: str | None, image: st
         final = {k[len("final_"):]: v for k, v in result.items() if k.startswith("final_") and k != "final_dir"}
         outputs.append(at(result.get("final_dir"), tfpipe_metrics=metrics_facet(final),
                           tfpipe_image=image_facet(image)))
+    elif stage == "select":
+        outputs.append(at(result.get("final_dir"), tfpipe_trial=trial_facet(result)))
     elif stage == "evaluate":
         inputs += [at(train.get("final_dir")), at(prep.get("dataset_dir"))]
         outputs.append(at(result.get("evaluation_path"), tfpipe_metrics=metrics_facet(result.get("metrics")),
@@ -186,7 +198,8 @@ def stage_lineage(stage: str, *, volumes: Any, docker_url: str | None, image: st
     elif stage == "export":
         inputs.append(at(train.get("final_dir")))
         outputs.append(at(result.get("model_dir"), tfpipe_metrics=metrics_facet(result.get("metrics")),
-                          tfpipe_blessing=blessing_facet(evaluation), tfpipe_image=image_facet(image)))
+                          tfpipe_blessing=blessing_facet(evaluation), tfpipe_image=image_facet(image),
+                          tfpipe_trial=trial))
     return StageLineage(tuple(d for d in inputs if d), tuple(d for d in outputs if d))
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import attr
 from openlineage.client.facet_v2 import DatasetFacet
@@ -11,21 +11,29 @@ _SCHEMA = "https://github.com/tfpipe/airflow-provider-tfpipe/blob/main/docs/open
 
 
 @attr.define
-class TfpipeFingerprintDatasetFacet(DatasetFacet):
-    """The content fingerprint prep computed over the raw data (and keys its dataset dir by)."""
+class _TfpipeFacet(DatasetFacet):
+    #: the facet's key in a dataset's facets, and its anchor in the schema page
+    name: ClassVar[str] = ""
 
-    fingerprint: str
-
-    @staticmethod
-    def _get_schema() -> str:
-        return _SCHEMA + "tfpipe_fingerprint"
+    @classmethod
+    def _get_schema(cls) -> str:
+        return _SCHEMA + cls.name
 
 
 @attr.define
-class TfpipeWindowDatasetFacet(DatasetFacet):
+class TfpipeFingerprintDatasetFacet(_TfpipeFacet):
+    """The content fingerprint prep computed over the raw data (and keys its dataset dir by)."""
+
+    name: ClassVar[str] = "tfpipe_fingerprint"
+    fingerprint: str
+
+
+@attr.define
+class TfpipeWindowDatasetFacet(_TfpipeFacet):
     """The date window prep read (``data.window_days``): its first and last day, its end, and the
     partitions read and missing (``<partition_key>=YYYY-MM-DD``)."""
 
+    name: ClassVar[str] = "tfpipe_window"
     partition_key: str
     days: int
     end: str
@@ -34,26 +42,20 @@ class TfpipeWindowDatasetFacet(DatasetFacet):
     partitions: list[str]
     missing: list[str]
 
-    @staticmethod
-    def _get_schema() -> str:
-        return _SCHEMA + "tfpipe_window"
-
 
 @attr.define
-class TfpipeMetricsDatasetFacet(DatasetFacet):
+class TfpipeMetricsDatasetFacet(_TfpipeFacet):
     """Training or evaluation metrics of a model (name -> value)."""
 
+    name: ClassVar[str] = "tfpipe_metrics"
     metrics: dict[str, float]
-
-    @staticmethod
-    def _get_schema() -> str:
-        return _SCHEMA + "tfpipe_metrics"
 
 
 @attr.define
-class TfpipeBlessingDatasetFacet(DatasetFacet):
+class TfpipeBlessingDatasetFacet(_TfpipeFacet):
     """The evaluation gate's decision: the metric against the threshold and the baseline version."""
 
+    name: ClassVar[str] = "tfpipe_blessing"
     blessed: bool
     metric: str | None = None
     value: float | None = None
@@ -63,26 +65,28 @@ class TfpipeBlessingDatasetFacet(DatasetFacet):
     baseline_version: int | None = None
     baseline_value: float | None = None
 
-    @staticmethod
-    def _get_schema() -> str:
-        return _SCHEMA + "tfpipe_blessing"
+
+@attr.define
+class TfpipeImageDatasetFacet(_TfpipeFacet):
+    """The trainer image (pinned tag or digest) that made the model."""
+
+    name: ClassVar[str] = "tfpipe_image"
+    image: str
 
 
 @attr.define
-class TfpipeImageDatasetFacet(DatasetFacet):
-    """The trainer image (pinned tag or digest) that made the model."""
+class TfpipeTrialDatasetFacet(_TfpipeFacet):
+    """The sweep trial a model comes from: its index, its settings, the metric that chose it and its value,
+    and how many trials the sweep ran."""
 
-    image: str
+    name: ClassVar[str] = "tfpipe_trial"
+    trial: int
+    params: dict[str, Any]
+    metric: str
+    value: float | None = None
+    trials: int | None = None
 
-    @staticmethod
-    def _get_schema() -> str:
-        return _SCHEMA + "tfpipe_image"
 
-
-FACETS: dict[str, Any] = {
-    "tfpipe_fingerprint": TfpipeFingerprintDatasetFacet,
-    "tfpipe_window": TfpipeWindowDatasetFacet,
-    "tfpipe_metrics": TfpipeMetricsDatasetFacet,
-    "tfpipe_blessing": TfpipeBlessingDatasetFacet,
-    "tfpipe_image": TfpipeImageDatasetFacet,
-}
+FACETS: dict[str, Any] = {facet.name: facet for facet in (
+    TfpipeFingerprintDatasetFacet, TfpipeWindowDatasetFacet, TfpipeMetricsDatasetFacet, TfpipeBlessingDatasetFacet,
+    TfpipeImageDatasetFacet, TfpipeTrialDatasetFacet)}

@@ -168,6 +168,11 @@ STAGE_DOCS = {
         "epoch and every N steps under `work/runs/<dag>/<run>/train/checkpoints`. A retried or cleared "
         "task resumes from the newest readable checkpoint; it never starts over."
     ),
+    "select": (
+        "**select** picks the sweep's best trial by `tuning.metric` at its final weights, among the trials that "
+        "finished, and makes its training output the run's: evaluate, export and the report then read that "
+        "trial. `selection.json` and the run report list every trial's settings, metric, epochs and time."
+    ),
     "evaluate": (
         "**evaluate** computes loss, accuracy, per-class precision/recall and the confusion matrix on "
         "the held-out split, then applies the blessing gate (threshold, and no worse than the current "
@@ -181,6 +186,13 @@ STAGE_DOCS = {
 }
 
 
+SWEEP_TRAIN_DOC = (
+    " In a sweep, train is one mapped task per trial (`tuning.parallel` at once), each with the trial's settings "
+    "and its own checkpoints under `work/runs/<dag>/<run>/trials/trial-<k>/`: a killed trial is retried and "
+    "resumes alone."
+)
+
+
 def stage_command(stage: str) -> tuple[str, ...]:
     """The container command of a stage; the config travels in :data:`contract.CONFIG_ENV`."""
     if stage not in contract.RUNNABLE_STAGES:
@@ -189,13 +201,17 @@ def stage_command(stage: str) -> tuple[str, ...]:
     return ("python3", "-m", "trainer", stage)
 
 
-def config_template(cfg: PipelineConfig, stage: str) -> dict[str, Any]:
-    """The stage config without run identity (added at execute time by :func:`resolve_stage_config`)."""
-    return {
+def config_template(cfg: PipelineConfig, stage: str, *, with_trials: bool = False) -> dict[str, Any]:
+    """The stage config without run identity (added at execute time by :func:`resolve_stage_config`);
+    ``with_trials``: with every trial of the sweep (what ``select`` chooses from)."""
+    template = {
         "schema_version": contract.SCHEMA_VERSION,
         "stage": stage,
         **{name: getattr(cfg, name).to_dict() for name in contract.SECTIONS},
     }
+    if with_trials:
+        template[contract.TRIALS_KEY] = cfg.tuning.trial_plan()
+    return template
 
 
 def apply_overrides(template: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -308,10 +324,14 @@ def stage_spec(
 
 def pipeline_stages(cfg: PipelineConfig) -> tuple[str, ...]:
     """The stages of ``cfg``'s pipeline in order: prep is ``prep_shard`` + ``prep_merge`` when
-    ``data.shards`` is above 1."""
+    ``data.shards`` is above 1, and ``select`` follows train in a sweep."""
+    stages = contract.STAGES
     if cfg.data.shards > 1:
-        return contract.SHARDED_PREP_STAGES + contract.STAGES[1:]
-    return contract.STAGES
+        stages = contract.SHARDED_PREP_STAGES + stages[1:]
+    if cfg.tuning.enabled:
+        at = stages.index("train") + 1
+        stages = stages[:at] + (contract.SELECT_STAGE,) + stages[at:]
+    return stages
 
 
 def container_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
@@ -394,7 +414,7 @@ def plan_pipeline(cfg: PipelineConfig) -> list[StageSpec]:
                 task_id=stage,
                 image=cfg.image.ref,
                 command=stage_command(stage),
-                config=config_template(cfg, stage),
+                config=config_template(cfg, stage, with_trials=stage == contract.SELECT_STAGE),
                 mounts=mounts,
                 environment=stage_environment(resources),
                 user=resources.user,
@@ -412,7 +432,7 @@ def plan_pipeline(cfg: PipelineConfig) -> list[StageSpec]:
                 retries=cfg.retries if stage == "train" else 1,
                 retry_delay_seconds=cfg.retry_delay_seconds,
                 pool=cfg.gpu_pool if stage == "train" else None,
-                doc_md=STAGE_DOCS[stage],
+                doc_md=STAGE_DOCS[stage] + (SWEEP_TRAIN_DOC if stage == "train" and cfg.tuning.enabled else ""),
                 outlets=(cfg.model_asset_uri,) if stage == "export" else (),
             )
         )

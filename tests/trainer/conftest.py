@@ -207,6 +207,27 @@ class Workspace(object):
                 config[name].update(section)
         return config
 
+    def trial_config(self, trial, try_number=1, training=None, run_id=None):
+        """The train config of sweep trial ``trial`` (``{"index", "params"}``) as a sweep writes it:
+        the trial's settings merged into ``training`` (``model_kwargs.<name>`` into its
+        ``model_kwargs``), and the trial itself under ``contract.TRIAL_KEY``."""
+        settings = dict(training or {})
+        for name, value in trial["params"].items():
+            if name.startswith("model_kwargs."):
+                settings["model_kwargs"] = dict(settings.get("model_kwargs") or {}, **{name[len("model_kwargs."):]: value})
+            else:
+                settings[name] = value
+        config = self.config("train", run_id=run_id, try_number=try_number, training=settings)
+        config[contract.TRIAL_KEY] = trial
+        return config
+
+    def select_config(self, trials, metric="val_accuracy", search="grid", try_number=1, run_id=None):
+        """The select config of a sweep over ``trials``."""
+        config = self.config(contract.SELECT_STAGE, run_id=run_id, try_number=try_number)
+        config["tuning"] = {"metric": metric, "search": search}
+        config[contract.TRIALS_KEY] = trials
+        return config
+
     def read(self, *parts, run_id=None):
         """Load a JSON file of the run directory."""
         with open(os.path.join(self.run_dir(run_id), *parts)) as handle:
@@ -245,6 +266,34 @@ def trained(trained_template, tmp_path):
     """A private copy of :func:`trained_template` (prep + train done) in this test's tmp_path."""
     target = tmp_path / "ws"
     shutil.copytree(trained_template.base, str(target))
+    return Workspace(target)
+
+
+#: The two trials of :func:`swept_template`: models of different shapes, so a later stage that built
+#: the DAG's model instead of the chosen trial's could not load its weights.
+SWEEP_TRIALS = [{"index": 0, "params": {"model_kwargs.hidden_units": [8]}},
+                {"index": 1, "params": {"model_kwargs.hidden_units": [24, 12]}}]
+
+
+@pytest.fixture(scope="session")
+def swept_template(tmp_path_factory):
+    """A workspace where prep and the two trials of :data:`SWEEP_TRIALS` (mlp, 2 epochs) already ran;
+    copy it, don't modify it."""
+    from trainer import prep, train
+
+    workspace = Workspace(tmp_path_factory.mktemp("swept"))
+    write_blobs_csv(os.path.join(workspace.data, "blobs.csv"))
+    prep.run(workspace.config("prep"))
+    for trial in SWEEP_TRIALS:
+        train.run(workspace.trial_config(trial, training={"epochs": 2}))
+    return workspace
+
+
+@pytest.fixture
+def swept(swept_template, tmp_path):
+    """A private copy of :func:`swept_template` (prep and both trials done) in this test's tmp_path."""
+    target = tmp_path / "ws"
+    shutil.copytree(swept_template.base, str(target))
     return Workspace(target)
 
 

@@ -16,8 +16,8 @@ import pytest
 # Inside the image TensorFlow must import: a broken image fails collection, never skips.
 import tensorflow as tf  # noqa: E402
 
-from conftest import write_image_folder, write_user_model  # noqa: E402
-from trainer import common, evaluate, export, prep, train  # noqa: E402
+from conftest import SWEEP_TRIALS, write_image_folder, write_user_model  # noqa: E402
+from trainer import common, contract, evaluate, export, prep, select, train  # noqa: E402
 from trainer import config as config_mod  # noqa: E402
 from trainer.evaluate import load_final_model  # noqa: E402
 from trainer.errors import BadInput, NotBlessed  # noqa: E402
@@ -49,6 +49,7 @@ def test_export_serves_raw_csv_features_after_a_fresh_load(trained):
     assert set(meta["signature"]["inputs"]) == {"f0", "f1", "f2", "f3"}
     assert meta["verification"]["max_abs_diff"] <= 1e-4
     assert os.path.exists(os.path.join(model_dir, "variables_ckpt", "model.index"))
+    assert "selection" not in meta, "a run without a sweep has no selection"
 
     with open(os.path.join(trained.data, "blobs.csv")) as handle:
         rows = list(csv.DictReader(handle))[:40]
@@ -62,6 +63,28 @@ def test_export_serves_raw_csv_features_after_a_fresh_load(trained):
     assert np.mean(out["class_id"].numpy() == labels) >= 0.9
     assert [n.decode() for n in out["class_name"].numpy()] == [
         str(i) for i in out["class_id"].numpy()]
+
+
+@pytest.mark.integration
+def test_an_export_after_a_sweep_is_the_chosen_trial_and_says_so(swept):
+    """After select, evaluate and export build the chosen trial's model (its hidden layers, not the DAG's
+    default mlp's, which its weights would not fit) from the weights select promoted; the version's
+    metadata.json names the trial, its settings, the metric and its value, and how many trials ran."""
+    chosen = select.run(swept.select_config(SWEEP_TRIALS))
+    units = SWEEP_TRIALS[chosen["chosen"]]["params"]["model_kwargs.hidden_units"]
+    evaluation = evaluate.run(swept.config("evaluate", evaluation={"threshold": 0.0}))
+    assert swept.read("evaluation.json")["final"] == swept.read(
+        contract.TRIALS_DIR, "trial-%d" % chosen["chosen"], "train", "final", "final.json")
+    result = export.run(swept.config("export"))
+    meta = json.load(open(os.path.join(result["model_dir"], "metadata.json")))
+    assert meta["selection"] == {"trial": chosen["chosen"], "params": chosen["params"], "metric": "val_accuracy",
+                                 "value": chosen["value"], "trials": 2}
+    assert meta["hyperparameters"]["model_kwargs"] == {"hidden_units": units}
+    assert meta["evaluation"]["metrics"] == evaluation["metrics"]
+    assert [a["status"] for a in meta["attempts"]] == ["completed"]
+    kernels = [shape for name, shape in tf.train.list_variables(os.path.join(result["model_dir"], "variables_ckpt", "model"))
+               if "kernel" in name and "OPTIMIZER" not in name]
+    assert sorted(shape[-1] for shape in kernels) == sorted(units + [3])
 
 
 def test_a_declared_class_the_data_lacks_is_an_output_of_the_exported_model(ws):

@@ -15,8 +15,8 @@ import pytest
 # Inside the image TensorFlow must import: a broken image fails collection, never skips.
 import tensorflow  # noqa: E402,F401
 
-from conftest import write_blobs_csv  # noqa: E402
-from trainer import atomic, evaluate, export, prep, report, train  # noqa: E402
+from conftest import SWEEP_TRIALS, write_blobs_csv  # noqa: E402
+from trainer import atomic, contract, evaluate, export, prep, report, select, train  # noqa: E402
 from trainer.errors import NotBlessed  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -211,6 +211,49 @@ def test_the_evaluate_report_shows_the_data_check_of_a_run_that_went_on(trained)
     assert "FLAGGED (data set) label_drift" in page.text and "FLAGGED f3 column_new" in page.text
     assert page.text.index("Data check") < page.text.index("Class histogram")
     assert "(label): baseline and tonight's distribution" in [dict(a)["alt"] for a in page.image_tags]
+
+
+@pytest.mark.integration
+def test_the_report_of_a_sweep_lists_its_trials_with_the_chosen_one_marked(swept):
+    """After a sweep, evaluate's report has a "Trials" section: a row per trial (its setting, the metric,
+    status, epochs, time) with the chosen one marked, and one plot of the metric by the tuned setting."""
+    chosen = select.run(swept.select_config(SWEEP_TRIALS))
+    page = parse(evaluate.run(swept.config("evaluate", evaluation={"threshold": 0.0}))["report"])
+    assert len(page.images) == 4 and "val_accuracy by model_kwargs.hidden_units" in [
+        dict(a)["alt"] for a in page.image_tags]
+    trials = page.text[page.text.index("Trials"):page.text.index("Data ")]
+    assert "2 trial(s), grid search; trial %d chosen by val_accuracy (higher is better): %.4f." % (
+        chosen["chosen"], chosen["value"]) in trials
+    assert "trial model_kwargs.hidden_units val_accuracy status epochs time" in trials
+    for trial in swept.read(contract.SELECTION_FILE)["trials"]:
+        row = "%d %s %.4f completed 2 %d s" % (trial["index"], trial["params"]["model_kwargs.hidden_units"],
+                                               trial["value"], round(trial["seconds"]))
+        assert ("chosen " + row if trial["index"] == chosen["chosen"] else row) in trials, (row, trials)
+
+
+def test_the_trials_section_shows_unfinished_trials_and_plots_each_setting(tmp_path):
+    """Every trial is listed, a failed one without a figure; each tuned setting gets its plot (numbers
+    as set, spanning decades; texts as categories); the section comes after Training."""
+    run_dir = str(tmp_path / "run")
+    trials = [{"index": 0, "params": {"learning_rate": 0.0001, "optimizer": "adam"}, "status": "completed",
+               "value": 0.5, "epochs": 3, "seconds": 61.4},
+              {"index": 1, "params": {"learning_rate": 0.1, "optimizer": "<sgd>"}, "status": "completed",
+               "value": 0.75, "epochs": 3, "seconds": 9.0},
+              {"index": 2, "params": {"learning_rate": 0.01, "optimizer": "adam"}, "status": "failed",
+               "value": None, "epochs": 1, "seconds": 2.0}]
+    atomic.write_json(os.path.join(run_dir, contract.SELECTION_FILE), {
+        "metric": "val_loss", "goal": "min", "search": "random", "trials": trials,
+        "chosen": {"index": 0, "params": trials[0]["params"], "value": 0.5}})
+    page = parse(report.write_report(run_dir, evaluation={}, blessing=None)["report"])
+    assert len(page.images) == 5
+    assert {dict(a)["alt"] for a in page.image_tags} >= {"val_loss by learning_rate", "val_loss by optimizer"}
+    text = page.text
+    assert text.index("Training") < text.index("Trials") < text.index("Lineage")
+    trials_text = text[text.index("Trials"):text.index("Data ")]
+    assert "3 trial(s), random search; trial 0 chosen by val_loss (lower is better): 0.5000." in trials_text
+    assert "chosen 0 0.0001 adam 0.5000 completed 3 1 min 01 s" in trials_text
+    assert "1 0.1 <sgd> 0.7500 completed 3 9 s" in trials_text and "&lt;sgd&gt;" in page.source
+    assert "2 0.01 adam - failed 1 2 s" in trials_text
 
 
 def test_report_text_is_escaped_and_odd_class_names_plot(tmp_path):

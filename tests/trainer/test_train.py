@@ -19,9 +19,9 @@ from trainer import checkpoints, contract, data, prep, train  # noqa: E402
 from trainer.errors import BadInput  # noqa: E402
 
 
-def final_weights(ws, run_id=None):
-    """The variables of train/final/weights as a name -> array dict."""
-    prefix = os.path.join(ws.run_dir(run_id), "train", "final", "weights")
+def final_weights(ws, run_id=None, trial=None):
+    """The variables of train/final/weights (a sweep trial's: under its own dir) as a name -> array dict."""
+    prefix = os.path.join(contract.training_dir(ws.run_dir(run_id), trial), "train", "final", "weights")
     reader = tf.train.load_checkpoint(prefix)
     return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
             if "model/" in name}
@@ -49,6 +49,48 @@ def test_training_learns_and_writes_its_records(ws, capsys):
     assert ws.read("train", "final", "final.json")["steps"] == 24
     assert tf.train.latest_checkpoint(result["checkpoint_dir"]).endswith("ckpt-24")
     assert ws.read("config", "train.json")["training"]["epochs"] == 3
+    assert not os.path.exists(os.path.join(ws.run_dir(), contract.TRIALS_DIR))
+
+
+def test_a_sweep_trial_keeps_its_training_state_in_its_own_directory(ws):
+    """A trial's checkpoints, final weights, history, attempts and recorded config land under
+    trials/trial-k, its TensorBoard events under train/tensorboard/trial-k (one TensorBoard over the
+    run shows every trial); the run dir gets none of them, so trials training at once share no file."""
+    prep.run(ws.config("prep"))
+    trial = {"index": 1, "params": {"learning_rate": 0.05}}
+    result = train.run(ws.trial_config(trial, training={"epochs": 1}))
+    run_dir = ws.run_dir()
+    trial_dir = os.path.join(run_dir, "trials", "trial-1")
+    assert result["trial"] == trial and result["steps"] == 8
+    assert result["final_dir"] == os.path.join(trial_dir, "train", "final")
+    assert result["checkpoint_dir"] == os.path.join(trial_dir, "train", "checkpoints")
+    assert tf.train.latest_checkpoint(result["checkpoint_dir"]).endswith("ckpt-8")
+    assert os.path.exists(os.path.join(trial_dir, "train", "final", "weights.index"))
+    assert ws.read("trials", "trial-1", "train", "final", "final.json")["steps"] == 8
+    assert [h["epoch"] for h in ws.read("trials", "trial-1", "metrics.json")] == [1]
+    assert [a["status"] for a in ws.read("trials", "trial-1", "attempts.json")] == ["completed"]
+    recorded = ws.read("trials", "trial-1", "config", "train.json")
+    assert recorded[contract.TRIAL_KEY] == trial and recorded["training"]["learning_rate"] == 0.05
+    assert os.listdir(os.path.join(run_dir, "train", "tensorboard")) == ["trial-1"]
+    assert glob.glob(os.path.join(run_dir, "train", "tensorboard", "trial-1", "events.out.tfevents.*"))
+    for name in ("metrics.json", "attempts.json", "train/final", "train/checkpoints", "config/train.json"):
+        assert not os.path.exists(os.path.join(run_dir, name)), name
+    assert ws.read("dataset.json")["fingerprint"], "the data set pointer stays the run's"
+
+
+@pytest.mark.parametrize("trial, field", [
+    ({"index": -1, "params": {}}, "trial.index: must be a whole number, at least 0, got -1. Fix: "),
+    ({"index": 0}, "trial.params: must be an object of setting -> value, got None. Fix: "),
+])
+def test_a_malformed_trial_is_refused_before_training(ws, trial, field):
+    prep.run(ws.config("prep"))
+    config = ws.config("train")
+    config[contract.TRIAL_KEY] = trial
+    with pytest.raises(BadInput) as info:
+        train.run(config)
+    assert str(info.value).startswith(field)
+    assert not os.path.exists(os.path.join(ws.run_dir(), contract.TRIALS_DIR))
+    assert not os.path.exists(os.path.join(ws.run_dir(), "train"))
 
 
 @pytest.mark.resume
@@ -142,6 +184,33 @@ def test_resume_from_a_mid_epoch_checkpoint_replays_the_epoch_exactly(ws, monkey
     for name in expected:
         np.testing.assert_allclose(resumed[name], expected[name], rtol=0, atol=1e-6,
                                    err_msg=name)
+
+
+@pytest.mark.resume
+def test_a_crashed_trial_resumes_from_its_own_checkpoint_beside_another_trial(ws, monkeypatch, capsys):
+    """Trials 0 and 1 of one run with the same settings: trial 1 crashes 4 batches into epoch 2; its retry
+    resumes from its own ckpt-12 (trial 0 has later ones) by the plain train's code, ends with the same
+    weights as trial 0, which ran straight through, and leaves trial 0's records as they were."""
+    settings = {"epochs": 2, "checkpoint_every_steps": 3}
+    prep.run(ws.config("prep"))
+    trials = [{"index": k, "params": {"learning_rate": 0.01}} for k in (0, 1)]
+    train.run(ws.trial_config(trials[0], training=settings))
+    first = os.path.join(ws.run_dir(), "trials", "trial-0")
+    records = {name: open(os.path.join(first, name)).read() for name in ("metrics.json", "attempts.json")}
+
+    train_until_crash(monkeypatch, ws.trial_config(trials[1], training=settings), 12)
+    assert ws.read("trials", "trial-1", "attempts.json")[0]["status"] == "failed"
+    capsys.readouterr()
+    result = train.run(ws.trial_config(trials[1], try_number=2, training=settings))
+    ckpt = os.path.join(ws.run_dir(), "trials", "trial-1", "train", "checkpoints", "ckpt-12")
+    assert "resumed from epoch 1 step 12 (checkpoint %s)" % ckpt in capsys.readouterr().out
+    assert result["resumed_from"]["checkpoint"] == ckpt and result["steps"] == 16
+    assert [a["status"] for a in ws.read("trials", "trial-1", "attempts.json")] == ["failed", "completed"]
+    assert {name: open(os.path.join(first, name)).read() for name in records} == records
+    expected, resumed = final_weights(ws, trial=0), final_weights(ws, trial=1)
+    assert sorted(resumed) == sorted(expected)
+    for name in expected:
+        np.testing.assert_allclose(resumed[name], expected[name], rtol=0, atol=1e-6, err_msg=name)
 
 
 @pytest.mark.resume

@@ -49,6 +49,13 @@ EVALUATE = {"blessed": True, "metric": "accuracy", "value": 0.97123, "threshold"
       "export": {"model_name": "digits", "version": 3}, "train": {}}, 1, "success", (),
      "tfpipe: blessed, accuracy 0.9712 >= threshold 0.9000 (no baseline; passed over v2); model digits v3; "
      "train 1 try"),
+    # a sweep: the chosen trial with its settings, and how many of the trials finished
+    ({"select": {"chosen": 2, "params": {"learning_rate": 0.005, "model_kwargs.hidden_units": [32]}, "trials": 4,
+                 "finished": 3, "metric": "val_accuracy", "value": 0.96875},
+      "evaluate": {**EVALUATE, "baseline": None}, "export": {"model_name": "digits", "version": 1}, "train": {}},
+     2, "success", (),
+     "tfpipe: trial 2 of 4 (3 finished) chosen: learning_rate=0.005, model_kwargs.hidden_units=[32], val_accuracy "
+     "0.9688; blessed, accuracy 0.9712 >= threshold 0.9000 (no baseline); model digits v1; train 2 tries"),
 ])
 def test_summary_line(results, tries, state, failed, expected):
     assert summary.summary_line(results, train_tries=tries, state=state, failed_tasks=failed) == expected
@@ -132,6 +139,27 @@ def test_each_stage_output_carries_its_facets():
     # the image facet names the image the task ran; without one it is left out, not empty
     (bare,) = lineage.stage_lineage("train", result=train, upstream={}, **{**common, "image": None}).outputs
     assert "tfpipe_image" not in bare.facets
+
+
+def test_a_sweep_s_lineage_names_the_chosen_trial_on_select_s_output_and_the_exported_model():
+    """select's output is the run's final weights with the chosen trial (index, settings, metric, value, of how
+    many); evaluate and export read those weights, and the exported model names the trial too."""
+    prep = {"fingerprint": "abc123", "dataset_dir": "/work/datasets/abc123"}
+    select = {"chosen": 2, "params": {"learning_rate": 0.005}, "metric": "val_accuracy", "value": 0.97, "trials": 4,
+              "finished": 4, "final_dir": "/work/runs/d/r/train/final"}
+    trial = {"trial": 2, "params": {"learning_rate": 0.005}, "metric": "val_accuracy", "value": 0.97, "trials": 4}
+    common = dict(volumes=VOLUMES, docker_url="unix://var/run/docker.sock", image="img:1", data_path="d/x.csv")
+    (chosen,) = lineage.stage_lineage("select", result=select, upstream={"prep": prep}, **common).outputs
+    assert chosen.name == "/srv/work/runs/d/r/train/final" and chosen.facets == {"tfpipe_trial": trial}
+    judged = lineage.stage_lineage("evaluate", result=EVALUATE, upstream={"prep": prep, "train": None,
+                                                                          "select": select}, **common)
+    assert [d.name for d in judged.inputs] == ["/srv/work/runs/d/r/train/final", "/srv/work/datasets/abc123"]
+    (exported,) = lineage.stage_lineage("export", result={"model_dir": "/models/digits/1"},
+                                        upstream={"select": select, "evaluate": EVALUATE}, **common).outputs
+    assert exported.facets["tfpipe_trial"] == trial
+    from tfpipe.lineage_facets import FACETS
+
+    assert FACETS["tfpipe_trial"](**trial).params == {"learning_rate": 0.005}
 
 
 def test_a_note_a_person_wrote_is_kept():

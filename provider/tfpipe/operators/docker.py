@@ -11,6 +11,7 @@ directories and the stage starts again, once.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -18,7 +19,7 @@ from airflow.providers.common.compat.sdk import AirflowFailException, ResumableJ
 from airflow.providers.docker.operators.docker import DockerOperator, fetch_logs
 
 from tfpipe import contract
-from tfpipe.config import GpuRequest, TfpipeConfigError
+from tfpipe.config import GpuRequest, TfpipeConfigError, trial_training
 from tfpipe.links import MlflowRunLink, RunReportLink, TensorBoardLink
 from tfpipe.specs import (
     MountSpec,
@@ -37,9 +38,25 @@ _NO_BIND_SOURCE = "bind source path does not exist"
 #: ``tfpipe.role`` of the short container that prepares a stage's directories.
 PREPARE_ROLE = "prepare-volumes"
 #: Upstream stages whose results a stage's OpenLineage event names (dataset dir, model, blessing).
-_LINEAGE_STAGES = ("prep", "prep_merge", "train", "evaluate")
+_LINEAGE_STAGES = ("prep", "prep_merge", "train", "select", "evaluate")
 #: Exits that are decisions rather than breakdowns: their result still counts for metrics and lineage.
 _DECISIONS = {contract.ExitCode.NOT_BLESSED: "evaluate", contract.ExitCode.DATA_REJECTED: "validate"}
+
+
+#: The context key a trial's label is put under: mapped train's ``map_index_template`` shows it.
+TRIAL_LABEL_KEY = "tfpipe_trial"
+
+
+def put_trial(config: dict[str, Any], trial: Mapping[str, Any]) -> None:
+    """Make a resolved train config one trial's: its settings over the run's, and the trial key the trainer
+    keeps its state under."""
+    config["training"] = trial_training(config["training"], trial["params"])
+    config[contract.TRIAL_KEY] = {"index": trial["index"], "params": dict(trial["params"])}
+
+
+def trial_label(trial: Mapping[str, Any]) -> str:
+    """``trial 2: learning_rate=0.01, batch_size=64``."""
+    return f"trial {trial['index']}: " + ", ".join(f"{key}={value}" for key, value in trial["params"].items())
 
 
 def docker_mount(mount: MountSpec) -> Any:
@@ -83,6 +100,7 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
 
     stage: ClassVar[str] = ""
     shard_index: int | None = None  # see PrepShardOperator
+    trial: dict[str, Any] | None = None  # see TrainOperator
     engine_from_shard_list: bool = False
     #: task_state_store key of the container id; renaming it breaks re-attaching for tries in flight.
     external_id_key = "tfpipe_container_id"
@@ -198,6 +216,9 @@ class TfpipeStageOperator(ResumableJobMixin, DockerOperator):
         try:
             plan = resolve_try(self.spec, context["ti"], context.get("params"), image=self.image,
                                shard_index=self.shard_index)
+            if self.trial is not None:
+                put_trial(plan.config, self.trial)
+                context[TRIAL_LABEL_KEY] = trial_label(self.trial)  # the mapped instance's name in the UI
         except (TfpipeConfigError, contract.ContractError) as err:
             raise AirflowFailException(f"{self.task_id}: invalid run parameters: {err}") from err
         try:
@@ -551,11 +572,27 @@ class ValidateOperator(TfpipeStageOperator):
 
 
 class TrainOperator(TfpipeStageOperator):
-    """Train with checkpoints; a retried or cleared try resumes from the newest checkpoint."""
+    """Train with checkpoints; a retried or cleared try resumes from the newest checkpoint.
+
+    :param trial: one trial of a sweep, ``{"index": k, "params": {setting: value}}`` (the DAG maps train over
+        :meth:`~tfpipe.config.TuningConfig.trial_plan`): its settings win over the run's, and its state lives
+        in its own directory, so each trial resumes on its own.
+    """
 
     stage = "train"
     ui_color = "#ffd59e"
     operator_extra_links = (RunReportLink(), TensorBoardLink(), MlflowRunLink())
+
+    def __init__(self, *, trial: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.trial = trial
+
+
+class SelectOperator(TfpipeStageOperator):
+    """Pick a sweep's best trial and make its training output the run's (evaluate and export read it)."""
+
+    stage = "select"
+    operator_extra_links = (RunReportLink(),)
 
 
 class EvaluateOperator(TfpipeStageOperator):
@@ -598,7 +635,7 @@ class PrepMergeOperator(TfpipeStageOperator):
 #: sharded prep's two).
 OPERATORS: dict[str, type[TfpipeStageOperator]] = {
     op.stage: op for op in (PrepOperator, PrepShardOperator, PrepMergeOperator, ValidateOperator, TrainOperator,
-                            EvaluateOperator, ExportOperator)
+                            SelectOperator, EvaluateOperator, ExportOperator)
 }
 
 

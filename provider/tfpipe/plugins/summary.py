@@ -57,10 +57,20 @@ def _data_gate(validate: Mapping[str, Any] | None) -> str | None:
     return f"{heading}{against}: {', '.join(found)}"
 
 
+def _selection(select: Mapping[str, Any] | None) -> str | None:
+    """A sweep's choice: the trial, its settings and its metric, of how many."""
+    if not select or select.get("chosen") is None:
+        return None
+    settings = ", ".join(f"{key}={value}" for key, value in (select.get("params") or {}).items())
+    finished = select.get("finished")
+    of = f" of {select.get('trials')}" + (f" ({finished} finished)" if finished != select.get("trials") else "")
+    return f"trial {select['chosen']}{of} chosen: {settings}, {select.get('metric')} {_fmt(select.get('value'))}"
+
+
 def summary_line(results: Mapping[str, Mapping[str, Any] | None], *, train_tries: int | None,
                  state: str, failed_tasks: list[str] | tuple[str, ...] = ()) -> str:
-    """One line: the data gate's anomalies, blessing with metric vs threshold and baseline, model version,
-    tries and resumes.
+    """One line: the data gate's anomalies, a sweep's chosen trial, blessing with metric vs threshold and
+    baseline, model version, tries and resumes.
 
     :param results: stage name -> that task's result (``None`` or missing when it has none).
     :param train_tries: the train task's try number (attempts), ``None`` when it never ran.
@@ -74,6 +84,9 @@ def summary_line(results: Mapping[str, Mapping[str, Any] | None], *, train_tries
     gate = _data_gate(results.get("validate"))
     if gate:
         parts.append(gate)
+    selection = _selection(results.get("select"))
+    if selection:
+        parts.append(selection)
     if blessing:
         parts.append(blessing)
     export = results.get("export")
