@@ -21,8 +21,8 @@ _HOMES: dict[str, tuple[tuple[str, str], ...]] = {
                          ("airflow.serialization.serialized_objects", "SerializedDAG")),
 }
 
-__all__ = ["doubling_backoff", "has_resumable_jobs", "run_scheduled_task", "task_state_store", "write_dags_for_test",
-           "xcom_query", *_HOMES]
+__all__ = ["doubling_backoff", "has_resumable_jobs", "run_scheduled_task", "state_name", "task_state_store",
+           "write_dags_for_test", "xcom_query", *_HOMES]
 
 
 def _find(name: str) -> tuple[Any, str]:
@@ -52,6 +52,12 @@ def has_resumable_jobs() -> bool:
     except ImportError:
         return False
     return module == "airflow.sdk"
+
+
+def state_name(state: Any) -> str | None:
+    """``"running"`` for a state given as text or as an enum member (the task SDK's enums print as
+    ``DagRunState.RUNNING``)."""
+    return None if state is None else str(getattr(state, "value", state))
 
 
 def task_state_store(context: Any) -> Any | None:

@@ -21,14 +21,12 @@ TLS_OPTIONS = ("tls_ca_cert", "tls_client_cert", "tls_client_key")
 
 def _airflow_option(option: str) -> str | None:
     """``[tfpipe] option`` from Airflow's config (env ``AIRFLOW__TFPIPE__OPTION`` wins, as in Airflow)."""
-    value = os.environ.get(f"AIRFLOW__{SECTION.upper()}__{option.upper()}")
-    if value is None:
-        try:
-            from airflow.configuration import conf
+    try:
+        from airflow.configuration import conf
 
-            value = conf.get(SECTION, option, fallback=None)
-        except ImportError:  # a worker with only the task SDK reads the environment alone
-            value = None
+        value = conf.get(SECTION, option, fallback=None)
+    except ImportError:  # a worker with only the task SDK reads the environment alone
+        value = os.environ.get(f"AIRFLOW__{SECTION.upper()}__{option.upper()}")
     if not isinstance(value, str):
         return None
     return value.strip() or None

@@ -5,13 +5,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from airflow.providers.common.compat.sdk import AirflowException, AirflowFailException
 
 from tfpipe.config import TfpipeConfigError
 
 __all__ = ["DockerEngineRefusedError", "DockerEngineUnreachableError", "GpuUnavailableError", "ImageNotFoundError",
            "ImageNotSetError", "PublishConflictError", "StageFailedError", "StageInError", "StageRejectedError",
-           "TfpipeConfigError"]
+           "TfpipeConfigError", "causes"]
 
 
 class GpuUnavailableError(AirflowFailException):
@@ -65,3 +67,12 @@ class ImageNotFoundError(AirflowFailException):
 
 class DockerEngineRefusedError(AirflowFailException):
     """The Docker engine refused the worker's TLS credentials; retrying cannot fix that."""
+
+
+def causes(err: BaseException | None) -> Iterator[BaseException]:
+    """``err`` and each error it wraps (its cause or context, else an error among its args), once each."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__ or next((a for a in err.args if isinstance(a, BaseException)), None)

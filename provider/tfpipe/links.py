@@ -52,32 +52,23 @@ def host_tensorboard_dir(volumes: Any, dag_id: str, run_id: str) -> str:
 
 
 def tensorboard_run_name(dag_id: str, run_id: str) -> str:
-    """The run's name in TensorBoard: ``<dag>/<run>`` as in ``work/runs/<dag>/<run>``.
-
-    A TensorBoard serving the whole ``work/runs`` tree names it ``<dag>/<run>/train/tensorboard``,
-    which the same filter matches.
-    """
+    """The run's name in TensorBoard: ``<dag>/<run>`` as in ``work/runs/<dag>/<run>`` (a prefix of the name
+    a TensorBoard serving the whole tree gives it, so one filter matches both)."""
     return f"{contract.safe_name(dag_id)}/{contract.safe_name(run_id, 120)}"
 
 
 def tensorboard_url(dag_id: str, run_id: str, base: str | None = None) -> str:
-    """The TensorBoard URL with the run selected (TensorBoard 2.9's ``?runFilter=<regex>``).
-
-    ``base`` defaults to ``$TFPIPE_TENSORBOARD_URL``, else ``http://localhost:6006``. Safe names
-    hold only ``[A-Za-z0-9._-]``, so escaping ``.`` makes the filter match the name literally.
-    """
+    """The TensorBoard URL at ``base`` (default ``$TFPIPE_TENSORBOARD_URL``, else ``http://localhost:6006``)
+    with the run selected (TensorBoard 2.9's ``?runFilter=<regex>``)."""
     base = (base or os.environ.get(TENSORBOARD_URL_ENV) or DEFAULT_TENSORBOARD_URL).rstrip("/")
-    regex = tensorboard_run_name(dag_id, run_id).replace(".", r"\.")
+    regex = tensorboard_run_name(dag_id, run_id).replace(".", r"\.")  # safe names: [A-Za-z0-9._-] only
     return f"{base}/?runFilter={quote(regex, safe='')}#timeseries"
 
 
 # --- operator extra links ----------------------------------------------------------------------
 
 class RunReportLink(BaseOperatorLink):
-    """"Run report": the run's ``report.html``, served by the tfpipe plugin under the api-server.
-
-    ``[api] base_url`` + ``/tfpipe/runs/<dag>/<run>/report/`` (root-relative when ``base_url`` is unset).
-    """
+    """"Run report": the run's ``report.html`` at ``[api] base_url`` + ``/tfpipe/runs/<dag>/<run>/report/``."""
 
     name = "Run report"
 
@@ -88,10 +79,7 @@ class RunReportLink(BaseOperatorLink):
 
 
 class TensorBoardLink(BaseOperatorLink):
-    """"TensorBoard": the run's TensorBoard, started on demand by the tfpipe plugin.
-
-    ``[api] base_url`` + ``/tfpipe/runs/<dag>/<run>/tensorboard/``.
-    """
+    """"TensorBoard": the run's TensorBoard, started on demand at ``.../tfpipe/runs/<dag>/<run>/tensorboard/``."""
 
     name = "TensorBoard"
 
@@ -104,10 +92,8 @@ class TensorBoardLink(BaseOperatorLink):
 class MlflowRunLink(BaseOperatorLink):
     """"MLflow run": the MLflow UI page of the run the ``register`` task logged.
 
-    Airflow stores a link when its task ends, and ``train`` ends before ``register`` logs the run: so
-    ``register`` stores this link for ``train`` itself (under :attr:`xcom_key`) once the run exists.
-    Read here, at the end of ``train``, it is the URL of ``register``'s result when that task already
-    ran for the same Airflow run (``train`` run again alone), else empty.
+    Airflow stores a link when its task ends, before ``register`` logs the run: so ``register`` stores
+    this link for ``train`` itself. Read here it is the URL of an earlier ``register``'s result, else empty.
     """
 
     name = "MLflow run"

@@ -38,12 +38,7 @@ def stage_gauges(stage: str, result: Mapping[str, Any] | None) -> dict[str, floa
     elif stage in ("prep", "prep_merge"):
         examples = result.get("examples")
         found = {"examples": sum(examples.values()) if isinstance(examples, Mapping) else None}
-    gauges = {}
-    for name, value in found.items():
-        number = _number(value)
-        if number is not None:
-            gauges[name] = number
-    return gauges
+    return {name: number for name, value in found.items() if (number := _number(value)) is not None}
 
 
 @functools.lru_cache(maxsize=1)

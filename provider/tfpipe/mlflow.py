@@ -127,16 +127,8 @@ def _number(value: Any) -> float | None:
 
 def epoch_metrics(history: Iterable[Mapping[str, Any]]) -> list[tuple[str, float, int]]:
     """``(key, value, step)`` per measured field of each ``metrics.json`` epoch record, the epoch as step."""
-    found = []
-    for record in history:
-        epoch = record.get("epoch")
-        if not isinstance(epoch, int):
-            continue
-        for key, value in sorted(record.items()):
-            number = _number(value)
-            if key not in _NOT_METRICS and number is not None:
-                found.append((key, number, epoch))
-    return found
+    return [(key, number, record["epoch"]) for record in history if isinstance(record.get("epoch"), int)
+            for key, value in sorted(record.items()) if key not in _NOT_METRICS and (number := _number(value)) is not None]
 
 
 def evaluation_metrics(evaluation: Mapping[str, Any] | None) -> dict[str, float]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
+
+_LEVELS = frozenset({"debug", "info", "warning", "error", "exception", "critical"})
 
 
 class RedactingLog:
@@ -25,23 +28,7 @@ class RedactingLog:
         text = str(msg) % args if args else str(msg)
         getattr(self._log, level)("%s", self.redact(text), **kwargs)
 
-    def debug(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        self._emit("debug", msg, *args, **kwargs)
-
-    def info(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        self._emit("info", msg, *args, **kwargs)
-
-    def warning(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        self._emit("warning", msg, *args, **kwargs)
-
-    def error(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        self._emit("error", msg, *args, **kwargs)
-
-    def exception(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        self._emit("exception", msg, *args, **kwargs)
-
-    def critical(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        self._emit("critical", msg, *args, **kwargs)
-
     def __getattr__(self, name: str) -> Any:
+        if name in _LEVELS:  # every way to log a line goes through redact()
+            return functools.partial(self._emit, name)
         return getattr(self._log, name)

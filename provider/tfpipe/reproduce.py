@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 from tfpipe import contract
 from tfpipe.config import GpuRequest
+from tfpipe.engine_settings import DEFAULT_DOCKER_URL
 from tfpipe.links import tensorboard_run_name
 from tfpipe.specs import MountSpec
 from tfpipe.tries import TryIdentity, resolve_try
@@ -23,7 +24,6 @@ JUPYTER_CONTAINER_PORT = 8888
 #: ``tfpipe.role`` label values of the containers started here.
 SHELL_ROLE = "shell"
 TENSORBOARD_ROLE = "tensorboard"
-from tfpipe.engine_settings import DEFAULT_DOCKER_URL  # noqa: E402  (one home for the default)
 
 #: The docker CLI's flag for each TLS file a task presents to its engine (docker-py's names).
 TLS_FLAGS = {"tls_ca_cert": "--tlscacert", "tls_client_cert": "--tlscert", "tls_client_key": "--tlskey"}
@@ -284,20 +284,13 @@ def tensorboard_args(*, image: str, event_dir: str, dag_id: str, run_id: str, po
     """
     target = f"{TENSORBOARD_LOGDIR}/{tensorboard_run_name(dag_id, run_id)}"
     # not the tfpipe.dag_id/run_id labels of stage containers: a TensorBoard is no part of the run
-    labels = {"tfpipe.role": TENSORBOARD_ROLE, "tfpipe.tensorboard": f"{dag_id}/{run_id}"}
-    args = [*docker_base(docker_url, tls), "run", "--rm"]
-    args.append("--detach" if detach else "--interactive")
-    if name:
-        args += ["--name", name]
-    for key, value in sorted(labels.items()):
-        args += ["--label", f"{key}={value}"]
-    if user:
-        args += ["--user", user]
-    args += ["--publish", f"127.0.0.1:{port}:{TENSORBOARD_CONTAINER_PORT}",
-             "--mount", mount_arg(MountSpec(event_dir, target, True)),
-             image, "tensorboard", "--logdir", TENSORBOARD_LOGDIR, "--host", "0.0.0.0",
-             "--port", str(TENSORBOARD_CONTAINER_PORT)]
-    return args
+    plan = ContainerPlan(image=image, command=(), mounts=(MountSpec(event_dir, target, True),), user=user,
+                         environment={}, working_dir=None, network_mode=None,
+                         labels={"tfpipe.tensorboard": f"{dag_id}/{run_id}"},
+                         docker_url=docker_url or DEFAULT_DOCKER_URL, tls=tls or {})
+    command = ("tensorboard", "--logdir", TENSORBOARD_LOGDIR, "--host", "0.0.0.0", "--port", str(TENSORBOARD_CONTAINER_PORT))
+    return run_args(plan, command, role=TENSORBOARD_ROLE, name=name, interactive=not detach, detach=detach,
+                    publish=[f"127.0.0.1:{port}:{TENSORBOARD_CONTAINER_PORT}"])
 
 
 def printable(args: Sequence[str]) -> str:

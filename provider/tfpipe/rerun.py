@@ -25,10 +25,13 @@ def clear_run(dag_id: str, run_id: str, *, task_ids: Sequence[str] | None = None
     :param only_failed: clear only failed (and upstream-failed) task instances.
     """
     from airflow.models.dagrun import DagRun
+    from airflow.models.serialized_dag import SerializedDagModel
     from airflow.models.taskinstance import clear_task_instances
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState, TaskInstanceState
     from sqlalchemy import select
+
+    from tfpipe.compat import state_name
 
     with create_session() as session:
         dag_run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
@@ -36,13 +39,14 @@ def clear_run(dag_id: str, run_id: str, *, task_ids: Sequence[str] | None = None
             raise SystemExit(f"tfpipe: no run {run_id!r} of DAG {dag_id!r} to re-run")
         tis = list(dag_run.get_task_instances(session=session))
         for ti in tis:
-            if str(getattr(ti.state, "value", ti.state)) in _LEFT_BY_A_DEAD_WORKER:
+            if state_name(ti.state) in _LEFT_BY_A_DEAD_WORKER:
                 print(f"tfpipe: {ti.task_id} try {ti.try_number} was left {ti.state} by a dead worker: "
                       "marking it failed before the re-run", file=sys.stderr)
                 ti.set_state(TaskInstanceState.FAILED, session=session)
         session.flush()
         if task_ids:
-            dag = dag_run.dag or _serialized_dag(dag_id, session)
+            # else the newest serialized version, as the scheduler reads it (every Airflow 3 release has this)
+            dag = dag_run.dag or SerializedDagModel.get_dag(dag_id, session=session)
             unknown = sorted(set(task_ids) - set(dag.task_ids))
             if unknown:
                 raise SystemExit(f"tfpipe: {dag_id} has no task {', '.join(unknown)} (tasks: {', '.join(dag.task_ids)})")
@@ -56,13 +60,6 @@ def clear_run(dag_id: str, run_id: str, *, task_ids: Sequence[str] | None = None
         cleared = [(ti.task_id, int(ti.try_number or 0)) for ti in tis]
         clear_task_instances(tis, session, DagRunState.QUEUED)
     return cleared
-
-
-def _serialized_dag(dag_id: str, session: Any) -> Any:
-    # The newest serialized version, as the scheduler reads it (every Airflow 3 release has this).
-    from airflow.models.serialized_dag import SerializedDagModel
-
-    return SerializedDagModel.get_dag(dag_id, session=session)
 
 
 def drive_run(dag: Any, run_id: str) -> Any:

@@ -18,16 +18,10 @@ HOW_TO_SET_IMAGE = (
 )
 
 
-def _in_a_task() -> bool:
-    try:
-        from airflow.sdk.execution_time import task_runner
-    except ImportError:  # Airflow without the task SDK: the metadata DB is the only source
-        return False
-    return getattr(task_runner, "SUPERVISOR_COMMS", None) is not None
-
-
 def _read_variable(name: str) -> str | None:
-    if _in_a_task():
+    from airflow.sdk.execution_time import task_runner
+
+    if getattr(task_runner, "SUPERVISOR_COMMS", None) is not None:  # in a task
         from airflow.providers.common.compat.sdk import Variable
 
         value = Variable.get(name, default=None)

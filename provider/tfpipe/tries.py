@@ -8,12 +8,12 @@ try: only running tasks, the shell tooling and the bench import this module.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from tfpipe import contract
 from tfpipe.config import GpuRequest, TfpipeConfigError
-from dataclasses import dataclass
 from tfpipe.specs import StageSpec, container_labels, container_name, resolve_stage_config, writable_dirs
 
 
@@ -44,13 +44,10 @@ def resolve_try(spec: StageSpec, ti: Any, params: Mapping[str, Any] | None = Non
                 image: str | None = None, shard_index: int | None = None) -> TryPlan:
     """Resolve one try of ``spec``: config, GPUs, name, labels and the directories it writes.
 
-    ``ti`` is anything with ``dag_id``, ``run_id``, ``task_id``, ``try_number`` and ``map_index``
-    (a task instance, or a :class:`TryIdentity`); ``params`` the run's params (the DAG's defaults
-    updated with ``dag_run.conf``); ``image`` replaces the spec's (an image a run recorded).
-    ``shard_index``: the slice a ``prep_shard`` try prepares (0 .. ``data.shards`` - 1), carried in
-    the config as :data:`contract.SHARD_INDEX_KEY`; required for that stage, refused for others.
-    Bad run parameters raise :class:`~tfpipe.exceptions.TfpipeConfigError`. Pure: the Docker and
-    Kubernetes operators, the shell tooling and the bench all call it.
+    ``ti``: a task instance or a :class:`TryIdentity`; ``params``: the run's params (DAG defaults updated
+    with ``dag_run.conf``); ``image`` replaces the spec's; ``shard_index``: the slice a ``prep_shard`` try
+    prepares (:data:`contract.SHARD_INDEX_KEY`), refused for other stages. Bad run parameters raise
+    :class:`~tfpipe.exceptions.TfpipeConfigError`.
     """
     params = dict(params or {})
     map_index = getattr(ti, "map_index", -1)
@@ -74,12 +71,8 @@ def resolve_try(spec: StageSpec, ti: Any, params: Mapping[str, Any] | None = Non
 
 
 def window_end(ti: Any) -> str | None:
-    """Where a date window of ``ti``'s run ends (ISO 8601, UTC): the run's data interval end, or,
-    for a run without a data interval (a manual run triggered without a logical date), the time
-    it was triggered (``run_after``); None when ``ti`` knows neither.
-
-    ``ti`` is a running task instance (its template context has the run's interval) or a
-    :class:`TryIdentity` (its ``data_interval_end``).
+    """Where a date window of ``ti``'s run ends (ISO 8601, UTC): the run's data interval end, else (a
+    manual run without a logical date) when it was triggered (``run_after``); None when ``ti`` knows neither.
     """
     end = getattr(ti, "data_interval_end", None)
     if end is None and callable(getattr(ti, "get_template_context", None)):
@@ -131,11 +124,10 @@ def image_identity(reference: str, inspected: Mapping[str, Any]) -> dict[str, An
     registries has several), or the reference itself when it is pinned by digest; None when the
     image never came from or went to a registry (a local build).
     """
+    from docker.utils import parse_repository_tag
+
     digests = list(inspected.get("RepoDigests") or [])
-    repository = reference.split("@", 1)[0]
-    last = repository.rsplit("/", 1)[-1]
-    if ":" in last:
-        repository = repository[: len(repository) - len(last)] + last.split(":", 1)[0]
+    repository, _tag = parse_repository_tag(reference.split("@", 1)[0])
     if "@" in reference and reference in digests:
         digest = reference
     else:

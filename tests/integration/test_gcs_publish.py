@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -36,23 +37,17 @@ def _fake_export(models: Path, name: str, version: int) -> Path:
     return root
 
 
-class Interrupted(Exception):
-    pass
-
-
 def test_interrupted_upload_is_completed_by_a_retry(tmp_path, trainer_image, bucket, gcs_client, docker_client):
     version_dir = _fake_export(tmp_path / "models", "digits", 7)
     base = f"gs://{bucket.name}/models"
     dest = version_uri(GcsUri.parse(base), "digits", 7)
     hook = TfpipeGcsHook()
 
-    # try 1 dies after two uploads (the one in flight then still lands)
-    def die_after_two(_file, done, _total):
-        if done == 2:
-            raise Interrupted("worker lost")
-
-    with pytest.raises(Interrupted):
-        publish_version(hook, dest, local_files(str(version_dir)), max_workers=1, on_uploaded=die_after_two)
+    # try 1 dies after two uploads: its third file vanishes from the worker's copy before it is read
+    files = local_files(shutil.copytree(version_dir, tmp_path / "worker-copy"))
+    os.remove(files[2].path)
+    with pytest.raises(FileNotFoundError):
+        publish_version(hook, dest, files, max_workers=1)
     landed = object_names(gcs_client, bucket.name, dest.prefix)
     assert 2 <= len(landed) < len(FILES) and f"{dest.prefix}{MARKER_NAME}" not in landed
     assert list_published_versions(base, "digits") == [], "a version without its marker is invisible"

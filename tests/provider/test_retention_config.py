@@ -55,7 +55,7 @@ def test_request_carries_settings_and_protected_runs():
 def test_state_names_from_the_task_sdk():
     from airflow.sdk.api.datamodels._generated import DagRunState, TaskInstanceState
 
-    from tfpipe.operators.retention import state_name
+    from tfpipe.compat import state_name
 
     assert state_name(DagRunState.RUNNING) == "running" and state_name("queued") == "queued"
     assert state_name(TaskInstanceState.UP_FOR_RETRY) == "up_for_retry" and state_name(None) is None

@@ -289,13 +289,9 @@ def try_number_of(dag_run: Any, task_id: str, map_index: int = -1) -> int:
 
 def run_params(dag: Any, task: Any, conf: dict[str, Any] | None) -> dict[str, Any]:
     """The params the task saw: DAG and task Params updated with the run's conf, as Airflow does."""
-    try:
-        from airflow.sdk.definitions.param import process_params
+    from airflow.sdk.definitions.param import process_params
 
-        return dict(process_params(dag, task, conf, suppress_exception=False))
-    except ImportError:  # another Airflow: the same merge by hand
-        params = {**dag.params.dump(), **(task.params.dump() if task.params else {})}
-        return {**params, **(conf or {})}
+    return dict(process_params(dag, task, conf, suppress_exception=False))
 
 
 def launch(cmd: list[str], args: argparse.Namespace, after: list[str] | None = None) -> int:

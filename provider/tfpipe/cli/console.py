@@ -54,10 +54,6 @@ def _listener_manager() -> Any:
     return get_listener_manager()
 
 
-def _state(value: Any) -> str:
-    return str(getattr(value, "value", value) or "")
-
-
 class RunConsole:
     """The terminal's view of one ``tfpipe run``; :meth:`install` hooks it into Airflow."""
 
@@ -149,7 +145,9 @@ class RunConsole:
 
     @hookimpl
     def on_task_instance_failed(self, previous_state: Any, task_instance: Any, error: Any) -> None:
-        retry = _state(getattr(task_instance, "state", None)) == "up_for_retry"
+        from tfpipe.compat import state_name
+
+        retry = state_name(getattr(task_instance, "state", None)) == "up_for_retry"
         self._ended(task_instance, "failed, to be retried" if retry else "failed")
         if error is not None:
             text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
@@ -219,21 +217,13 @@ class RunConsole:
         processors = list(structlog.get_config()["processors"])
         # before the last one, the renderer, which turns the event into text
         structlog.configure(processors=[*processors[:-1], self.process, processors[-1]])
-        watcher = _Watcher(self)
         for handler in logging.getLogger().handlers:
-            handler.addFilter(watcher)
+            handler.addFilter(self._watch)
 
-
-class _Watcher(logging.Filter):
-    """Hands each record of the standard library's loggers to :meth:`RunConsole.saw`; drops none."""
-
-    def __init__(self, console: RunConsole) -> None:
-        super().__init__()
-        self.console = console
-
-    def filter(self, record: logging.LogRecord) -> bool:
+    def _watch(self, record: logging.LogRecord) -> bool:
+        """A logging filter: hands each record of the standard library's loggers to :meth:`saw`; drops none."""
         try:
-            self.console.saw(record.getMessage())
+            self.saw(record.getMessage())
         except Exception:  # noqa: BLE001 -- the progress display never costs a log line
             pass
         return True

@@ -1,19 +1,11 @@
 """``tfpipe run DAG_ID [--conf JSON | --rerun RUN_ID]``: one DAG run through Airflow, as one JSON line.
 
-It runs the DAG with Airflow's own ``dag.test()`` (the scheduler's dependency loop, real task
-runner, the metadata DB at ``$AIRFLOW_HOME``), so retries, skips, Params validation and XCom all
-behave as in a deployment. The last line printed is::
-
-    {"dag_id": ..., "run_id": ..., "state": "success", "model_dir": ..., "metrics": {...}, "tasks": {...}}
-
-``model_dir`` is the exported version as a path on the engine's host; ``published`` its
-``gs://`` URI when the run published it. The exit status is 0 only when the run succeeded.
-
-That line is all it prints on stdout. On stderr it shows the stages as they start and end,
-training's epochs and the result (:mod:`tfpipe.cli.console`), while Airflow's own log goes to a
-file under ``$AIRFLOW_HOME/logs/tfpipe-run/`` that it names; ``-v`` prints Airflow's log on stderr
-instead. Before the run it checks the metadata DB (a new SQLite one is created, as ``airflow db
-migrate`` does) and, for a DAG it cannot find, names the files Airflow's safe mode skipped.
+It runs the DAG with Airflow's own ``dag.test()`` (scheduler loop, task runner, metadata DB), so
+retries, skips, Params and XCom behave as in a deployment. Stdout carries only the summary line
+(``dag_id``, ``run_id``, ``state``, ``model_dir`` on the engine's host, ``metrics``, ``published``,
+``tasks``); the exit status is 0 only when the run succeeded. Stderr shows the stages and epochs
+(:mod:`tfpipe.cli.console`) while Airflow's log goes to a file under ``$AIRFLOW_HOME/logs/tfpipe-run/``
+(``-v``: on stderr).
 """
 
 from __future__ import annotations
@@ -62,7 +54,7 @@ def summarize(dag: Any, dag_run: Any) -> dict[str, Any]:
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
-    from tfpipe.compat import xcom_query
+    from tfpipe.compat import state_name, xcom_query
 
     tasks: dict[str, Any] = {}
     results: dict[str, Any] = {}
@@ -70,7 +62,7 @@ def summarize(dag: Any, dag_run: Any) -> dict[str, Any]:
         for ti in dag_run.get_task_instances(session=session):
             mapped = ti.map_index is not None and ti.map_index >= 0  # prep_shard[k]: one entry per instance
             key = f"{ti.task_id}[{ti.map_index}]" if mapped else ti.task_id
-            tasks[key] = {"state": str(ti.state.value if hasattr(ti.state, "value") else ti.state),
+            tasks[key] = {"state": str(state_name(ti.state)),
                           "try_number": ti.try_number}
         for row in session.scalars(xcom_query(session, run_id=dag_run.run_id, dag_id=dag.dag_id, key="return_value")):
             results[row.task_id] = XComModel.deserialize_value(row)
@@ -79,11 +71,10 @@ def summarize(dag: Any, dag_run: Any) -> dict[str, Any]:
     export = results.get("export") or {}
     evaluation = results.get("evaluate") or {}
     metrics = export.get("metrics") or evaluation.get("metrics") or {}
-    state = dag_run.state.value if hasattr(dag_run.state, "value") else str(dag_run.state)
     return {
         "dag_id": dag.dag_id,
         "run_id": dag_run.run_id,
-        "state": state,
+        "state": state_name(dag_run.state),
         "model_dir": _host_path(export.get("model_dir"), dag),
         "metrics": metrics,
         "blessed": evaluation.get("blessed"),
@@ -93,28 +84,21 @@ def summarize(dag: Any, dag_run: Any) -> dict[str, Any]:
 
 
 def lost_sync_race(err: BaseException) -> bool:
-    """Whether ``err`` is the metadata DB refusing a row that another process inserted first while
-    ``dag.test()`` wrote the DAG to it (``sync_bag_to_db``): two ``tfpipe run`` started together on
-    a DAG the DB has not seen both insert its new rows (its asset, its version), and the slower
-    one fails on a unique constraint before any run exists."""
+    """Whether ``err`` is the metadata DB refusing a row another process inserted first while ``dag.test()``
+    wrote the DAG (``sync_bag_to_db``): two ``tfpipe run`` started together on a new DAG both insert
+    its rows, and the slower one fails on a unique constraint before any run exists."""
     from sqlalchemy.exc import IntegrityError, PendingRollbackError
 
-    seen: set[int] = set()
-    error: BaseException | None = err
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, (IntegrityError, PendingRollbackError)) and any(
-                frame.name == "sync_bag_to_db" for frame in traceback.extract_tb(err.__traceback__)):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    from tfpipe.exceptions import causes
+
+    return any(isinstance(e, (IntegrityError, PendingRollbackError)) for e in causes(err)) and any(
+        frame.name == "sync_bag_to_db" for frame in traceback.extract_tb(err.__traceback__))
 
 
 def run_dag_test(dag: Any, conf: dict[str, Any] | None, logical_date: datetime | None = None) -> Any:
-    """``dag.test(run_conf=conf)``, once more when its DAG sync lost a race with another
-    ``tfpipe run`` (:func:`lost_sync_race`): by then the other process has committed the rows, so
-    the second sync only reads them. Nothing ran yet, so nothing is done twice. ``logical_date``:
-    the run's logical date (its data interval follows from the DAG's schedule), else now."""
+    """``dag.test(run_conf=conf)`` (at ``logical_date``, else now), once more when its DAG sync lost a race
+    with another ``tfpipe run`` (:func:`lost_sync_race`): the second sync only reads the rows the other
+    process committed, and nothing ran yet, so nothing is done twice."""
     dated = {"logical_date": logical_date} if logical_date is not None else {}
     try:
         return dag.test(run_conf=conf or None, **dated)
@@ -130,14 +114,8 @@ def run_dag_test(dag: Any, conf: dict[str, Any] | None, logical_date: datetime |
 def run(dag_id: str, conf: dict[str, Any] | None, dags_folder: str, rerun: str | None = None,
         tasks: list[str] | None = None, only_failed: bool = False, *,
         console: RunConsole | None = None, logical_date: datetime | None = None) -> dict[str, Any]:
-    """Run one DAG run of ``dag_id`` with ``conf`` (or re-run run ``rerun``) and return its summary.
-
-    A re-run is the UI's Clear (:mod:`tfpipe.rerun`): the same run, its history kept, new try
-    numbers for the cleared ``tasks`` (default all) and their downstream tasks.
-
-    Airflow's logs (task logs included) go to stderr, or where an enclosing :func:`quiet_stdout`
-    sends them, so stdout carries only the summary line. ``console`` is told when the DAG is loaded.
-    """
+    """Run one DAG run of ``dag_id`` with ``conf`` (or re-run run ``rerun`` as the UI's Clear does,
+    :mod:`tfpipe.rerun`) and return its summary; Airflow's logs go where :func:`quiet_stdout` sends them."""
     with quiet_stdout():
         dag = load_dag(dag_id, dags_folder, for_test=True)
         ensure_pools(dag)
@@ -191,9 +169,8 @@ def logical_date_arg(text: str) -> datetime:
 def command(args: argparse.Namespace) -> int:
     """``tfpipe run``: print the summary line; 0 when the run succeeded, 2 for rejected parameters.
 
-    Without ``--verbose`` Airflow's log goes to the file of :func:`~tfpipe.cli.console.airflow_log_path`
-    (moved there before Airflow is first imported, so it sets its logging up on that file) and
-    stderr shows the :class:`~tfpipe.cli.console.RunConsole`.
+    Without ``--verbose`` Airflow's log goes to a file before Airflow is first imported (so it sets its
+    logging up on that file) and stderr shows the :class:`~tfpipe.cli.console.RunConsole`.
     """
     try:
         conf = json.loads(args.conf or "{}")
@@ -203,7 +180,7 @@ def command(args: argparse.Namespace) -> int:
         args.parser.error("--conf must be a JSON object such as '{\"epochs\": 5}'")
     if (args.tasks or args.only_failed) and not args.rerun:
         args.parser.error("--task and --only-failed choose what --rerun RUN_ID clears; add --rerun")
-    if getattr(args, "logical_date", None) is not None and args.rerun:
+    if args.logical_date is not None and args.rerun:
         args.parser.error("--logical-date dates a new run; a --rerun keeps its run's date: drop one of them")
     console = None
     if not args.verbose:
@@ -258,7 +235,7 @@ def _run_summary(args: argparse.Namespace, conf: dict[str, Any], console: RunCon
     try:
         summary = run(args.dag_id, conf, args.dags_folder, rerun=args.rerun, tasks=args.tasks,
                       only_failed=args.only_failed, console=console,
-                      logical_date=getattr(args, "logical_date", None))
+                      logical_date=args.logical_date)
     except (ParamValidationError, ValueError) as err:  # rejected before a run starts, as the trigger form does
         if not is_param_rejection(err):
             raise

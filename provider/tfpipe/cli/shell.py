@@ -38,12 +38,9 @@ def _recorded_image(host_run_dir: str, stage: str) -> str | None:
         return None
 
 
-def _image_present(image: str, docker: list[str]) -> bool:
-    return subprocess.run([*docker, "image", "inspect", image], capture_output=True).returncode == 0
-
-
 def _image_identity(image: str, docker: list[str]) -> dict[str, Any] | None:
-    """The image ID and repo digest the task's config carries (as the operator reads them)."""
+    """The image ID and repo digest the task's config carries (as the operator reads them); None when
+    the engine has no such image."""
     from tfpipe.tries import image_identity
 
     proc = subprocess.run([*docker, "image", "inspect", image], capture_output=True, text=True)
@@ -82,7 +79,7 @@ def shell(args: argparse.Namespace) -> int:
     docker = reproduce.docker_base(task.docker_url, reproduce.engine_tls(task))
     recorded = _recorded_image(host_run_dir, task.stage)
     if recorded and recorded != image:
-        if _image_present(recorded, docker):
+        if _image_identity(recorded, docker) is not None:
             note(f"the run's {task.stage} ran on {recorded}; the DAG now names {image}: using {recorded}")
             image = recorded
         else:

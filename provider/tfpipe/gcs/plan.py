@@ -28,10 +28,6 @@ class RemoteObject:
     size: int
     updated: float = 0.0
 
-    def manifest_entry(self) -> dict[str, Any]:
-        """The manifest record of this object."""
-        return {"name": self.name, "generation": self.generation, "crc32c": self.crc32c, "size": self.size}
-
 
 @dataclass(frozen=True)
 class Layout:

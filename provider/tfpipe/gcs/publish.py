@@ -11,7 +11,7 @@ import logging
 import os
 import shutil
 import tarfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -39,11 +39,6 @@ class LocalFile:
     size: int
     crc32c: str
 
-    @classmethod
-    def of(cls, rel: str, path: str) -> LocalFile:
-        """Describe the file at ``path`` (computes its CRC32C)."""
-        return cls(rel=rel, path=path, size=os.path.getsize(path), crc32c=crc32c_of_file(path))
-
 
 def local_files(directory: str) -> list[LocalFile]:
     """Every regular file below ``directory``, sorted, with sizes and CRC32Cs."""
@@ -53,7 +48,8 @@ def local_files(directory: str) -> list[LocalFile]:
         for name in sorted(filenames):
             path = os.path.join(dirpath, name)
             if os.path.isfile(path) and not os.path.islink(path):
-                found.append(LocalFile.of(os.path.relpath(path, directory).replace(os.sep, "/"), path))
+                found.append(LocalFile(os.path.relpath(path, directory).replace(os.sep, "/"), path,
+                                       os.path.getsize(path), crc32c_of_file(path)))
     return found
 
 
@@ -63,13 +59,11 @@ def version_uri(base: GcsUri, model_name: str, version: int) -> GcsUri:
 
 
 def publish_version(hook: TfpipeGcsHook, dest: GcsUri, files: list[LocalFile], *, info: Mapping[str, Any] | None = None,
-                    max_workers: int = 8, on_uploaded: Callable[[LocalFile, int, int], None] | None = None,
-                    log: logging.Logger = LOG) -> dict[str, Any]:
+                    max_workers: int = 8, log: logging.Logger = LOG) -> dict[str, Any]:
     """Upload ``files`` to the version folder ``dest``, then its ``_COMPLETE`` marker, idempotently.
 
     Intact objects are skipped, others replaced, strays deleted, the marker written last. A complete
-    version with other files raises :class:`PublishConflictError`. ``on_uploaded(file, done, total)``
-    is called after each upload.
+    version with other files raises :class:`PublishConflictError`.
     """
     if any(f.rel == MARKER_NAME for f in files):
         raise PublishConflictError(f"the export contains a file named {MARKER_NAME}, the completion marker's name. "
@@ -114,22 +108,15 @@ def publish_version(hook: TfpipeGcsHook, dest: GcsUri, files: list[LocalFile], *
                     if progress.due(done_files, len(todo)):
                         log.info("published %d/%d files, %s of %s", done_files, len(todo), megabytes(done_bytes),
                                  megabytes(total_bytes))
-                    if on_uploaded is not None:
-                        on_uploaded(f, done_files, len(todo))
             except BaseException:
                 for fut in futures:
                     fut.cancel()
                 raise
 
     stray = sorted(rel for rel in existing if rel not in expected)
-    for rel in stray:
-        with hook.errors(f"deleting the stray object {rel} of {dest}", dest, missing="object"):
-            try:
-                bucket.blob(folder + rel).delete()
-            except Exception as err:  # already gone: fine
-                if getattr(err, "code", None) != 404:
-                    raise
     if stray:
+        with hook.errors(f"deleting the stray objects of {dest}", dest, missing="object"):
+            bucket.delete_blobs([folder + rel for rel in stray], on_error=lambda blob: None)  # already gone: fine
         log.warning("publish %s: deleted %d object(s) that are not part of this version: %s", dest, len(stray),
                     ", ".join(stray[:5]))
 

@@ -47,10 +47,13 @@ def stage_in(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, data_path: 
                     len(layout.ignored))
     mount = helper.mount_point.rstrip("/")
     root = f"{mount}/{layout.target_dir}".rstrip("/") if layout.target_dir else mount
-    uid, gid = _uid_gid(user)
+    uid, _, gid = user.partition(":")
+    uid, gid = int(uid), int(gid or uid)
     where = f"{helper.host_path}/{layout.target_dir}".rstrip("/")
     total_bytes = sum(o.size for o in layout.objects.values())
-    prefix = _name_prefix(uri, layout)
+    # the part of every object name the download directory leaves out: the folder of a folder layout,
+    # the single object's own folder (so it lands under its base name)
+    prefix = uri.prefix[: uri.prefix.rfind("/") + 1] if layout.single else uri.folder
 
     survey = _survey(helper, uri, layout, root, where, uid, gid, log)
     fetched = survey.plan.download
@@ -73,11 +76,6 @@ def stage_in(hook: TfpipeGcsHook, helper: VolumeHelper, uri: GcsUri, data_path: 
             "objects": len(layout.objects), "bytes": total_bytes, "downloaded": len(fetched),
             "bytes_downloaded": downloaded_bytes, "unchanged": len(plan.unchanged), "deleted": len(plan.delete),
             "untracked": len(plan.untracked)}
-
-
-def _uid_gid(user: str) -> tuple[int, int]:
-    uid, _, gid = user.partition(":")
-    return int(uid), int(gid or uid)
 
 
 # -- the target directory ---------------------------------------------------------------------------
@@ -122,7 +120,8 @@ def _new_manifest(uri: GcsUri, layout: Layout, listing: dict[str, Any], uid: int
     """The sync's manifest as a tar archive of that one file, or ``None`` when the target directory's
     (in ``listing``) already says the same."""
     manifest = {"schema": MANIFEST_SCHEMA, "source": str(uri),
-                "objects": {rel: o.manifest_entry() for rel, o in sorted(layout.objects.items())}}
+                "objects": {rel: {"name": o.name, "generation": o.generation, "crc32c": o.crc32c, "size": o.size}
+                            for rel, o in sorted(layout.objects.items())}}
     old = listing.get("manifest") or {}
     if old.get("objects") == manifest["objects"] and old.get("source") == manifest["source"]:
         return None
@@ -131,12 +130,6 @@ def _new_manifest(uri: GcsUri, layout: Layout, listing: dict[str, Any], uid: int
 
 
 # -- downloads ---------------------------------------------------------------------------------------
-
-def _name_prefix(uri: GcsUri, layout: Layout) -> str:
-    """The part of every object name that the download directory leaves out: the folder of a folder
-    layout, the single object's own folder (so it lands under its base name)."""
-    return uri.prefix[: uri.prefix.rfind("/") + 1] if layout.single else uri.folder
-
 
 def _download(hook: TfpipeGcsHook, uri: GcsUri, prefix: str, objects: list[RemoteObject], tmp: str,
               max_workers: int, log: logging.Logger) -> None:

@@ -12,8 +12,10 @@ import logging
 import tarfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import IO, Any
 
+from airflow.providers.common.compat.sdk import AirflowFailException
 from airflow.providers.docker.hooks.docker import DockerHook
 
 from tfpipe.engine_settings import DEFAULT_DOCKER_URL, EngineSettings, diagnose, engine_error_message
@@ -22,6 +24,7 @@ from tfpipe.exceptions import (
     DockerEngineUnreachableError,
     GpuUnavailableError,
     StageFailedError,
+    TfpipeConfigError,
 )
 
 LOG = logging.getLogger(__name__)
@@ -67,13 +70,19 @@ class TfpipeDockerHook(DockerHook):
         self._tls_config = kwargs.get("tls")
 
     @classmethod
-    def for_deployment(cls, docker_url: str = DEFAULT_DOCKER_URL) -> TfpipeDockerHook:
-        """A hook on ``docker_url``; the local default means the deployment's ``[tfpipe]`` engine and TLS files."""
+    def for_task(cls, docker_url: str, task_id: str) -> TfpipeDockerHook:
+        """A hook on ``docker_url`` that answered a ping (see :meth:`ping_or_raise`); the local default
+        means the deployment's ``[tfpipe]`` engine and TLS files, whose errors fail ``task_id`` without retry."""
         tls = None
         if docker_url == DEFAULT_DOCKER_URL:
-            engine = EngineSettings.from_airflow_config()
+            try:
+                engine = EngineSettings.from_airflow_config()
+            except TfpipeConfigError as err:
+                raise AirflowFailException(f"{task_id}: {err}") from err
             docker_url, tls = engine.docker_url, engine.tls_config()
-        return cls(docker_url=docker_url, tls=tls)
+        hook = cls(docker_url=docker_url, tls=tls)
+        hook.ping_or_raise(what=task_id)
+        return hook
 
     # -- the engine ------------------------------------------------------------------------------
 
@@ -127,15 +136,17 @@ class TfpipeDockerHook(DockerHook):
         return len(found)
 
     def create_helper(self, *, image: str, command: Sequence[str], binds: Mapping[str, Mapping[str, str]],
-                      labels: Mapping[str, str], role: str) -> str:
+                      labels: Mapping[str, str], role: str, environment: Mapping[str, str] | None = None) -> str:
         """Create (not start) a helper container: root, no network, no entrypoint; return its id.
 
-        Binds, not mounts: the engine creates a missing source directory, so a fresh host needs no set-up.
+        Root: run dirs and data sets belong to the stages' user, whichever uid that is. Binds, not
+        mounts: the engine creates a missing source directory, so a fresh host needs no set-up.
         """
         cli = self.api_client
         host_config = cli.create_host_config(binds=dict(binds), network_mode="none", auto_remove=False)
         container = cli.create_container(image=image, command=list(command), user="0:0", entrypoint=[],
-                                         host_config=host_config, labels={**labels, ROLE_LABEL: role})
+                                         environment=dict(environment or {}), host_config=host_config,
+                                         labels={**labels, ROLE_LABEL: role})
         return container["Id"]
 
     def remove_quietly(self, container_id: str, log: logging.Logger | None = None) -> None:
@@ -172,14 +183,8 @@ class TfpipeDockerHook(DockerHook):
         finally:
             self.remove_quietly(cid)
 
-    def volume(self, *, image: str, host_path: str, mount_point: str = "/vol", read_only: bool = False,
-               labels: Mapping[str, str] | None = None, role: str = "volume-helper",
-               log: logging.Logger | None = None) -> VolumeHelper:
-        """A :class:`VolumeHelper` for ``host_path`` on this engine (use it as a context manager)."""
-        return VolumeHelper(self, image=image, host_path=host_path, mount_point=mount_point, read_only=read_only,
-                            labels=labels, role=role, log=log)
 
-
+@dataclass
 class VolumeHelper:
     """Files into and out of one host directory on the engine, mounted at ``mount_point``.
 
@@ -194,19 +199,17 @@ class VolumeHelper:
     :param role: the helper's role label, e.g. ``"gcs-stage-in"``.
     """
 
-    def __init__(self, hook: TfpipeDockerHook, *, image: str, host_path: str, mount_point: str = "/vol",
-                 read_only: bool = False, labels: Mapping[str, str] | None = None, role: str = "volume-helper",
-                 log: logging.Logger | None = None) -> None:
-        self.hook = hook
-        self.image = image
-        self.host_path = host_path
-        self.mount_point = mount_point
-        self.read_only = read_only
-        self.labels = dict(labels or {})
-        self.role = role
-        self.log = log or LOG
-        self._archive_id: str | None = None
-        self._entered = False
+    hook: TfpipeDockerHook
+    _: KW_ONLY
+    image: str
+    host_path: str
+    mount_point: str = "/vol"
+    read_only: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+    role: str = "volume-helper"
+    log: logging.Logger = LOG
+    _archive_id: str | None = field(default=None, init=False)
+    _entered: bool = field(default=False, init=False)
 
     @property
     def _binds(self) -> dict[str, dict[str, str]]:

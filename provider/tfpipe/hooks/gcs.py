@@ -25,6 +25,7 @@ from airflow.providers.common.compat.sdk import (
 )
 
 from tfpipe.config import check_gcs_uri
+from tfpipe.exceptions import causes
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 EMULATOR_PROJECT = "test"
@@ -339,14 +340,8 @@ class TfpipeGcsHook(BaseHook):
 def _certificate_refused(err: BaseException) -> bool:
     """Whether ``err`` (or what it wraps) is a TLS certificate the client would not accept: a setting
     to fix, never a transient failure."""
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        text = str(err)
-        if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text or "hostname mismatch" in text:
-            return True
-        err = err.__cause__ or err.__context__ or next((a for a in err.args if isinstance(a, BaseException)), None)
-    return False
+    words = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "hostname mismatch")
+    return any(word in str(error) for error in causes(err) for word in words)
 
 
 def _certificate_reason(err: BaseException) -> str:
@@ -419,7 +414,5 @@ def list_objects(hook: TfpipeGcsHook, uri: GcsUri, *, prefix: str | None = None,
     """Every object under ``prefix`` (default: ``uri.prefix``) of ``uri``'s bucket; no bucket: :class:`GcsAccessError`."""
     client = hook.get_conn()
     with hook.errors(f"{action} {uri}", uri, missing="bucket"):
-        kwargs: dict[str, Any] = {"prefix": uri.prefix if prefix is None else prefix, "retry": _listing_retry()}
-        if match_glob:
-            kwargs["match_glob"] = match_glob
-        return list(client.list_blobs(uri.bucket, **kwargs))
+        return list(client.list_blobs(uri.bucket, prefix=uri.prefix if prefix is None else prefix,
+                                      match_glob=match_glob or None, retry=_listing_retry()))

@@ -22,8 +22,7 @@ def log_tail(lines: Sequence[Any] | None) -> str:
 
 
 def raise_for_exit(*, stage: str, code: int | None, oom_killed: bool, logs: list[str], context: Any,
-                   downstream: Callable[[], list[str]], mem_limit: Any = None,
-                   log: logging.Logger | None = None) -> NoReturn:
+                   downstream: Callable[[], list[str]], log: logging.Logger, mem_limit: Any = None) -> NoReturn:
     """Raise what the non-zero exit ``code`` of ``stage`` means to Airflow.
 
     :param downstream: the task ids to skip when an evaluation was not blessed.
@@ -34,8 +33,7 @@ def raise_for_exit(*, stage: str, code: int | None, oom_killed: bool, logs: list
         result = contract.parse_result_line(logs)
         context["ti"].xcom_push(key="return_value", value=result)
         skipped = sorted(downstream())
-        if log:
-            log.info("candidate not blessed: skipping %s", ", ".join(skipped) or "nothing")
+        log.info("candidate not blessed: skipping %s", ", ".join(skipped) or "nothing")
         raise DownstreamTasksSkipped(tasks=skipped)
     if code == contract.ExitCode.DATA_REJECTED and stage == "validate":
         # the findings (columns, measures, thresholds) stay readable for the run note and lineage

@@ -19,48 +19,12 @@ from tfpipe.config import (TfpipeConfigError, check_gcs_uri, check_host_path, ch
                            check_relative_path)
 from tfpipe.specs import container_labels
 
-if TYPE_CHECKING:  # a task-time module: a DAG file's parse does not import it
+if TYPE_CHECKING:  # task-time modules: a DAG file's parse does not import them
+    from tfpipe.hooks.docker import VolumeHelper
     from tfpipe.hooks.gcs import GcsUri, TfpipeGcsHook
 
 #: Where the stage-in helper mounts the data volume.
 DATA_MOUNT = "/vol"
-
-
-def _resolve_uri(context: Mapping[str, Any], param: str | None, default: str | None, task_id: str,
-                 what: str) -> GcsUri | None:
-    """The URI of this run: the run's Param ``param`` if set, else ``default``; None = nothing to do."""
-    params = context.get("params") or {}
-    value = params.get(param) if param else None
-    source = f"run parameter {param!r}"
-    if value in (None, ""):
-        value, source = default, f"the task's {what}"
-    if value in (None, "", "None"):
-        return None
-    from tfpipe.hooks.gcs import GcsUri
-
-    try:
-        return GcsUri.parse(value, field_name=source)
-    except TfpipeConfigError as err:
-        raise AirflowFailException(f"{task_id}: {err}") from None
-
-
-def _engine(docker_url: str, task_id: str) -> Any:
-    """The engine's hook (the deployment's engine and TLS files when ``docker_url`` is the default), pinged."""
-    from tfpipe.hooks.docker import TfpipeDockerHook
-
-    try:
-        engine = TfpipeDockerHook.for_deployment(docker_url)
-    except TfpipeConfigError as err:
-        raise AirflowFailException(f"{task_id}: {err}") from err
-    engine.ping_or_raise(what=task_id)
-    return engine
-
-
-def _task_labels(context: Mapping[str, Any], stage: str) -> dict[str, str]:
-    ti = context["ti"]
-    map_index = getattr(ti, "map_index", -1)
-    return container_labels(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, try_number=ti.try_number,
-                            stage=stage, map_index=-1 if map_index is None else map_index)
 
 
 class _GcsTransferOperator(BaseOperator):
@@ -94,28 +58,40 @@ class _GcsTransferOperator(BaseOperator):
 
     def _run_uri(self, context: Mapping[str, Any], *, skip: str) -> GcsUri:
         """The URI of this run (the Param ``uri_param``, else the operator's); no URI skips with ``skip``."""
+        from tfpipe.hooks.gcs import GcsUri
         from tfpipe.run_params import reject_unknown_conf
 
         reject_unknown_conf(context, self.task_id)
-        uri = _resolve_uri(context, self.uri_param, getattr(self, self.uri_field), self.task_id, self.uri_field)
-        if uri is None:
+        value = (context.get("params") or {}).get(self.uri_param) if self.uri_param else None
+        source = f"run parameter {self.uri_param!r}"
+        if value in (None, ""):
+            value, source = getattr(self, self.uri_field), f"the task's {self.uri_field}"
+        if value in (None, "", "None"):
             raise AirflowSkipException(f"{skip}: neither the run parameter {self.uri_param!r} nor "
                                        f"{self.uri_field} is set")
-        return uri
+        try:
+            return GcsUri.parse(value, field_name=source)
+        except TfpipeConfigError as err:
+            raise AirflowFailException(f"{self.task_id}: {err}") from None
 
-    def _connect(self, context: Mapping[str, Any]) -> tuple[str, TfpipeGcsHook, Any, dict[str, str]]:
-        """``(image, gcs hook, engine hook, labels)``; credentials are checked before the engine is
-        touched, and helper containers an earlier try left behind are removed."""
+    def _connect(self, context: Mapping[str, Any], **volume: Any) -> tuple[TfpipeGcsHook, VolumeHelper]:
+        """The Cloud Storage hook, and a :class:`VolumeHelper` of ``volume`` (its ``host_path``, ``mount_point``,
+        ``read_only``). Credentials are checked before the engine is touched, and helper containers an
+        earlier try left behind are removed."""
+        from tfpipe.hooks.docker import TfpipeDockerHook, VolumeHelper
         from tfpipe.hooks.gcs import TfpipeGcsHook
         from tfpipe.settings import resolve_image
 
         image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
         hook = TfpipeGcsHook(self.gcp_conn_id)
         hook.get_conn()  # credentials first: a bad key fails before any container starts
-        engine = _engine(self.docker_url, self.task_id)
-        labels = _task_labels(context, self.stage)
+        engine = TfpipeDockerHook.for_task(self.docker_url, self.task_id)
+        ti = context["ti"]
+        map_index = getattr(ti, "map_index", -1)
+        labels = container_labels(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, try_number=ti.try_number,
+                                  stage=self.stage, map_index=-1 if map_index is None else map_index)
         engine.remove_labelled(labels, role=self.helper_role, log=self.log)
-        return image, hook, engine, labels
+        return hook, VolumeHelper(engine, image=image, labels=labels, role=self.helper_role, log=self.log, **volume)
 
 
 class GcsStageInOperator(_GcsTransferOperator):
@@ -163,9 +139,8 @@ class GcsStageInOperator(_GcsTransferOperator):
         uri = self._run_uri(context, skip="no data URI (prep reads the data volume as it is)")
         from tfpipe.gcs.sync import stage_in
 
-        image, hook, engine, labels = self._connect(context)
-        with engine.volume(image=image, host_path=self.data_volume, mount_point=DATA_MOUNT, labels=labels,
-                           role=self.helper_role, log=self.log) as helper:
+        hook, volume = self._connect(context, host_path=self.data_volume, mount_point=DATA_MOUNT)
+        with volume as helper:
             result = stage_in(hook, helper, uri, self.data_path, user=self.user, max_workers=self.max_workers,
                               log=self.log)
         from tfpipe.lineage import capture
@@ -247,13 +222,12 @@ class GcsPublishOperator(_GcsTransferOperator):
 
         version = self._version(context)
         dest = version_uri(base, self.model_name, version)
-        image, hook, engine, labels = self._connect(context)
+        hook, volume = self._connect(context, host_path=self.models_volume, mount_point=contract.CONTAINER_MODELS,
+                                     read_only=True)
         list_objects(hook, dest, prefix=dest.folder, action="checking")  # a missing bucket fails here
         container_dir = f"{contract.CONTAINER_MODELS}/{self.model_name}/{version}"
         with tempfile.TemporaryDirectory(prefix="tfpipe-publish-") as tmp:
-            with engine.volume(image=image, host_path=self.models_volume,
-                               mount_point=contract.CONTAINER_MODELS, read_only=True, labels=labels,
-                               role=self.helper_role, log=self.log) as helper:
+            with volume as helper:
                 stream = helper.get_archive(container_dir)
                 if stream is None:
                     raise AirflowFailException(

@@ -94,31 +94,30 @@ class RegisterOperator(BaseOperator):
         value = ti.xcom_pull(task_ids=task_id)
         return value if isinstance(value, dict) else None
 
-    def _read_files(self, context: Any, version: int | None) -> tuple[dict[str, bytes], dict[str, Any] | None, str]:
+    def _read_files(self, context: Any, version: int | None,
+                    image: str) -> tuple[dict[str, bytes], dict[str, Any] | None, str]:
         """The run dir's files MLflow gets (by :func:`run_files` key; the missing ones left out), the exported
-        version's ``metadata.json`` and the engine's URL, read through helper containers on the engine."""
-        from tfpipe.hooks.docker import TfpipeDockerHook
-        from tfpipe.settings import resolve_image
+        version's ``metadata.json`` and the engine's URL, read through helper containers of ``image``."""
+        from tfpipe.hooks.docker import TfpipeDockerHook, VolumeHelper
 
         ti = context["ti"]
-        image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
-        engine = TfpipeDockerHook.for_deployment(self.docker_url)
-        engine.ping_or_raise(what=self.task_id)
+        engine = TfpipeDockerHook.for_task(self.docker_url, self.task_id)
         labels = container_labels(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
                                   try_number=ti.try_number, stage=ROLE)
         engine.remove_labelled({k: v for k, v in labels.items() if k != "tfpipe.try_number"}, role=ROLE, log=self.log)
         files: dict[str, bytes] = {}
         metadata = None
         try:
-            with engine.volume(image=image, host_path=self.volumes.work, mount_point=contract.CONTAINER_WORK,
-                               read_only=True, labels=labels, role=ROLE, log=self.log) as work:
+            with VolumeHelper(engine, image=image, host_path=self.volumes.work, mount_point=contract.CONTAINER_WORK,
+                              read_only=True, labels=labels, role=ROLE, log=self.log) as work:
                 for key, path in run_files(ti.dag_id, ti.run_id).items():
                     data = work.read_file(path)
                     if data is not None:
                         files[key] = data
             if version is not None:
-                with engine.volume(image=image, host_path=self.volumes.models, mount_point=contract.CONTAINER_MODELS,
-                                   read_only=True, labels=labels, role=ROLE, log=self.log) as models:
+                with VolumeHelper(engine, image=image, host_path=self.volumes.models,
+                                  mount_point=contract.CONTAINER_MODELS, read_only=True, labels=labels, role=ROLE,
+                                  log=self.log) as models:
                     data = models.read_file(f"{contract.CONTAINER_MODELS}/{self.model_name}/{version}/metadata.json")
                     metadata = json.loads(data) if data else None
         finally:
@@ -130,6 +129,7 @@ class RegisterOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from tfpipe import mlflow as tracking
         from tfpipe.links import MlflowRunLink, host_path
+        from tfpipe.settings import resolve_image
 
         uri = self._tracking_uri()
         try:
@@ -143,7 +143,8 @@ class RegisterOperator(BaseOperator):
             raise AirflowSkipException("this run has no evaluation (it stopped before evaluate): nothing to log")
         export = self._pull(ti, "export") or {}
         version = export.get("version") if evaluation.get("blessed") else None
-        files, metadata, engine_url = self._read_files(context, version)
+        image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
+        files, metadata, engine_url = self._read_files(context, version, image)
 
         def load(key: str) -> Any:
             return json.loads(files[key]) if key in files else None
@@ -175,17 +176,12 @@ class RegisterOperator(BaseOperator):
         registered = tracking.register_version(
             mlflow, model_name=self.model_name, source=source, mlflow_run_id=run.info.run_id,
             tags=tracking.version_tags(dag_id=ti.dag_id, run_id=ti.run_id, metadata=metadata,
-                                       image=self._image_ref(), fingerprint=prep.get("fingerprint"),
+                                       image=image, fingerprint=prep.get("fingerprint"),
                                        host_path=model_path, export_version=int(version)),
             alias=tracking.CHAMPION_ALIAS, log=self.log)
         result.update(registered_version=int(registered.version), source=source,
                       version_url=tracking.version_url(uri, self.model_name, registered.version))
         return result
-
-    def _image_ref(self) -> str:
-        from tfpipe.settings import resolve_image
-
-        return resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
 
     def _link_train(self, ti: Any, link: Any, url: str) -> None:
         """Store the "MLflow run" link of ``train`` (Airflow stored that task's links when it ended)."""

@@ -14,6 +14,7 @@ from typing import Any
 from airflow.providers.common.compat.sdk import AirflowFailException, BaseOperator
 
 from tfpipe import contract
+from tfpipe.compat import state_name
 from tfpipe.config import RetentionConfig, check_host_path, check_image_ref, check_name
 from tfpipe.specs import container_labels
 
@@ -35,12 +36,6 @@ def retention_request(*, dag_id: str, run_id: str, model_name: str, retention: R
         "protect_run_ids": sorted(set(protect_run_ids)),
         "work": contract.CONTAINER_WORK, "models": contract.CONTAINER_MODELS,
     }
-
-
-def state_name(state: Any) -> str | None:
-    """``"running"`` for a state given as text or as an enum member (the task SDK's enums print as
-    ``DagRunState.RUNNING``)."""
-    return None if state is None else str(getattr(state, "value", state))
 
 
 def active_run_ids(ti: Any, dag_id: str, log: Any) -> list[str] | None:
@@ -119,28 +114,24 @@ class RetentionOperator(BaseOperator):
 
         image = resolve_image(self.image, task=self.task_id, allow_floating_tag=self.allow_floating_tag)
 
-        hook = TfpipeDockerHook.for_deployment(self.docker_url)
-        cli = hook.ping_or_raise(what=self.task_id)
+        hook = TfpipeDockerHook.for_task(self.docker_url, self.task_id)
+        cli = hook.api_client
         hook.remove_labelled({k: v for k, v in labels.items() if k != "tfpipe.try_number"}, role=ROLE, log=self.log)
-        # Root: run dirs and data sets belong to the stages' user, whichever uid that is.
-        helper = cli.create_container(
-            image=image, command=list(RETENTION_COMMAND), user="0:0", entrypoint=[],
-            environment={REQUEST_ENV: json.dumps(request)}, labels={**labels, "tfpipe.role": ROLE},
-            host_config=cli.create_host_config(
-                binds={self.work_volume: {"bind": contract.CONTAINER_WORK, "mode": "rw"},
-                       self.models_volume: {"bind": contract.CONTAINER_MODELS, "mode": "ro"}},
-                network_mode="none", auto_remove=False))
+        helper = hook.create_helper(
+            image=image, command=RETENTION_COMMAND, labels=labels, role=ROLE, environment={REQUEST_ENV: json.dumps(request)},
+            binds={self.work_volume: {"bind": contract.CONTAINER_WORK, "mode": "rw"},
+                   self.models_volume: {"bind": contract.CONTAINER_MODELS, "mode": "ro"}})
         lines: list[str] = []
         try:
-            cli.start(helper["Id"])
-            for chunk in cli.logs(helper["Id"], stream=True, follow=True):
+            cli.start(helper)
+            for chunk in cli.logs(helper, stream=True, follow=True):
                 for line in chunk.decode("utf-8", "replace").splitlines():
                     lines.append(line)
                     if not line.startswith(contract.RESULT_PREFIX):
                         self.log.info("%s", line)
-            status = cli.wait(helper["Id"]).get("StatusCode")
+            status = cli.wait(helper).get("StatusCode")
         finally:
-            hook.remove_quietly(helper["Id"], self.log)
+            hook.remove_quietly(helper, self.log)
         tail = "\n".join(lines[-30:])
         if status in contract.ExitCode.NO_RETRY:
             raise AirflowFailException(f"retention rejected its request (exit {status}):\n{tail}")

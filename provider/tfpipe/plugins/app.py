@@ -84,7 +84,9 @@ def create_app() -> FastAPI:
                                      "whose volumes the plugin cannot read).")
         return location
 
-    def report_file(dag_id: str, run_id: str, name: str) -> Response:
+    @app.get("/runs/{dag_id}/{run_id}/report/{name:path}", dependencies=may_read_runs)
+    def report(dag_id: str, run_id: str, name: str) -> Response:
+        name = name or REPORT_HTML  # the folder's own URL is the page: its plots resolve next to it
         if name not in REPORT_FILES:
             raise HTTPException(404, f"{name!r} is not a report file; the report has {', '.join(REPORT_FILES)}.")
         data = read_run_file(location_or_404(dag_id, run_id), dag_id, run_id, name)
@@ -95,14 +97,6 @@ def create_app() -> FastAPI:
         if name == REPORT_HTML:
             headers["Content-Security-Policy"] = _REPORT_CSP
         return Response(data, media_type=_MEDIA_TYPES[name[name.rfind("."):]], headers=headers)
-
-    @app.get("/runs/{dag_id}/{run_id}/report/", dependencies=may_read_runs)
-    def report(dag_id: str, run_id: str) -> Response:
-        return report_file(dag_id, run_id, REPORT_HTML)
-
-    @app.get("/runs/{dag_id}/{run_id}/report/{name}", dependencies=may_read_runs)
-    def report_part(dag_id: str, run_id: str, name: str) -> Response:
-        return report_file(dag_id, run_id, name)
 
     @app.get("/runs/{dag_id}/{run_id}/tensorboard", dependencies=may_read_runs)
     def tensorboard_root(request: Request) -> Response:

@@ -52,11 +52,11 @@ def read_run_file(location: Mapping[str, str], dag_id: str, run_id: str, name: s
     """The bytes of report file ``name`` (one of :data:`~tfpipe.plugins.paths.REPORT_FILES`) of the run, or ``None``."""
     if name not in REPORT_FILES:
         raise ValueError(f"name: {name!r} is not a report file. Fix: one of {', '.join(REPORT_FILES)}")
-    from tfpipe.hooks.docker import TfpipeDockerHook
+    from tfpipe.hooks.docker import TfpipeDockerHook, VolumeHelper
 
     hook = TfpipeDockerHook(docker_url=location["docker_url"], tls=engine_tls(location["docker_url"]))
     try:
-        with hook.volume(image=location["image"], host_path=location["work"], mount_point=contract.CONTAINER_WORK,
+        with VolumeHelper(hook, image=location["image"], host_path=location["work"], mount_point=contract.CONTAINER_WORK,
                          read_only=True, labels={"tfpipe.dag_id": dag_id, "tfpipe.run_id": run_id},
                          role=REPORT_READER_ROLE) as helper:
             return helper.read_file(f"{contract.run_dir(dag_id, run_id)}/{name}")
