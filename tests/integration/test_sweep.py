@@ -117,13 +117,13 @@ def test_the_scheduler_runs_the_4_trials_as_mapped_train_instances_2_at_a_time(s
         settings = ", ".join(f"{key}={value}" for key, value in trial["params"].items())
         assert ti["rendered_map_index"] == f"trial {trial['index']}: {settings}"
     intervals = [(datetime.fromisoformat(ti["start_date"]), datetime.fromisoformat(ti["end_date"])) for ti in trains]
-    assert _most_at_once(intervals) <= 2
+    assert _most_at_once(intervals) == 2, intervals
     attempts = [json.loads((_trial_dir(scheduled_sweep["home"], k) / "attempts.json").read_text()) for k in range(4)]
     # a killed attempt records no end: it ended when the test killed it
     spans = [(datetime.fromisoformat(a["start_time"]),
               datetime.fromisoformat(a["end_time"]) if a["end_time"] else scheduled_sweep["killed_at"])
              for trial in attempts for a in trial]
-    assert _most_at_once(spans) == 2, spans
+    assert _most_at_once(spans) <= 2, spans
     states = {ti["task_id"]: ti["state"] for ti in scheduled_sweep["tis"] if ti["task_id"] != "train"}
     assert states == {"prep": "success", "validate": "success", "select": "success", "evaluate": "success",
                       "export": "success", "cleanup": "success", "register": "skipped"}, states
