@@ -167,3 +167,19 @@ def test_a_trial_s_train_config_takes_its_settings_over_the_run_s_and_names_the_
     plan = resolve_try(spec, ti, {"epochs": 2})
     with pytest.raises(TfpipeConfigError, match="training.learning_rate_warmup_epochs"):
         put_trial(plan.config, {"index": 0, "params": {"learning_rate_warmup_epochs": 2}})
+
+
+def test_the_example_sweep_plans_the_trials_the_sweeps_page_shows():
+    """docs: sweeps: the example DAG ``tfpipe_digits_sweep`` is a 4-trial random sweep, 2 at a time, and its
+    trial 1 is the one the page names in the grid view."""
+    import runpy
+
+    from tests.conftest import REPO
+
+    dag = runpy.run_path(str(REPO / "dags" / "tfpipe_digits_sweep.py"))["dag"]
+    train = dag.get_task("train")
+    trials = train.expand_input.value["trial"]
+    assert len(trials) == 4 and train.partial_kwargs["max_active_tis_per_dagrun"] == 2
+    label = trial_label(trials[1])
+    assert label == "trial 1: learning_rate=0.0004136, model_kwargs.hidden_units=[64, 32]"
+    assert label in (REPO / "docs" / "sweeps.md").read_text().replace("\n", " ")
