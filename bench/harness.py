@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ import time
 import traceback
 import uuid
 from pathlib import Path
+from statistics import median
 from typing import Any, Callable
 
 BENCH = Path(__file__).resolve().parent
@@ -34,7 +34,7 @@ RESULT_PREFIX = "BENCH_RESULT "  # the last stdout line of every bench/in_image 
 UID_GID = (1000, 1000)  # the trainer image's user: files on mounts belong to it
 #: What the whole bench needs at five pairs on a 2-core machine (the figures' ``seconds`` summed,
 #: with a margin): a figure that would start with less than its own estimate left is not run.
-DEFAULT_BUDGET_S = 4500
+DEFAULT_BUDGET_S = 4900
 
 
 def log(message: str) -> None:
@@ -53,10 +53,6 @@ class Figure:
     run: Callable[["Context"], dict[str, Any]]
     seconds: float = 60  # its wall time at five pairs on a 2-core machine: not started with less left
     judged_on: str = "ratio"  # the entry's field the target applies to: "ratio" (wall) or "cpu_ratio"
-
-
-def median(values: list[float]) -> float:
-    return float(statistics.median(values))
 
 
 def ratio_stats(a: list[float], b: list[float], a_cpu: list[float] | None = None,
@@ -117,7 +113,7 @@ def make_dirs(*paths: Path) -> None:
 
 
 def fresh_home(parent: Path, name: str) -> Path:
-    """A TFPIPE_HOME holding only a copy of the digits CSV (as tests/conftest.py makes)."""
+    """A TFPIPE_HOME holding only a copy of the digits CSV."""
     source = REPO / ".demo" / "data" / "digits" / "digits.csv"
     if not source.exists():
         raise BenchError(f"{source} is missing: run `make data`")
@@ -149,32 +145,14 @@ def run_logged(cmd: list[str], logfile: Path, *, timeout: float, env: dict[str, 
 def tfpipe_run(dag_id: str, env: dict[str, str], logfile: Path, extra: tuple[str, ...] = ()) -> None:
     """One ``tfpipe run DAG_ID`` (``dag.test`` in a fresh process); BenchError unless it succeeded without
     retries (a retried task makes a sample incomparable)."""
-    cmd = [sys.executable, "-m", "tfpipe.cli", "run", dag_id, *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
-    with open(logfile, "a") as handle:
-        handle.write(f"\n$ {' '.join(cmd)}  (TFPIPE_HOME={env.get('TFPIPE_HOME')})\n{proc.stderr}\n{proc.stdout}\n")
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    out = run_logged([sys.executable, "-m", "tfpipe.cli", "run", dag_id, *extra], logfile, timeout=900, env=env)
+    lines = [line for line in out.splitlines() if line.startswith("{")]
     summary = json.loads(lines[-1]) if lines else {}
-    if proc.returncode != 0 or summary.get("state") != "success":
-        raise BenchError(f"tfpipe run {dag_id} ended {summary.get('state', 'without a summary')} "
-                         f"(exit {proc.returncode}; see {logfile})")
+    if summary.get("state") != "success":
+        raise BenchError(f"tfpipe run {dag_id} ended {summary.get('state', 'without a summary')} (see {logfile})")
     retried = [t for t, v in summary.get("tasks", {}).items() if v.get("try_number", 1) != 1]
     if retried:
         raise BenchError(f"tfpipe run {dag_id}: task(s) {retried} were retried: the timing is not comparable")
-
-
-def stage_docker_args(spec: Any, config: dict[str, Any]) -> list[str]:
-    """The ``docker run`` options equivalent to what the stage operator gives its container."""
-    from tfpipe import contract
-
-    args = ["--user", spec.user, "--network", spec.network_mode]
-    args += ["--shm-size", spec.shm_size] if spec.shm_size else []
-    args += ["--memory", spec.mem_limit] if spec.mem_limit else []
-    args += ["--cpus", str(spec.cpus)] if spec.cpus else []
-    for mount in spec.mounts:
-        args += ["--mount", f"type=bind,source={mount.source},target={mount.target}" + (",readonly" * mount.read_only)]
-    env = {**spec.environment, **spec.private_environment, contract.CONFIG_ENV: contract.dumps(config)}
-    return args + [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")]
 
 
 def host_path(spec: Any, container_path: str) -> Path:
@@ -217,20 +195,15 @@ class Context:
 
     @property
     def image(self) -> str:
-        """The trainer image, found (or built) when a figure first needs it: the parse figure does not."""
+        """The trainer image, looked up when a figure first needs it: the parse figure does not."""
         if self.image_ref is None:
-            self.image_ref = self._find_image()
+            cached = REPO / ".cache" / "trainer-image"  # what `make image` wrote
+            ref = os.environ.get("TFPIPE_IMAGE") or (cached.read_text().strip() if cached.exists() else "")
+            if not ref or subprocess.run(["docker", "image", "inspect", ref], capture_output=True).returncode != 0:
+                raise BenchError(f"the trainer image {ref or '(TFPIPE_IMAGE is not set)'} is not in the Docker "
+                                 "engine. Fix: run `make image`, or `make bench`, which builds it first")
+            os.environ["TFPIPE_IMAGE"] = self.image_ref = ref
         return self.image_ref
-
-    @staticmethod
-    def _find_image() -> str:
-        cached = REPO / ".cache" / "trainer-image"  # what `make image` wrote
-        ref = os.environ.get("TFPIPE_IMAGE") or (cached.read_text().strip() if cached.exists() else "")
-        if not ref or subprocess.run(["docker", "image", "inspect", ref], capture_output=True).returncode != 0:
-            raise BenchError(f"the trainer image {ref or '(TFPIPE_IMAGE is not set)'} is not in the Docker engine. "
-                             "Fix: run `make image`, or `make bench`, which builds it first")
-        os.environ["TFPIPE_IMAGE"] = ref
-        return ref
 
     def left(self) -> float:
         return self.budget_s - (time.monotonic() - self.started)
@@ -239,6 +212,19 @@ class Context:
         """``docker run`` options every bench container gets: a name and the session label."""
         self._names += 1
         return ["--name", f"tfpipe-bench-{self.session}-{what}-{self._names}", "--label", f"tfpipe.bench={self.session}"]
+
+    def stage_run(self, what: str, spec: Any, config: Any) -> list[str]:
+        """``docker run`` of ``spec``'s container with ``config``, as the stage operator configures it."""
+        from tfpipe import contract
+
+        args = ["docker", "run", "--rm", *self.docker_run_args(what), "--user", spec.user, "--network", spec.network_mode]
+        args += ["--shm-size", spec.shm_size] if spec.shm_size else []
+        args += ["--memory", spec.mem_limit] if spec.mem_limit else []
+        args += ["--cpus", str(spec.cpus)] if spec.cpus else []
+        for mount in spec.mounts:
+            args += ["--mount", f"type=bind,source={mount.source},target={mount.target}" + ",readonly" * mount.read_only]
+        env = {**spec.environment, **spec.private_environment, contract.CONFIG_ENV: contract.dumps(dict(config))}
+        return args + [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")] + [self.image, *spec.command]
 
     def in_image(self, script: str, args: list[str], *, logfile: Path, timeout: float,
                  mount_root: Path | None = None) -> dict[str, Any]:
@@ -251,22 +237,46 @@ class Context:
         lines = [line for line in out.splitlines() if line.startswith(RESULT_PREFIX)]
         if not lines:
             raise BenchError(f"{script} printed no result line (see {logfile})")
-        result = json.loads(lines[-1][len(RESULT_PREFIX):])
-        if result.get("error"):
-            raise BenchError(f"{script}: {result['error']}")
-        return result
+        return json.loads(lines[-1][len(RESULT_PREFIX):])
 
     def images_root(self) -> Path:
         """The synthetic 64x64 RGB image data set (PNGs + trainer.prep), made once per bench run."""
         if self._images_root is None:
             root = self.tmp / "images"
             make_dirs(root)
-            os.chmod(root, 0o777)
             log("making the synthetic image data set (1,200 64x64 RGB PNGs, trainer.prep)")
             self.in_image("make_images.py", ["--count", "1200", "--size", "64", "--channels", "3"],
                           logfile=LOGS / "make_images.log", timeout=300, mount_root=root)
             self._images_root = root
         return self._images_root
+
+    def image_train_spec(self, dag_id: str, training: dict[str, Any], **sections: Any) -> Any:
+        """The train stage of pipeline ``dag_id`` on the synthetic image data set (:meth:`images_root`)."""
+        from tfpipe import PipelineConfig
+        from tfpipe.specs import plan_pipeline
+
+        root = self.images_root()
+        cfg = PipelineConfig.from_dict({
+            "dag_id": dag_id, "image": {"ref": self.image},
+            "volumes": {name: str(root / name) for name in ("data", "work", "models")},
+            "data": {"path": "images", "format": "images", "image_size": [64, 64], "channels": 3,
+                     "eval_fraction": 0.2, "shard_size": 250},
+            "training": training, "export": {"model_name": dag_id}, **sections})
+        return next(s for s in plan_pipeline(cfg) if s.stage == "train")
+
+    def train_try(self, spec: Any, dag_id: str, run_id: str, try_number: int = 1) -> tuple[Any, Path]:
+        """A try of an :meth:`image_train_spec`, its plan and run dir; before a first one, untimed, what prep
+        leaves a run: its directories and the data set pointer."""
+        from tfpipe.tries import TryIdentity, resolve_try
+
+        plan = resolve_try(spec, TryIdentity(dag_id, run_id, "train", try_number))
+        run_dir = host_path(spec, plan.run_dir)
+        if try_number == 1:
+            root = self.images_root()
+            make_dirs(*(host_path(spec, d) for d in plan.writable_dirs), root / "models")
+            shutil.copy(root / "work" / "runs" / "bench" / "prep" / "dataset.json", run_dir / "dataset.json")
+            shutil.chown(run_dir / "dataset.json", *UID_GID)
+        return plan, run_dir
 
     def cleanup(self) -> None:
         ids = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=tfpipe.bench={self.session}"],

@@ -1,6 +1,6 @@
 """``dag_parse_ratio``: the exec time of ``dags/tfpipe_digits.py`` / the same DAG written by hand.
 
-B is ``bench/dags/handwritten_digits.py`` (``tests/bench/test_reference.py`` keeps it the same DAG).
+B is ``bench/dags/handwritten_digits.py``, which a test keeps the same DAG.
 Each sample is a fresh interpreter that imports ``airflow`` and ``airflow.sdk.DAG`` untimed (every
 DAG processor has them) and then times ``runpy.run_path(file)``: the file's own imports (the Docker
 provider on both sides, tfpipe's modules on A's) and its DAG build, wall and process CPU time. tfpipe

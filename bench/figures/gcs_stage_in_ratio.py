@@ -67,59 +67,55 @@ def _fresh(path: Path) -> Path:
 
 
 def measure(ctx: Context) -> dict[str, Any]:
-    with emulator(LOGS / "gcs_stage_in_ratio.log") as host, mock.patch.dict(os.environ, STORAGE_EMULATOR_HOST=host):
-        return _measure(ctx)
-
-
-def _measure(ctx: Context) -> dict[str, Any]:
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
     from google.cloud.storage import transfer_manager
 
     from tfpipe.operators import GcsStageInOperator
 
-    client = storage.Client(project="bench", credentials=AnonymousCredentials())
-    bucket = client.create_bucket(f"tfpipe-bench-{ctx.session}")
-    seed = [(io.BytesIO(os.urandom(OBJECT_BYTES)), bucket.blob(f"{PREFIX}shard-{i % 10}/part-{i:05d}.bin"))
-            for i in range(OBJECTS)]
-    transfer_manager.upload_many(seed, worker_type=transfer_manager.THREAD, max_workers=WORKERS, raise_exception=True)
+    with emulator(LOGS / "gcs_stage_in_ratio.log") as host, mock.patch.dict(os.environ, STORAGE_EMULATOR_HOST=host):
+        client = storage.Client(project="bench", credentials=AnonymousCredentials())
+        bucket = client.create_bucket(f"tfpipe-bench-{ctx.session}")
+        seed = [(io.BytesIO(os.urandom(OBJECT_BYTES)), bucket.blob(f"{PREFIX}shard-{i % 10}/part-{i:05d}.bin"))
+                for i in range(OBJECTS)]
+        transfer_manager.upload_many(seed, worker_type=transfer_manager.THREAD, max_workers=WORKERS, raise_exception=True)
 
-    def sample(fn: Any, target: Path) -> tuple[float, float]:
-        # Untimed: the last sample's dirty pages (200 MB) go to disk first; left there, they were paid
-        # by whichever side next made the engine fsync, not by the side that wrote them.
-        os.sync()
-        took = timed(fn)
-        arrived = sum(1 for p in target.rglob("*") if p.is_file() and not p.name.endswith("manifest.json"))
-        if arrived != OBJECTS:
-            raise BenchError(f"{arrived} of {OBJECTS} objects arrived in {target}")
-        return took
+        def sample(fn: Any, target: Path) -> tuple[float, float]:
+            # Untimed: the last sample's dirty pages (200 MB) go to disk first; left there, they were paid
+            # by whichever side next made the engine fsync, not by the side that wrote them.
+            os.sync()
+            took = timed(fn)
+            arrived = sum(1 for p in target.rglob("*") if p.is_file() and not p.name.endswith("manifest.json"))
+            if arrived != OBJECTS:
+                raise BenchError(f"{arrived} of {OBJECTS} objects arrived in {target}")
+            return took
 
-    def stage_in(i: int) -> tuple[float, float]:
-        volume = _fresh(ctx.tmp / "gcs-volume")
-        op = GcsStageInOperator(task_id="stage_in", data_volume=str(volume), data_path="data/", image=ctx.image,
-                                source_uri=f"gs://{bucket.name}/{PREFIX}", max_workers=WORKERS)
-        ti = SimpleNamespace(dag_id="bench_gcs", run_id=f"bench__{ctx.session}_{i}", task_id="stage_in",
-                             try_number=1, map_index=-1)
-        return sample(lambda: op.execute({"ti": ti, "params": {}}), volume / "data")
+        def stage_in(i: int) -> tuple[float, float]:
+            volume = _fresh(ctx.tmp / "gcs-volume")
+            op = GcsStageInOperator(task_id="stage_in", data_volume=str(volume), data_path="data/", image=ctx.image,
+                                    source_uri=f"gs://{bucket.name}/{PREFIX}", max_workers=WORKERS)
+            ti = SimpleNamespace(dag_id="bench_gcs", run_id=f"bench__{ctx.session}_{i}", task_id="stage_in",
+                                 try_number=1, map_index=-1)
+            return sample(lambda: op.execute({"ti": ti, "params": {}}), volume / "data")
 
-    def download_many(i: int) -> tuple[float, float]:
-        target = _fresh(ctx.tmp / "gcs-local")
+        def download_many(i: int) -> tuple[float, float]:
+            target = _fresh(ctx.tmp / "gcs-local")
 
-        def run() -> None:
-            pairs = []
-            for blob in client.list_blobs(bucket.name, prefix=PREFIX):
-                path = target / blob.name[len(PREFIX):]
-                path.parent.mkdir(parents=True, exist_ok=True)
-                pairs.append((blob, str(path)))
-            transfer_manager.download_many(pairs, max_workers=WORKERS, raise_exception=True)
+            def run() -> None:
+                pairs = []
+                for blob in client.list_blobs(bucket.name, prefix=PREFIX):
+                    path = target / blob.name[len(PREFIX):]
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    pairs.append((blob, str(path)))
+                transfer_manager.download_many(pairs, max_workers=WORKERS, raise_exception=True)
 
-        return sample(run, target)
+            return sample(run, target)
 
-    stats = ratio_stats(*interleave(ctx, "gcs_stage_in_ratio", stage_in, download_many))
-    stats["info"] = (f"{OBJECTS} objects, {OBJECTS * OBJECT_BYTES / 1e6:.0f} MB: stage-in {stats['a_median_s']:.2f} s "
-                     f"(CPU {stats['a_cpu_median_s']:.2f} s) vs download_many {stats['b_median_s']:.2f} s (CPU "
-                     f"{stats['b_cpu_median_s']:.2f} s)")
-    return stats
+        stats = ratio_stats(*interleave(ctx, "gcs_stage_in_ratio", stage_in, download_many))
+        stats["info"] = (f"{OBJECTS} objects, {OBJECTS * OBJECT_BYTES / 1e6:.0f} MB: stage-in {stats['a_median_s']:.2f} s "
+                         f"(CPU {stats['a_cpu_median_s']:.2f} s) vs download_many {stats['b_median_s']:.2f} s (CPU "
+                         f"{stats['b_cpu_median_s']:.2f} s)")
+        return stats
 
 
 FIGURE = Figure("gcs_stage_in_ratio", 1.30, "GcsStageInOperator of 500 objects (200 MB) from the GCS emulator into "

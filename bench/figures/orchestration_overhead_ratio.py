@@ -1,4 +1,4 @@
-"""``orchestration_overhead_ratio``: ``tfpipe run tfpipe_digits`` / its four stage containers by plain ``docker run``.
+"""``orchestration_overhead_ratio``: ``tfpipe run tfpipe_digits`` / its five stage containers by plain ``docker run``.
 
 Information, no target: Airflow's own cost (``provider_cost_ratio`` measures tfpipe's). Each sample
 gets a fresh ``TFPIPE_HOME`` holding a copy of the digits CSV, so prep does real work on both sides.
@@ -17,10 +17,10 @@ from typing import Any
 from unittest import mock
 
 from harness import LOGS, REPO, BenchError, Context, Figure, fresh_home, host_path, interleave, make_dirs, \
-    ratio_stats, stage_docker_args, timed, tfpipe_run
+    ratio_stats, timed, tfpipe_run
 
 DAG_ID = "tfpipe_digits"
-STAGES = ("prep", "train", "evaluate", "export")
+STAGES = ("prep", "validate", "train", "evaluate", "export")
 
 
 def measure(ctx: Context) -> dict[str, Any]:
@@ -49,8 +49,7 @@ def measure(ctx: Context) -> dict[str, Any]:
         for spec in specs:  # configs and directories first: outside the timed span
             plan = resolve_try(spec, TryIdentity(DAG_ID, f"bench__plain_{ctx.session}_{i}", spec.task_id), image=ctx.image)
             make_dirs(*(host_path(spec, d) for d in plan.writable_dirs))
-            commands.append((spec.stage, ["docker", "run", "--rm", *ctx.docker_run_args(f"plain-{spec.stage}"),
-                                          *stage_docker_args(spec, dict(plan.config)), ctx.image, *spec.command]))
+            commands.append((spec.stage, ctx.stage_run(f"plain-{spec.stage}", spec, plan.config)))
 
         def run() -> None:
             for stage, cmd in commands:
@@ -74,5 +73,5 @@ def measure(ctx: Context) -> dict[str, Any]:
     return stats
 
 
-FIGURE = Figure("orchestration_overhead_ratio", None, "tfpipe run tfpipe_digits through Airflow / the 4 stage "
+FIGURE = Figure("orchestration_overhead_ratio", None, "tfpipe run tfpipe_digits through Airflow / the 5 stage "
                 "containers by plain docker run (information)", measure, seconds=300)

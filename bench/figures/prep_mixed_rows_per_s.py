@@ -20,7 +20,7 @@ def measure(ctx: Context) -> dict[str, Any]:
                                                 "--rows", str(ROWS), "--b-rows", str(SMALL_ROWS)],
                               logfile=LOGS / "prep_mixed_rows_per_s.log", timeout=1800)
         formats[fmt] = s = ratio_stats(result["a"], result["b"], result["a_cpu"], result["b_cpu"])
-        s.update({f"{side}_{what}peak_rss_mb": max(result[f"{side}_{what}rss_mb"]) for side in "ab" for what in ("", "workers_")},
+        s.update({key: value for key, value in result.items() if key.endswith("peak_rss_mb")},
                  a_rows_per_s=round(ROWS / s["a_median_s"]), b_rows_per_s=round(SMALL_ROWS / s["b_median_s"]))
     return dict(formats["csv"], parquet=formats["parquet"], info="; ".join(
         f"{fmt}: {s['a_rows_per_s']:,} rows/s at 1M rows ({s['b_rows_per_s']:,} at 250k), peak RSS {s['a_peak_rss_mb']} "

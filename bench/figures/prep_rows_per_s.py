@@ -16,9 +16,8 @@ def measure(ctx: Context) -> dict[str, Any]:
     result = ctx.in_image("prep_speed.py", ["--pairs", str(ctx.pairs), "--rows", str(ROWS)],
                           logfile=LOGS / "prep_rows_per_s.log", timeout=1800)
     stats = ratio_stats(result["a"], result["b"], result["a_cpu"], result["b_cpu"])
-    stats.update(a_rows_per_s=round(ROWS / stats["a_median_s"]), b_rows_per_s=round(ROWS / stats["b_median_s"]),
-                 a_peak_rss_mb=max(result["a_rss_mb"]), a_workers_peak_rss_mb=max(result["a_workers_rss_mb"]),
-                 b_peak_rss_mb=max(result["b_rss_mb"]))
+    stats.update({key: value for key, value in result.items() if key.endswith("peak_rss_mb")},
+                 a_rows_per_s=round(ROWS / stats["a_median_s"]), b_rows_per_s=round(ROWS / stats["b_median_s"]))
     stats["info"] = (f"A {stats['a_rows_per_s']:,} rows/s vs B {stats['b_rows_per_s']:,} rows/s; peak RSS A "
                      f"{stats['a_peak_rss_mb']} MiB (+ workers {stats['a_workers_peak_rss_mb']} MiB each), B "
                      f"{stats['b_peak_rss_mb']} MiB")

@@ -12,50 +12,29 @@ resume started and the resumed try's own start-up phases (``startup_s`` of its `
 
 import json
 import random
-import shutil
 import subprocess
+from statistics import median
 from typing import Any
 
-from harness import LOGS, UID_GID, BenchError, Context, Figure, host_path, interleave, make_dirs, median, \
-    ratio_stats, stage_docker_args, timed
+from harness import LOGS, BenchError, Context, Figure, interleave, ratio_stats, timed
 
 EPOCHS = 8  # the first guess; scaled up until the uninterrupted job takes MIN_JOB_S
 MIN_JOB_S = 60.0
 
 
 def measure(ctx: Context) -> dict[str, Any]:
-    from tfpipe import PipelineConfig
-    from tfpipe.specs import plan_pipeline
-    from tfpipe.tries import TryIdentity, resolve_try
-
-    root = ctx.images_root()
     logfile = LOGS / "resume_cost_ratio.log"
-    prep_pointer = root / "work" / "runs" / "bench" / "prep" / "dataset.json"
-    if not prep_pointer.exists():
-        raise BenchError(f"{prep_pointer} is missing: the image data set was not prepared")
     job: dict[str, Any] = {}
 
     def plan(epochs: int) -> None:
-        cfg = PipelineConfig.from_dict({
-            "dag_id": "bench_resume", "image": {"ref": ctx.image},
-            "volumes": {"data": str(root / "data"), "work": str(root / "work"), "models": str(root / "models")},
-            "data": {"path": "images", "format": "images", "image_size": [64, 64], "channels": 3,
-                     "eval_fraction": 0.2, "shard_size": 250},
-            "training": {"model": "cnn", "epochs": epochs, "batch_size": 32, "checkpoint_every_steps": 20},
-            "export": {"model_name": "bench_resume"}})
-        job.update(epochs=epochs, spec=next(s for s in plan_pipeline(cfg) if s.stage == "train"))
+        job.update(epochs=epochs, spec=ctx.image_train_spec("bench_resume", {
+            "model": "cnn", "epochs": epochs, "batch_size": 32, "checkpoint_every_steps": 20}))
 
     def start(run_id: str, try_number: int, kill_after: float | None = None) -> tuple[int, Any]:
         """One try to its end (or killed after ``kill_after`` s); its exit code and run directory."""
-        spec = job["spec"]
-        try_plan = resolve_try(spec, TryIdentity("bench_resume", run_id, "train", try_number))
-        run_dir = host_path(spec, try_plan.run_dir)
-        if try_number == 1:  # the run's prep output and directories: prepared as prep leaves them, untimed
-            make_dirs(*(host_path(spec, d) for d in try_plan.writable_dirs), root / "models")
-            shutil.copy(prep_pointer, run_dir / "dataset.json")
-            shutil.chown(run_dir / "dataset.json", *UID_GID)
-        args = ctx.docker_run_args("resume")
-        cmd = ["docker", "run", "--rm", *args, *stage_docker_args(spec, dict(try_plan.config)), ctx.image, *spec.command]
+        try_plan, run_dir = ctx.train_try(job["spec"], "bench_resume", run_id, try_number)
+        cmd = ctx.stage_run("resume", job["spec"], try_plan.config)
+        name = cmd[cmd.index("--name") + 1]
         with open(logfile, "a") as handle:
             handle.write(f"\n$ docker run ... train ({run_id}, try {try_number})\n")
             handle.flush()
@@ -63,12 +42,12 @@ def measure(ctx: Context) -> dict[str, Any]:
             try:
                 proc.wait(timeout=kill_after)
             except subprocess.TimeoutExpired:
-                subprocess.run(["docker", "kill", args[1]], capture_output=True)
+                subprocess.run(["docker", "kill", name], capture_output=True)
             try:
                 return proc.wait(timeout=1800), run_dir
             except subprocess.TimeoutExpired as err:
-                subprocess.run(["docker", "rm", "-f", args[1]], capture_output=True)
-                raise BenchError(f"the train container {args[1]} ran over 1800 s (see {logfile})") from err
+                subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+                raise BenchError(f"the train container {name} ran over 1800 s (see {logfile})") from err
 
     def uninterrupted(i: int) -> tuple[float, float]:
         out: list[int] = []
@@ -103,7 +82,7 @@ def measure(ctx: Context) -> dict[str, Any]:
     plan(EPOCHS)
     for attempt in range(4):  # untimed runs: the job's length, and more epochs while it is too short; never
         job["lengths"] = []   # judged on the first alone, which pays the cold start (page cache, image layers)
-        uninterrupted(-1)
+        uninterrupted(-1 - attempt)  # a run of its own: one that resumed an earlier attempt's would be shorter
         if attempt and job["lengths"][0] >= MIN_JOB_S:
             break
         if job["lengths"][0] < MIN_JOB_S:

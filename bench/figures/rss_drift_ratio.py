@@ -8,42 +8,24 @@ drift is a trend over epochs within the run, not a difference between two runs.
 """
 
 import json
-import shutil
 import subprocess
 from typing import Any
 
-from harness import LOGS, UID_GID, BenchError, Context, Figure, host_path, make_dirs, stage_docker_args
+from harness import LOGS, BenchError, Context, Figure
 
 EPOCHS = 30
 
 
 def measure(ctx: Context) -> dict[str, Any]:
-    from tfpipe import PipelineConfig
-    from tfpipe.specs import plan_pipeline
-    from tfpipe.tries import TryIdentity, resolve_try
-
-    root = ctx.images_root()
-    prep_pointer = root / "work" / "runs" / "bench" / "prep" / "dataset.json"
     running = {}
     for label, jemalloc in (("jemalloc", True), ("glibc", False)):
-        cfg = PipelineConfig.from_dict({
-            "dag_id": "bench_rss", "image": {"ref": ctx.image},
-            "volumes": {"data": str(root / "data"), "work": str(root / "work"), "models": str(root / "models")},
-            "data": {"path": "images", "format": "images", "image_size": [64, 64], "channels": 3,
-                     "eval_fraction": 0.2, "shard_size": 250},
-            "training": {"model": "cnn", "epochs": EPOCHS, "batch_size": 64, "checkpoint_every_steps": 10000,
-                         "keep_checkpoints": 1},
-            "export": {"model_name": "bench_rss"}, "resources": {"jemalloc": jemalloc}})
-        spec = next(s for s in plan_pipeline(cfg) if s.stage == "train")
-        plan = resolve_try(spec, TryIdentity("bench_rss", f"bench__rss_{label}_{ctx.session}", "train"))
-        run_dir = host_path(spec, plan.run_dir)
-        make_dirs(*(host_path(spec, d) for d in plan.writable_dirs), root / "models")
-        shutil.copy(prep_pointer, run_dir / "dataset.json")
-        shutil.chown(run_dir / "dataset.json", *UID_GID)
-        cmd = ["docker", "run", "--rm", *ctx.docker_run_args(f"rss-{label}"),
-               *stage_docker_args(spec, dict(plan.config)), ctx.image, *spec.command]
+        spec = ctx.image_train_spec("bench_rss", {"model": "cnn", "epochs": EPOCHS, "batch_size": 64,
+                                                  "checkpoint_every_steps": 10000, "keep_checkpoints": 1},
+                                    resources={"jemalloc": jemalloc})
+        plan, run_dir = ctx.train_try(spec, "bench_rss", f"bench__rss_{label}_{ctx.session}")
         logfile = open(LOGS / f"rss_drift_ratio.{label}.log", "w")
-        running[label] = (subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT), run_dir, logfile)
+        running[label] = (subprocess.Popen(ctx.stage_run(f"rss-{label}", spec, plan.config), stdout=logfile,
+                                           stderr=subprocess.STDOUT), run_dir, logfile)
     curves: dict[str, list[float]] = {}
     for label, (proc, run_dir, logfile) in running.items():
         code = proc.wait(timeout=1800)

@@ -7,7 +7,6 @@ TensorBoard scalars. The target is process CPU time, for each model: the headlin
 with the higher CPU ratio; each model's own figures are under ``models``.
 """
 
-import os
 from typing import Any
 
 from harness import LOGS, Context, Figure, fresh_home, make_dirs, ratio_stats
@@ -19,8 +18,7 @@ WORKLOADS = (("mlp", 30, "1,5,10,20"), ("cnn", 3, "1,10,20"))
 
 def measure(ctx: Context) -> dict[str, Any]:
     digits = fresh_home(ctx.tmp, "train-loop-digits")
-    make_dirs(digits, digits / "data", digits / "data" / "digits")
-    os.chmod(digits, 0o777)
+    make_dirs(digits)  # the container's user writes work/ there
     models: dict[str, dict[str, Any]] = {}
     for model, epochs, spe in WORKLOADS:
         result = ctx.in_image("train_loop.py", ["--model", model, "--pairs", str(ctx.pairs), "--epochs", str(epochs),

@@ -1,27 +1,15 @@
 """Write a synthetic image-folder data set with PIL and prepare it with the trainer's own prep.
 
-Run inside the trainer image (Python 3.8/3.9, TF 2.9) with the bench root mounted at ``--root``:
-
-    python3 bench/in_image/make_images.py --root /bench --count 1200 --size 64 --channels 3
-
-Layout written (all under ``--root``)::
-
-    data/images/class_<k>/img_<n>.png    raw PNGs (one folder per class)
-    work/datasets/<fingerprint>/         TFRecords + schema.json + stats.json (trainer.prep)
-    work/runs/bench/prep/dataset.json    the pointer prep writes for its run
-
-The classes differ by colour and by a bright square in a class-specific corner, so a small CNN
-learns something (the loss goes down) and training is not a degenerate no-op. The last stdout
-line is ``BENCH_RESULT {json}`` with the dataset directory and counts.
+Under ``--root``: the PNGs in ``data/images/class_<k>/``, and what ``trainer.prep`` makes of them
+(``work/datasets/<fingerprint>/`` and the run's pointer ``work/runs/bench/prep/dataset.json``). The
+classes differ by colour and by a bright square in a class-specific corner, so a small CNN learns
+something and training is not a degenerate no-op.
 """
 
-import argparse
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import util  # noqa: E402  (bench/in_image/util.py)
+import util
 
 
 def write_pngs(root, count, size, channels, classes, seed):
@@ -41,12 +29,10 @@ def write_pngs(root, count, size, channels, classes, seed):
         pixels = np.clip(base, 0, 255).astype(np.uint8)
         image = Image.fromarray(pixels if channels == 3 else pixels[..., 0], "RGB" if channels == 3 else "L")
         image.save(os.path.join(folder, "img_%05d.png" % n))
-    return count
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--root", default="/bench")
+    parser = util.arguments(__doc__)
     parser.add_argument("--count", type=int, default=1200)
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--channels", type=int, default=3)
@@ -54,7 +40,7 @@ def main():
 
     started = time.time()
     images = os.path.join(args.root, "data", "images")
-    count = write_pngs(images, args.count, args.size, args.channels, classes=4, seed=7)
+    write_pngs(images, args.count, args.size, args.channels, classes=4, seed=7)
     png_s = time.time() - started
 
     from trainer import prep
@@ -63,7 +49,7 @@ def main():
                                data=util.image_data_section(args.size, args.channels))
     result = prep.run(config)
     util.emit({"dataset_dir": result["dataset_dir"], "fingerprint": result["fingerprint"],
-               "examples": result["examples"], "pngs": count, "png_seconds": round(png_s, 2),
+               "examples": result["examples"], "pngs": args.count, "png_seconds": round(png_s, 2),
                "seconds": round(time.time() - started, 2)})
 
 

@@ -1,8 +1,5 @@
 """prep_rows_per_s, prep_mixed_rows_per_s: tfpipe's prep stage, in the trainer image.
 
-    python3 bench/in_image/prep_speed.py --root /bench --pairs 5 --rows 1000000
-    python3 bench/in_image/prep_speed.py --root /bench --table mixed --format parquet --rows 1000000 --b-rows 250000
-
 The input is the digits CSV (64 integer pixel features and a label) repeated to ``--rows`` rows,
 or with ``--table mixed`` a table of 20 numeric and 10 text columns (:func:`make_mixed`), as CSV
 or (``--format parquet``) as Parquet.
@@ -13,7 +10,6 @@ fingerprint, and the whole table in memory); with ``--b-rows N``, A's prep of th
 table of N rows instead. Each side runs in its own process; A B, B A, ...
 """
 
-import argparse
 import json
 import os
 import resource
@@ -22,8 +18,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from util import emit, interleave, stage_config  # noqa: E402
+from util import arguments, emit, interleave, stage_config
 
 DIGITS = "/src/.demo/data/digits/digits.csv"
 
@@ -84,11 +79,6 @@ def fresh_volumes(root, name, table_path):
     return base
 
 
-def peak_mb():
-    with open("/proc/self/status") as f:
-        return [int(line.split()[1]) for line in f if line.startswith("VmHWM:")][0] / 1024.0
-
-
 def side_a(base):
     """tfpipe prep (in this process, which the host-side runner started fresh)."""
     from trainer import prep
@@ -113,9 +103,7 @@ def side_b(base):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--root", required=True)
-    parser.add_argument("--pairs", type=int, default=5)
+    parser = arguments(__doc__)
     parser.add_argument("--rows", type=int, default=1000000)
     parser.add_argument("--table", choices=("digits", "mixed"), default="digits")
     parser.add_argument("--format", choices=("csv", "parquet"), default="csv")
@@ -125,8 +113,8 @@ def main():
     args = parser.parse_args()
     if args.side:  # one timed side, in its own process
         detail = (side_a if args.side == "a" else side_b)(args.base)
-        detail["peak_rss_mb"] = round(peak_mb(), 1)
-        detail["workers_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0, 1)
+        for key, who in (("peak_rss_mb", resource.RUSAGE_SELF), ("workers_peak_rss_mb", resource.RUSAGE_CHILDREN)):
+            detail[key] = round(resource.getrusage(who).ru_maxrss / 1024.0, 1)  # KiB on Linux
         print(json.dumps(detail))
         return
     rows = {"a": args.rows, "b": args.b_rows or args.rows}
@@ -146,9 +134,9 @@ def main():
         return run
 
     result = interleave(args.pairs, [("A", arm("a")), ("B", arm("b"))])
-    for side in "ab":
-        result[side + "_rss_mb"] = [d["peak_rss_mb"] for d in details[side]]
-        result[side + "_workers_rss_mb"] = [d["workers_peak_rss_mb"] for d in details[side]]
+    for side in "ab":  # the highest over its samples; workers: the largest one
+        for key in ("peak_rss_mb", "workers_peak_rss_mb"):
+            result["%s_%s" % (side, key)] = max(d[key] for d in details[side])
     emit(dict(result, rows=rows, unit="s per table"))
 
 

@@ -1,43 +1,35 @@
 """train_loop_ratio: the train stage's training loop / Keras ``model.fit`` at its best settings.
 
 Both arms train the same model (``trainer.models.build_model``: the ``mlp`` on the digits CSV, or
-the ``cnn`` on the synthetic images of make_images.py), on the same prepared TFRecords, batch
-size, epochs, optimizer and seed, with per-epoch validation, checkpoints (model + optimizer) every
+the ``cnn`` on the synthetic images of make_images.py) on the same prepared TFRecords, batch size,
+epochs, optimizer and seed, with per-epoch validation, checkpoints (model + optimizer) every
 ``--every`` steps and at every epoch end, and per-epoch TensorBoard scalars:
 
-- **A**: ``trainer.train.Loop.fit``: tfpipe's loop as the train stage runs it (steps per call
-  chosen automatically, as shipped; NaN checks, ``metrics.json``, ``attempts.json`` included).
+- **A**: ``trainer.train.Loop.fit`` as the train stage runs it (steps per call chosen automatically;
+  NaN checks, ``metrics.json``, ``attempts.json`` included).
 - **B**: ``model.fit`` over ``data.base_dataset`` (reshuffled every epoch, batched, repeated with
-  ``steps_per_epoch`` given, prefetched),
-  ``validation_data`` from the same eval split, a callback saving a
-  ``tf.train.CheckpointManager`` checkpoint when a multiple of ``--every`` steps has passed and at
-  every epoch end, and ``TensorBoard(update_freq="epoch")``. ``steps_per_execution`` is tuned
-  first: every value of ``--spe`` runs ``--tune-runs`` times (untimed for the ratio) and the one
-  with the least median CPU time is B. Each value must divide ``--every``: Keras runs callbacks
-  only between executions, so a longer one would checkpoint less often than A (200 steps per
-  execution on a 45-step epoch saves once per epoch where A saves three times), and the two arms
-  would no longer do the same work. Both arms count their saves; a run where they differ fails.
+  ``steps_per_epoch`` given, prefetched), ``validation_data`` from the same eval split, a callback
+  saving a ``tf.train.CheckpointManager`` checkpoint as A does, and ``TensorBoard(update_freq="epoch")``.
+  ``steps_per_execution`` is tuned first: each value of ``--spe`` runs ``--tune-runs`` times (untimed
+  for the ratio); the one with the least median CPU time is B. Each value must divide ``--every``:
+  Keras runs callbacks only between executions, so a longer one would checkpoint less often than A.
+  Both arms count their saves; a run where they differ fails.
 
-The timed span of both is the training call alone (``Loop.fit`` / ``model.fit``); the model is
-built and compiled outside it, tracing happens inside it for both. A and B alternate.
+The timed span of both is the training call alone; the model is built and compiled outside it,
+tracing happens inside it for both. A and B alternate.
 """
 
-import argparse
-import logging
+import itertools
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import util  # noqa: E402
+import util
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--root", default="/bench")
+    parser = util.arguments(__doc__)
     parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
-    parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--every", type=int, default=20, help="training.checkpoint_every_steps")
@@ -51,42 +43,27 @@ def main():
             parser.error("--spe %d: use values that divide --every %d, so that B checkpoints on the same "
                          "steps as A (Keras runs callbacks only between executions)" % (value, args.every))
 
-    from trainer import checkpoints, common, data, models, prep, train
+    from trainer import checkpoints, data, models, prep, train
     import tensorflow as tf
 
     if args.model == "mlp":
-        data_section = {"path": "digits/digits.csv", "format": "csv", "label": "label",
-                        "eval_fraction": 0.2}
-        if not os.path.isdir(os.path.join(args.root, "work", "datasets")):
-            prep.run(util.stage_config(args.root, "prep", dag_id="bench", run_id="prep",
-                                       data=data_section))
+        data_section = {"path": "digits/digits.csv", "format": "csv", "label": "label", "eval_fraction": 0.2}
+        prep.run(util.stage_config(args.root, "prep", "bench", "prep", data_section))
     dataset_dir, schema, stats = util.find_dataset(args.root)
     if args.model == "cnn":
         data_section = util.image_data_section(schema["image"]["height"], schema["image"]["channels"])
-    logging.getLogger("tfpipe").setLevel(logging.WARNING)  # no per-epoch lines
-    counter = [0]
+    runs = itertools.count()
 
-    def config_for(arm):
-        counter[0] += 1
-        training = {"model": args.model, "batch_size": args.batch_size, "epochs": args.epochs,
-                    "checkpoint_every_steps": args.every, "learning_rate": 0.002}
-        return common.begin(util.stage_config(
-            args.root, "train", dag_id="bench_train_loop", run_id="%s-%d-%d" % (arm, os.getpid(), counter[0]),
-            data=data_section, training=training), "train")
+    def begin(arm):
+        return util.begin_train(args.root, "bench_train_loop", "%s-%d" % (arm, next(runs)), data_section, {
+            "model": args.model, "batch_size": args.batch_size, "epochs": args.epochs,
+            "checkpoint_every_steps": args.every, "learning_rate": 0.002})
 
     def loop_sample(i):
-        config = config_for("loop")
-        tf.keras.backend.clear_session()
-        strategy = common.setup_tensorflow(config["training"])
-        loop = train.Loop(config, strategy, schema, stats, dataset_dir)
-        loop.state.record_inputs(schema["fingerprint"], args.batch_size, loop.spe)
-        attempts, writer = util.first_try(loop, train, common)
+        loop = train.Loop(*begin("loop"), schema, stats, dataset_dir)
         save, saves = loop.state.save, []
         loop.state.save = lambda *a, **kw: saves.append(1) or save(*a, **kw)
-        started = time.perf_counter()
-        history = loop.fit(attempts, writer)
-        seconds = time.perf_counter() - started
-        writer.close()
+        seconds, history = util.fit_first_try(loop)
         loop_sample.steps, loop_sample.spe, loop_sample.saves = loop.total_steps, loop.spe, len(saves)
         loop_sample.val_accuracy = history[-1]["val_accuracy"]
         return seconds
@@ -119,10 +96,8 @@ def main():
                 self.save()
 
     def fit_sample(i, steps_per_execution):
-        config = config_for("fit%d" % steps_per_execution)
+        config, strategy = begin("fit%d" % steps_per_execution)
         training = config["training"]
-        tf.keras.backend.clear_session()
-        strategy = common.setup_tensorflow(training)
         tf.random.set_seed(training["seed"])
         with strategy.scope():
             model = models.build_model(config, schema, stats)

@@ -4,12 +4,22 @@ The scripts import the trainer package from the working tree (``PYTHONPATH=/src:
 and print their result as the last stdout line: ``BENCH_RESULT {json}``.
 """
 
+import argparse
 import json
+import logging
 import os
 import sys
 import time
 
 RESULT_PREFIX = "BENCH_RESULT "
+
+
+def arguments(doc):
+    """The parser of a script's options, with the two every script takes: the bench volume and the pairs."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--root", default="/bench")
+    parser.add_argument("--pairs", type=int, default=5)
+    return parser
 
 
 def emit(result):
@@ -31,7 +41,7 @@ def image_data_section(size, channels):
             "channels": channels, "eval_fraction": 0.2, "shard_size": 250}
 
 
-def stage_config(root, stage, dag_id, run_id, data, training=None, try_number=1):
+def stage_config(root, stage, dag_id, run_id, data, training=None):
     """A complete stage config (the contract's envelope) with the volumes under ``root``."""
     from trainer import contract
 
@@ -39,7 +49,7 @@ def stage_config(root, stage, dag_id, run_id, data, training=None, try_number=1)
     config = {
         "schema_version": contract.SCHEMA_VERSION,
         "stage": stage,
-        "run": {"dag_id": dag_id, "run_id": run_id, "task_id": stage, "try_number": try_number,
+        "run": {"dag_id": dag_id, "run_id": run_id, "task_id": stage, "try_number": 1,
                 "image": os.environ.get("TFPIPE_IMAGE_ID", "bench")},
         "paths": {"data": os.path.join(root, "data"), "work": work,
                   "models": os.path.join(root, "models"),
@@ -54,18 +64,11 @@ def stage_config(root, stage, dag_id, run_id, data, training=None, try_number=1)
 
 
 def find_dataset(root):
-    """``(dataset_dir, schema, stats)`` of the one prepared data set under ``root/work``."""
-    datasets = os.path.join(root, "work", "datasets")
-    names = sorted(n for n in os.listdir(datasets)
-                   if os.path.exists(os.path.join(datasets, n, "_SUCCESS")))
-    if len(names) != 1:
-        raise SystemExit("expected exactly one prepared data set in %s, found %r" % (datasets, names))
-    dataset_dir = os.path.join(datasets, names[0])
-    with open(os.path.join(dataset_dir, "schema.json")) as handle:
-        schema = json.load(handle)
-    with open(os.path.join(dataset_dir, "stats.json")) as handle:
-        stats = json.load(handle)
-    return dataset_dir, schema, stats
+    """``(dataset_dir, schema, stats)`` of the data set prep made for the run ``bench/prep`` under ``root``."""
+    from trainer import common
+
+    work = os.path.join(root, "work")
+    return common.load_dataset({"paths": {"work": work, "run_dir": os.path.join(work, "runs", "bench", "prep")}})
 
 
 def cpu_s():
@@ -74,13 +77,11 @@ def cpu_s():
 
 
 def interleave(pairs, arms, warmup=None):
-    """Run ``warmup`` (untimed), then the arms in turn, ``pairs`` rounds, the order alternating: A B, B A, ...
+    """Run ``warmup`` (untimed), then ``pairs`` rounds of the ``(name, fn)`` arms, the order alternating.
 
-    ``arms`` is a list of ``(name, fn)``; ``fn(i)`` returns the sample's value (seconds), or
-    None to use the seconds the call took. Returns ``{"a": [...], "b": [...], ...}`` keyed by
-    the lower-case arm names, plus ``"a_cpu"``, ... with the process CPU seconds (all threads,
-    and the child processes it waited for) of each call: unlike wall time, hardly inflated by
-    other processes on a shared machine.
+    ``fn(i)`` returns the sample's seconds, or None for the seconds the call took. Returns the values
+    by lower-case arm name (``"a"``, ...) and the process CPU seconds of each call (``"a_cpu"``, ...):
+    unlike wall time, hardly inflated by other processes on a shared machine.
     """
     if warmup:
         warmup()
@@ -97,12 +98,30 @@ def interleave(pairs, arms, warmup=None):
     return out
 
 
-def first_try(loop, train, common):
-    """The attempt record and TensorBoard writer a first try of ``loop`` starts with: ``loop.fit(*first_try(...))``."""
+def begin_train(root, dag_id, run_id, data, training):
+    """A new train run under ``root`` as the stage begins one: its resolved config and a fresh strategy."""
     import tensorflow as tf
+    from trainer import common
 
+    config = common.begin(stage_config(root, "train", dag_id, run_id, data, training), "train")
+    logging.getLogger("tfpipe").setLevel(logging.WARNING)  # begin set it to INFO: no per-epoch lines
+    tf.keras.backend.clear_session()
+    return config, common.setup_tensorflow(config["training"])
+
+
+def fit_first_try(loop):
+    """``loop.fit`` as a first try of the train stage runs it; the seconds of the fit alone and its history."""
+    import tensorflow as tf
+    from trainer import common, train
+
+    loop.state.record_inputs(loop.schema["fingerprint"], loop.training["batch_size"], loop.spe)
     attempts = train.Attempts(loop.run_dir, {
         "try_number": 1, "resumed_from": None, "warm_start": None,
         "start_time": common.now_iso(), "end_time": None, "status": "running",
         "start_step": 0, "epochs_run": 0, "steps_run": 0, "target_steps": loop.total_steps})
-    return attempts, tf.summary.create_file_writer(os.path.join(loop.train_dir, "tensorboard"))
+    writer = tf.summary.create_file_writer(os.path.join(loop.train_dir, "tensorboard"))
+    started = time.perf_counter()
+    history = loop.fit(attempts, writer)
+    seconds = time.perf_counter() - started
+    writer.close()
+    return seconds, history
