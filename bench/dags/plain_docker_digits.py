@@ -1,4 +1,4 @@
-"""Bench only: the digits pipeline as four hand-written DockerOperators, no tfpipe operator.
+"""Bench only: the digits pipeline as five hand-written DockerOperators, no tfpipe operator.
 
 ``provider_cost_ratio`` runs it beside ``tfpipe_digits``: the same image, commands, stage configs
 (built here once, at parse time, as a user would paste them), mounts and engine. It leaves out what
@@ -48,7 +48,7 @@ mounts = [Mount(contract.CONTAINER_DATA, cfg.volumes.data, type="bind", read_onl
 
 with DAG(DAG_ID, schedule=None, max_active_runs=1, tags=["bench"]) as dag:
     previous = None
-    for stage in ("prep", "train", "evaluate", "export"):
+    for stage in ("prep", "validate", "train", "evaluate", "export"):
         config = resolve_stage_config(config_template(cfg, stage), dag_id=DAG_ID, run_id=PLACEHOLDER,
                                       task_id=stage, try_number=1, image=IMAGE, overrides=CONF)
         task = DockerOperator(

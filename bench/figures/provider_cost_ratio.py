@@ -1,4 +1,4 @@
-"""``provider_cost_ratio``: a ``tfpipe_digits`` run / the same four containers as hand-written ``DockerOperator``\\ s.
+"""``provider_cost_ratio``: a ``tfpipe_digits`` run / the same five containers as hand-written ``DockerOperator``\\ s.
 
 Both sides are one ``tfpipe run DAG_ID --dags-folder DIR`` process (``dag.test``: the same task
 runner, execution API and metadata DB), each folder holding only its own DAG file, on a fresh
@@ -52,5 +52,5 @@ def measure(ctx: Context) -> dict[str, Any]:
     return stats
 
 
-FIGURE = Figure("provider_cost_ratio", 1.05, "tfpipe run tfpipe_digits / the same 4 containers as hand-written "
+FIGURE = Figure("provider_cost_ratio", 1.05, "tfpipe run tfpipe_digits / the same 5 containers as hand-written "
                 "DockerOperators (same CLI, dag.test)", measure, seconds=360)
