@@ -100,6 +100,15 @@ def scheduler_env(settings: dict[str, str], home: Path, image: str, emulator: st
     return env
 
 
+def start_scheduler(env: dict[str, str], root: Path) -> tuple[ApiServer, list[AirflowProcess]]:
+    """The api-server (with the execution API), then the DAG processor and the scheduler, logging under ``root``;
+    the caller stops them."""
+    server = ApiServer(env, root / "api-server.log")
+    env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"{server.url}/execution/"
+    return server, [AirflowProcess(["dag-processor"], env, root / "dag-processor.log"),
+                    AirflowProcess(["scheduler"], env, root / "scheduler.log")]
+
+
 @pytest.fixture(scope="module")
 def scheduled_run(tmp_path_factory, trainer_image, gcs_emulator):  # noqa: F811  (the fixture)
     """One run of a small tfpipe DAG, triggered through the REST API and run by the scheduler."""
@@ -110,10 +119,7 @@ def scheduled_run(tmp_path_factory, trainer_image, gcs_emulator):  # noqa: F811 
                                         local_data=False)
     bucket, conf = digits_bucket(gcs_emulator, "tfpipe-release")
     env = scheduler_env(settings, home, trainer_image, gcs_emulator, AIRFLOW__CORE__EXECUTOR="LocalExecutor")
-    server = ApiServer(env, root / "api-server.log")
-    env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"{server.url}/execution/"
-    components = [AirflowProcess(["dag-processor"], env, root / "dag-processor.log"),
-                  AirflowProcess(["scheduler"], env, root / "scheduler.log")]
+    server, components = start_scheduler(env, root)
     try:
         path = _trigger(server, root, DAG_ID, conf)
         _wait_for_run(server, root, path, seconds=600, components=components)  # the tests judge its end state

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.airflow_servers import AirflowProcess, ApiServer, release_home
+from tests.airflow_servers import release_home
 from tests.conftest import REPO, run_dag
-from tests.integration.test_release_scheduler import _logs, _trigger, _wait_for_run, scheduler_env
+from tests.integration.test_release_scheduler import _logs, _trigger, _wait_for_run, scheduler_env, start_scheduler
 from tests.integration.test_resume import _wait_for
 
 pytestmark = [pytest.mark.integration]
@@ -84,10 +84,7 @@ def scheduled_sweep(tmp_path_factory, trainer_image, docker_client):
     shutil.copy(EXAMPLE, dags / EXAMPLE.name)
     env = scheduler_env(settings, home, trainer_image, "http://127.0.0.1:9", AIRFLOW__CORE__EXECUTOR="LocalExecutor")
     env["AIRFLOW__CORE__PARALLELISM"] = "8"  # the sweep's own cap, not the executor's, must hold trials to 2
-    server = ApiServer(env, root / "api-server.log")
-    env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = f"{server.url}/execution/"
-    components = [AirflowProcess(["dag-processor"], env, root / "dag-processor.log"),
-                  AirflowProcess(["scheduler"], env, root / "scheduler.log")]
+    server, components = start_scheduler(env, root)
     try:
         path = _trigger(server, root, DAG_ID, CONF)
         container, killed = _wait_for(lambda: _running_trial(docker_client), 300, "a running trial")

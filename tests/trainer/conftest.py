@@ -261,12 +261,16 @@ def trained_template(tmp_path_factory):
     return workspace
 
 
+def _copy(template, tmp_path):
+    target = tmp_path / "ws"
+    shutil.copytree(template.base, str(target))
+    return Workspace(target)
+
+
 @pytest.fixture
 def trained(trained_template, tmp_path):
     """A private copy of :func:`trained_template` (prep + train done) in this test's tmp_path."""
-    target = tmp_path / "ws"
-    shutil.copytree(trained_template.base, str(target))
-    return Workspace(target)
+    return _copy(trained_template, tmp_path)
 
 
 #: The two trials of :func:`swept_template`: models of different shapes, so a later stage that built
@@ -292,9 +296,7 @@ def swept_template(tmp_path_factory):
 @pytest.fixture
 def swept(swept_template, tmp_path):
     """A private copy of :func:`swept_template` (prep and both trials done) in this test's tmp_path."""
-    target = tmp_path / "ws"
-    shutil.copytree(swept_template.base, str(target))
-    return Workspace(target)
+    return _copy(swept_template, tmp_path)
 
 
 def run_cli(stage, config=None, env=None, args=(), timeout=300, stdin=None):
