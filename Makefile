@@ -92,13 +92,15 @@ run: venv image airflow-db image-variable data
 	@$(PY) -m tfpipe.cli run $(DAG) --conf '$(CONF)' \
 	  || (echo "[run] $(DAG) did not succeed: its error is above; Airflow's log is in the file named there" >&2; exit 1)
 
-# The in-image trainer suite is CPU-bound; the oldest release's venv and the host suite's tools (Chromium,
-# the outside TensorFlow client, the MLflow server, the stack's tools) are mostly downloads: one phase.
+# The in-image trainer suite keeps about one core busy; the oldest release's suite (its venv is mostly
+# downloads, its integration tests mostly wait on containers) and the host suite's tools (Chromium, the
+# outside TensorFlow client, the MLflow server) share the phase with it. Both of the last two need the
+# stack's Debian packages (stack-tools), which one make installs once, before either.
 test:
 	@$(MAKE) --no-print-directory -j2 venv image
 	@$(MAKE) --no-print-directory airflow-db data lint docs
-	@$(MAKE) --no-print-directory -j3 test-trainer compat-prepare-oldest host-tools
-	@$(MAKE) --no-print-directory test-host test-compat-oldest
+	@$(MAKE) --no-print-directory -j3 test-trainer test-compat-oldest host-tools
+	@$(MAKE) --no-print-directory test-host
 
 # The quick tier a developer runs after every change: it needs only the venv (no image, no Docker
 # engine, no Chromium), and runs the tests that are not marked integration on two workers.
@@ -136,12 +138,15 @@ test-trainer: image
 TEST_WORKERS ?= 2
 XDIST_ARGS = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
-.PHONY: host-tools
+.PHONY: host-tools stack-tools
 # What the host suite starts besides Airflow: each script says "ready" at once when it has nothing to do.
-host-tools: venv
+host-tools: venv stack-tools
 	@scripts/ensure-chromium.sh
 	@PYTHON=$(PYTHON) scripts/ensure-tf-client.sh
 	@PYTHON=$(PYTHON) scripts/ensure-mlflow-server.sh
+
+# The Debian packages the stack and the tests that start PostgreSQL, Redis or a registry need.
+stack-tools: venv
 	@$(PY) deploy/stack.py tools
 
 test-host: venv image airflow-db image-variable data host-tools
@@ -156,12 +161,10 @@ AIRFLOW_VERSION ?= $(AIRFLOW_OLDEST)
 .PHONY: test-compat test-compat-oldest compat-prepare-oldest
 
 # venv: the compat suites run the main venv's GCS emulator (a server of its own, locked there).
-test-compat: venv image data
-	@$(PY) deploy/stack.py tools
+test-compat: venv image data stack-tools
 	@TFPIPE_IMAGE=$(IMAGE_REF) PYTHON=$(PYTHON) XDIST_ARGS="$(XDIST_ARGS)" scripts/test-compat.sh $(AIRFLOW_VERSION) $(PYTEST_ARGS)
 
-test-compat-oldest: venv image data
-	@$(PY) deploy/stack.py tools
+test-compat-oldest: venv image data stack-tools
 	@TFPIPE_IMAGE=$(IMAGE_REF) PYTHON=$(PYTHON) XDIST_ARGS="$(XDIST_ARGS)" scripts/test-compat.sh $(AIRFLOW_OLDEST) $(PYTEST_ARGS)
 
 # The oldest release's venv and DB alone: `make test` builds them beside the trainer suite.

@@ -104,20 +104,22 @@ def test_make_runs_two_workers_unless_told_one():
     assert 'read -r -a xdist <<<"${XDIST_ARGS:-}"' in (REPO / "scripts/test-compat.sh").read_text()
 
 
-def test_make_test_builds_the_compat_venv_and_the_host_tools_beside_the_trainer_suite_before_the_host_suite():
-    """``make test`` runs the in-image trainer suite (CPU) while the oldest release's venv and the host
-    suite's tools (mostly downloads) are made, all before the host suite, which comes before the compat one."""
+def test_make_test_runs_the_oldest_release_s_suite_and_the_host_tools_beside_the_trainer_suite_then_the_host_suite():
+    """``make test`` runs the in-image trainer suite (about one core), the oldest release's suite and the host
+    suite's tools (mostly downloads) at once, the stack's Debian packages before the last two, all before the
+    host suite."""
     recipe = subprocess.run(["make", "-n", "--no-print-directory", "test"], cwd=REPO,
                             capture_output=True, text=True, check=True).stdout.splitlines()
-    prepare = next(i for i, line in enumerate(recipe) if "test-compat.sh --prepare" in line)
+    trainer_phase = next(i for i, line in enumerate(recipe) if "-j3" in line)
+    packages = next(i for i, line in enumerate(recipe) if "deploy/stack.py tools" in line and i > trainer_phase)
     trainer = next(i for i, line in enumerate(recipe) if "run-in-image.sh" in line)
     host = next(i for i, line in enumerate(recipe) if "-m pytest" in line)
     compat = next(i for i, line in enumerate(recipe) if "test-compat.sh" in line and "--prepare" not in line)
     tools = next(i for i, line in enumerate(recipe) if "ensure-mlflow-server.sh" in line)
-    assert max(prepare, trainer, tools) < host < compat, recipe
-    # one make runs the three at once (-j3): pip's downloads beside the trainer suite's CPU
+    assert trainer_phase < packages < min(compat, tools) and max(trainer, compat, tools) < host, recipe
+    # one make runs the three at once (-j3)
     makefile = (REPO / "Makefile").read_text()
-    assert "-j3 test-trainer compat-prepare-oldest host-tools" in makefile
+    assert "-j3 test-trainer test-compat-oldest host-tools" in makefile
 
 
 def test_compat_prepare_builds_the_venv_and_db_then_stops_before_any_test():

@@ -19,7 +19,7 @@ def test_the_stack_runs_the_example_sweep_s_4_trials_2_at_a_time_and_exports_the
     the export follow, and the exported version's metadata names the trial with the best validation
     accuracy and its settings."""
     rest.wait_for_dag(DAG_ID)
-    run_id = rest.trigger(DAG_ID, {"epochs": 3})
+    run_id = rest.trigger(DAG_ID, {"epochs": 2})
     run = rest.wait_for_run(DAG_ID, run_id, timeout=900)
     tis = rest.task_instances(DAG_ID, run_id)
     states = {(ti["task_id"], ti["map_index"]): ti["state"] for ti in tis}

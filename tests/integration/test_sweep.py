@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.integration]
 DAG_ID = "tfpipe_digits_sweep"
 EXAMPLE = REPO / "dags" / f"{DAG_ID}.py"
 #: fewer epochs than the example's 8 (a run Param reaches every trial): enough to kill one mid-training
-CONF = {"epochs": 5}
+CONF = {"epochs": 4}
 
 
 def _plan() -> list[dict]:
@@ -158,7 +158,7 @@ def test_tfpipe_run_runs_the_example_s_4_trials_one_after_another_and_exports_th
     dags.mkdir()
     shutil.copy(EXAMPLE, dags / EXAMPLE.name)
     started = time.time()
-    summary, log = run_dag(DAG_ID, {"epochs": 2}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
+    summary, log = run_dag(DAG_ID, {"epochs": 1}, home=tfpipe_home, image=trainer_image, dags_folder=dags)
     assert summary["state"] == "success", log[-6000:]
     assert {k: v["state"] for k, v in summary["tasks"].items() if k.startswith("train")} == {
         f"train[{k}]": "success" for k in range(4)}

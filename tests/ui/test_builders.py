@@ -157,9 +157,6 @@ def test_a_sweep_s_lineage_names_the_chosen_trial_on_select_s_output_and_the_exp
     (exported,) = lineage.stage_lineage("export", result={"model_dir": "/models/digits/1"},
                                         upstream={"select": select, "evaluate": EVALUATE}, **common).outputs
     assert exported.facets["tfpipe_trial"] == trial
-    from tfpipe.lineage_facets import FACETS
-
-    assert FACETS["tfpipe_trial"](**trial).params == {"learning_rate": 0.005}
 
 
 def test_a_note_a_person_wrote_is_kept():

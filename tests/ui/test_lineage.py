@@ -57,3 +57,16 @@ def test_lineage_chain_from_raw_data_to_the_published_model(ui_run):
     # every task of the run is one job of the same DAG run (its parent run facet)
     parents = {e["run"]["facets"]["parent"]["run"]["runId"] for e in complete.values()}
     assert len(parents) == 1
+
+
+def test_a_sweep_s_trial_facet_becomes_an_openlineage_dataset_facet():
+    """The chosen trial reaches OpenLineage as the ``tfpipe_trial`` facet, with its settings, on the model."""
+    from tfpipe import lineage
+
+    trial = {"trial": 2, "params": {"learning_rate": 0.005}, "metric": "val_accuracy", "value": 0.97, "trials": 4}
+    model = lineage.LineageDataset("file", "/srv/models/digits/1", {"tfpipe_trial": trial})
+    (converted,) = lineage.to_operator_lineage(lineage.StageLineage((), (model,))).outputs
+    facet = converted.facets["tfpipe_trial"]
+    assert (facet.trial, facet.params, facet.metric, facet.value, facet.trials) == (2, {"learning_rate": 0.005},
+                                                                                    "val_accuracy", 0.97, 4)
+    assert facet._get_schema().endswith("#tfpipe_trial")
