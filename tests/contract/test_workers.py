@@ -243,3 +243,18 @@ def test_no_test_copies_a_metadata_db_as_a_file():
              for n, line in enumerate(path.read_text().splitlines(), 1)
              if re.search(r"shutil\.copy\w*\(", line) and ".db" in line and "on purpose" not in line]
     assert found == [], found
+
+
+def test_the_release_s_own_servers_run_in_the_oldest_release_s_suite_and_not_again_in_the_host_suite():
+    """The tests that start a release's own scheduler, Celery worker and api-server are marked ``compat`` (the
+    oldest release's suite runs them) and ``older_releases`` (the host suite, on the newest, leaves them to
+    make up's stack, the sweep's scheduler and tests/ui)."""
+    recipe = subprocess.run(["make", "-n", "--no-print-directory", "test-host"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout
+    assert '-m "not older_releases"' in recipe
+    for module in ("tests/integration/test_release_scheduler.py", "tests/integration/test_release_celery.py",
+                   "tests/ui/test_plugin_releases.py"):
+        text = (REPO / module).read_text()
+        assert "pytest.mark.compat, pytest.mark.older_releases" in text, module
+    script = (REPO / "scripts" / "test-compat.sh").read_text()
+    assert '-m "(not integration or compat) and not docs"' in script

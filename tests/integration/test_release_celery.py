@@ -35,7 +35,7 @@ from tests.conftest import DIGITS_CSV, free_port, stop_group
 from tests.integration.conftest import emulator_client, gcs_emulator  # noqa: F401  (the session's emulator fixture)
 from tests.integration.test_release_scheduler import _logs, _trigger, _wait_for_run, scheduler_env
 
-pytestmark = [pytest.mark.integration, pytest.mark.compat, pytest.mark.gcs]
+pytestmark = [pytest.mark.integration, pytest.mark.compat, pytest.mark.older_releases, pytest.mark.gcs]
 
 DAG_ID = "tfpipe_release_celery"
 STAGES = ("stage_in", "prep", "validate", "train", "evaluate", "export", "publish", "cleanup")

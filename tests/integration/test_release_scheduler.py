@@ -44,7 +44,7 @@ from tests.integration.test_resume import (
     _wait_for,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.compat, pytest.mark.gcs]
+pytestmark = [pytest.mark.integration, pytest.mark.compat, pytest.mark.older_releases, pytest.mark.gcs]
 
 DAG_ID = "tfpipe_release_scheduler"
 RESUME_DAG = "tfpipe_release_resume"

@@ -28,7 +28,7 @@ from tests.airflow_servers import (
 )
 from tests.conftest import run_dag
 
-pytestmark = [pytest.mark.integration, pytest.mark.compat]
+pytestmark = [pytest.mark.integration, pytest.mark.compat, pytest.mark.older_releases]
 
 DAG_ID = "tfpipe_ui_release"
 STAGES_WITH_LINKS = ("train", "evaluate", "export")
